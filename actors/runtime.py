@@ -1,0 +1,289 @@
+"""Wiring: build a topology (bus, control actors, workers), run it, tear it down.
+
+:class:`Runtime` owns everything it starts and closes all of it (a supervisor never
+exits leaving orphans). :func:`evolve` is the Python API on top.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import msgspec
+import pykka
+
+from actors.addresses import DRIVER, PLANNER, worker_name
+from actors.artifacts import KeyedRules, declared_keys, normaliser
+from actors.errors import ConfigError, RunFailed
+from actors.merger import Merger
+from actors.parallel import DataParallel, PipelineParallel
+from actors.planner import Planner
+from actors.scheduler import Scheduler
+from actors.shell import ControlActor, WorkerActor
+from actors.worker import SOLVED, WorkerCore
+from bus.base import Delivery
+from bus.memory import InMemoryBus
+from bus.zmq_bus import ZmqBus
+from protocol import Progress, RoundRecord, RunDone, Start, Task, Tick
+
+log = logging.getLogger(__name__)
+
+#: How long close() waits for actors to stop before leaving a stuck one behind.
+STOP_DEADLINE_S = 10.0
+
+try:
+    from importlib.metadata import version as _pkg_version
+
+    PACKAGE_VERSION = _pkg_version("evobus")
+except Exception:  # not installed (running from a checkout): the version is unknown
+    PACKAGE_VERSION = "0+unknown"
+
+
+class Runtime:
+    """One topology's bus and actors. Use as a context manager."""
+
+    def __init__(self, *, bus: str = "zmq", log_path: str | None = None,
+                 log_meta: dict[str, Any] | None = None, binds: Sequence[str] = (),
+                 fsync: str = "batched") -> None:
+        writer = None
+        if log_path is not None:
+            from bus.log import LogHeader, LogWriter, FORMAT_VERSION
+
+            meta = dict(log_meta or {})
+            header = LogHeader(format_version=FORMAT_VERSION, package_version=PACKAGE_VERSION,
+                               scenario=str(meta.pop("scenario", "")),
+                               seed=int(meta.pop("seed", 0)),
+                               run_id=str(meta.pop("run_id", "")),
+                               started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                               meta={k: str(v) for k, v in meta.items()})
+            writer = LogWriter(log_path, header, fsync=fsync)
+        if bus == "zmq":
+            self.bus = ZmqBus(writer, binds=binds)
+        elif bus == "memory":
+            self.bus = InMemoryBus(writer)
+        else:
+            raise ConfigError(f"bus={bus!r}: choose 'zmq' (default) or 'memory'")
+        self.log_path = log_path
+        self.refs: list[pykka.ActorRef] = []
+        self.crashes: "queue.Queue[tuple[str, BaseException]]" = queue.Queue()
+        self.inbox: "queue.Queue[Delivery]" = queue.Queue()
+        self.bus.attach(DRIVER, self.inbox.put)
+        self.machines: dict[str, Any] = {}
+        self._closed = False
+
+    def _on_crash(self, name: str, exc: BaseException) -> None:
+        self.crashes.put((name, exc))
+        self.inbox.put(None)  # wake the driver
+
+    def spawn(self, name: str, machine) -> None:
+        self.machines[name] = machine
+        self.refs.append(ControlActor.start(self.bus, name, machine, self._on_crash))
+
+    def spawn_worker(self, core: WorkerCore) -> None:
+        self.refs.append(WorkerActor.start(self.bus, core, self._on_crash))
+
+    def send(self, receiver: str, msg) -> None:
+        self.bus.send(DRIVER, receiver, msg)
+
+    def next_delivery(self, timeout: float) -> Delivery | None:
+        """The next message for the driver, or None on timeout; raises if an actor died."""
+        try:
+            item = self.inbox.get(timeout=timeout)
+        except queue.Empty:
+            item = None
+        if not self.crashes.empty():
+            name, exc = self.crashes.get()
+            if isinstance(exc, (ConfigError, ValueError, TypeError)):
+                raise exc
+            raise RunFailed(f"actor {name!r} crashed: {type(exc).__name__}: {exc}") from exc
+        return item
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        futures = []
+        for ref in self.refs:
+            try:
+                futures.append(ref.stop(block=False))
+            except pykka.ActorDeadError:  # already stopped: nothing to do
+                pass
+        deadline = time.monotonic() + STOP_DEADLINE_S
+        for fut in futures:
+            try:
+                fut.get(timeout=max(0.0, deadline - time.monotonic()))
+            except pykka.Timeout:
+                # A worker stuck in a user's rollout: its thread is a daemon and the bus
+                # closes under it; say so rather than hang.
+                log.warning("an actor did not stop within %s s; leaving it behind", STOP_DEADLINE_S)
+            except pykka.ActorDeadError:  # stopped meanwhile
+                pass
+        self.bus.close()
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass
+class EvolveResult:
+    """What :func:`evolve` returns."""
+
+    rendered: str
+    state: dict[str, str]
+    version: int
+    final_reward: float
+    initial_reward: float
+    stop_reason: str
+    history: list[RoundRecord]
+    rollouts: int
+    calls: int
+    error: str | None = None
+    log_path: str | None = None
+    elapsed: float = 0.0
+    bus: dict[str, int] = field(default_factory=dict)
+    _outcomes: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def outcomes(self) -> dict[str, int]:
+        """Decision -> count: committed, below-threshold, conflict, duplicate, unchanged,
+        section-violation, rollout-error, ..."""
+        return dict(self._outcomes)
+
+
+def _validate(tasks, reward, agent, run, propose, n_workers, rounds, held_out_frac,
+              max_concurrency) -> list[Task]:
+    tasks = list(tasks)
+    for t in tasks:
+        if not isinstance(t, Task):
+            raise ConfigError(f"tasks must be protocol Task objects (Task(id, prompt, meta)); "
+                              f"got {type(t).__name__}: build them with actors.Task(id=..., prompt=...)")
+    if len(tasks) < 4:
+        raise ConfigError(f"evolve() needs at least 4 tasks (some train, some held out); got "
+                          f"{len(tasks)}: add tasks")
+    seen: set[str] = set()
+    dupes = sorted({t.id for t in tasks if t.id in seen or seen.add(t.id)})
+    if dupes:
+        raise ConfigError(f"duplicate task ids {dupes[:5]}: every Task.id must be unique")
+    if not isinstance(n_workers, int) or n_workers < 1:
+        raise ConfigError(f"n_workers must be an integer >= 1, got {n_workers!r}")
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ConfigError(f"rounds must be an integer >= 1, got {rounds!r}")
+    if not 0.0 < held_out_frac < 1.0:
+        raise ConfigError(f"held_out_frac must be in (0, 1), got {held_out_frac!r}")
+    if max_concurrency is not None and (not isinstance(max_concurrency, int) or max_concurrency < 1):
+        raise ConfigError(f"max_concurrency must be an integer >= 1, got {max_concurrency!r}")
+    if not callable(reward):
+        raise ConfigError("reward must be a callable reward(task, output) -> float in [0, 1]")
+    if agent is None and (run is None or propose is None):
+        raise ConfigError("evolve() needs either agent= (an object with solve(rendered, task) "
+                          "and propose(rendered, task, output, reward)) or both run= and "
+                          "propose=")
+    if agent is not None and (run is not None or propose is not None):
+        raise ConfigError("pass either agent= or run=/propose=, not both")
+    if agent is not None and not (callable(getattr(agent, "solve", None))
+                                  and callable(getattr(agent, "propose", None))):
+        raise ConfigError(f"agent {type(agent).__name__} needs methods solve(rendered, task) "
+                          "and propose(rendered, task, output, reward)")
+    return tasks
+
+
+def prepare_parallel(parallel, strategy, task_ids: list[str]):
+    """Check the parallelism/artifact pairing before the first rollout; returns the
+    strategy to plan with and the key -> section map the Merger enforces (or None)."""
+    if parallel is None:
+        return DataParallel(), None
+    if isinstance(parallel, PipelineParallel):
+        raise ConfigError(parallel.refusal_message())
+    if not callable(getattr(parallel, "plan", None)):
+        raise ConfigError(f"parallel={parallel!r} has no plan(n_workers, round_index, keys) "
+                          "method: pass DataParallel(), TensorParallel(...), "
+                          "ClusterParallel(...) or an object implementing plan()")
+    with_keys = getattr(parallel, "with_keys", None)
+    if with_keys is not None:
+        keys = parallel.keys if parallel.keys is not None else declared_keys(strategy)
+        parallel = with_keys(keys, normaliser(strategy))
+        parallel.validate(task_ids)
+        return parallel, dict(parallel.section_map())
+    return parallel, None
+
+
+def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent=None,
+           run: Callable | None = None, propose: Callable | None = None, strategy=None,
+           parallel=None, task_sampler=None, rounds: int = 15, n_workers: int = 4,
+           max_concurrency: int | None = None, held_out_frac: float = 0.4, seed: int = 0,
+           log: str | None = None, max_rollouts: int | None = None,
+           max_seconds: float | None = None, max_calls: int | None = None,
+           target_reward: float | None = None, patience: int | None = None,
+           initial_state: dict[str, str] | None = None, solved_threshold: float = SOLVED,
+           bus: str = "zmq", on_progress: Callable[[RoundRecord], None] | None = None,
+           log_meta: dict[str, Any] | None = None) -> EvolveResult:
+    """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
+    folds them in behind a held-out gate. See docs/concepts.md."""
+    tasks = _validate(tasks, reward, agent, run, propose, n_workers, rounds, held_out_frac,
+                      max_concurrency)
+    strategy = strategy if strategy is not None else KeyedRules(categories=[])
+    task_ids = [t.id for t in tasks]
+    plan_with, sections = prepare_parallel(parallel, strategy, task_ids)
+    if agent is not None:
+        run, propose = agent.solve, agent.propose
+    state0 = dict(initial_state) if initial_state is not None else strategy.initial()
+    by_id = {t.id: t for t in tasks}
+    run_id = uuid.uuid4().hex[:12]
+    meta = {"seed": seed, "run_id": run_id, **(log_meta or {})}
+    t0 = time.monotonic()
+    with Runtime(bus=bus, log_path=log, log_meta=meta) as rt:
+        rt.spawn("planner", Planner(plan_with, task_sampler))
+        rt.spawn("scheduler", Scheduler(max_concurrency or n_workers))
+        rt.spawn("merger", Merger())
+        for i in range(n_workers):
+            rt.spawn_worker(WorkerCore(worker_name(i), by_id, reward, run, propose, strategy,
+                                       solved=solved_threshold, initial_state=state0))
+        rt.send(PLANNER, Start(run_id=run_id, seed=seed, task_ids=task_ids, n_workers=n_workers,
+                               rounds=rounds, held_out_frac=held_out_frac,
+                               max_concurrency=max_concurrency or n_workers,
+                               initial_state=state0, max_rollouts=max_rollouts,
+                               max_calls=max_calls, max_seconds=max_seconds,
+                               target_reward=target_reward, patience=patience,
+                               sections=sections))
+        elapsed_by_round: dict[int, float] = {}
+        done: RunDone | None = None
+        next_tick = 0.0
+        while done is None:
+            now = time.monotonic() - t0
+            if max_seconds is not None and now >= next_tick:
+                rt.send(PLANNER, Tick(elapsed=now))
+                next_tick = now + min(0.25, max_seconds / 10)
+            delivery = rt.next_delivery(timeout=0.1 if max_seconds is not None else 0.5)
+            if delivery is None:
+                continue
+            match delivery.msg:
+                case Progress(record=record):
+                    elapsed_by_round[record.round] = time.monotonic() - t0
+                    if on_progress is not None:
+                        on_progress(record)
+                case RunDone() as done:
+                    pass
+        bus_stats = rt.bus.stats.as_dict()
+        scheduler = rt.machines["scheduler"]
+        bus_stats["duplicates_dropped"] = scheduler.duplicates_dropped
+        bus_stats["peak_running"] = scheduler.peak_running
+    if done.fatal:
+        raise ConfigError(done.fatal)
+    history = [_with_elapsed(r, elapsed_by_round.get(r.round, r.elapsed)) for r in done.history]
+    return EvolveResult(rendered=strategy.render(done.state), state=dict(done.state),
+                        version=done.version, final_reward=done.final_reward,
+                        initial_reward=done.initial_reward, stop_reason=done.stop_reason,
+                        history=history, rollouts=done.rollouts, calls=done.calls,
+                        error=done.error, log_path=log, elapsed=time.monotonic() - t0,
+                        bus=bus_stats, _outcomes=dict(done.outcomes))
+
+
+def _with_elapsed(record: RoundRecord, elapsed: float) -> RoundRecord:
+    return msgspec.structs.replace(record, elapsed=round(elapsed, 6))

@@ -1,0 +1,103 @@
+"""The Worker: rolls the artifact out on tasks and proposes edits. The edge where
+nondeterminism lives (a model's answer, a crash); everything it reports is a message.
+
+:class:`WorkerCore` is the logic (no bus, no threads): it turns a ``Lease`` into a
+``LeaseDone``. The pykka shell in :mod:`actors.shell` moves messages in and out.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Callable
+
+from protocol import Commit, Lease, LeaseDone, RolloutResult, Task
+
+log = logging.getLogger(__name__)
+
+#: A rollout scoring at least this is solved: no proposal is asked for it.
+SOLVED = 0.999
+
+
+def describe(exc: BaseException, limit: int = 300) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_reward(value: Any, task: Task) -> float:
+    """A reward must be a real number in [0, 1]; anything else is the caller's mistake."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+            or not 0.0 <= value <= 1.0:
+        raise ValueError(
+            f"reward(task={task.id!r}, ...) returned {value!r}: a reward must be a float in "
+            "[0, 1]; rescale or clamp it inside your reward function")
+    return float(value)
+
+
+class WorkerCore:
+    def __init__(self, name: str, tasks: dict[str, Task], reward: Callable, run: Callable,
+                 propose: Callable | None, strategy, solved: float = SOLVED,
+                 initial_state: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.tasks = tasks
+        self.reward = reward
+        self.run = run
+        self.propose = propose
+        self.strategy = strategy
+        self.solved = solved
+        self.version = 0
+        self.state: dict[str, str] = dict(initial_state if initial_state is not None
+                                          else strategy.initial())
+        self.rendered = strategy.render(self.state)
+
+    def on_commit(self, msg: Commit) -> None:
+        if msg.version >= self.version:
+            self.version = msg.version
+            self.state = dict(msg.state)
+            self.rendered = self.strategy.render(self.state)
+
+    def run_lease(self, lease: Lease, cancelled: Callable[[], bool] = lambda: False) -> LeaseDone:
+        if lease.kind == "eval":
+            rendered = self.strategy.render(lease.state or {})
+            state, version, may_propose = lease.state or {}, lease.version, False
+        else:
+            rendered, state, version = self.rendered, self.state, self.version
+            may_propose = self.propose is not None
+        results: list[RolloutResult] = []
+        fatal = None
+        for task_id in lease.task_ids:
+            if cancelled():
+                break
+            task = self.tasks.get(task_id)
+            if task is None:
+                fatal = (f"worker {self.name} has no task {task_id!r}: the worker was started "
+                         "with a different task list than the coordinator")
+                break
+            try:
+                result = self._one(task, rendered, state, version, may_propose)
+            except ValueError as exc:  # a caller's mistake (reward range): fatal for the run
+                fatal = str(exc)
+                break
+            results.append(result)
+        return LeaseDone(lease_id=lease.lease_id, worker=self.name, round=lease.round,
+                         kind=lease.kind, unit=lease.unit, section=lease.section,
+                         version=version, results=results, fatal=fatal)
+
+    def _one(self, task: Task, rendered: str, state, version: int, may_propose: bool):
+        try:
+            output = self.run(rendered, task)
+        except Exception as exc:  # a flaky backend is evidence: reported in the result
+            return RolloutResult(task_id=task.id, error=describe(exc), calls=1)
+        score = check_reward(self.reward(task, output), task)
+        if not may_propose or score >= self.solved:
+            return RolloutResult(task_id=task.id, score=score, calls=1)
+        try:
+            text = self.propose(rendered, task, output, score)
+        except Exception as exc:  # reported with the rollout; the score still counts
+            return RolloutResult(task_id=task.id, score=score, error="propose: " + describe(exc),
+                                 calls=2)
+        if text is not None and not isinstance(text, str):
+            raise ValueError(f"propose(task={task.id!r}, ...) returned "
+                             f"{type(text).__name__}; it must return a str or None")
+        diff = self.strategy.to_diff(state, text, self.name, version) if text else None
+        return RolloutResult(task_id=task.id, score=score, diff=diff, calls=2)

@@ -1,0 +1,87 @@
+"""An in-memory bus with the same interface as the ZeroMQ one, for unit tests.
+
+Deliveries happen in one total order (like the broker's): ``send`` stamps a sequence
+number, appends to the log, and delivers. A delivery that sends again (a handler that
+answers) is queued and delivered after the current one returns, so the order is the
+same breadth-first order whatever the call depth.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+
+import msgspec
+
+from bus.base import MAX_FRAME_BYTES, BusStats, Deliver, Delivery, RunClock
+from protocol import Message, decode, encode
+
+log = logging.getLogger(__name__)
+
+
+class InMemoryBus:
+    def __init__(self, log_writer=None) -> None:
+        self.stats = BusStats()
+        self._routes: dict[str, Deliver] = {}
+        self._lock = threading.RLock()
+        self._queue: collections.deque[tuple[str, str, bytes]] = collections.deque()
+        self._draining = False
+        self._seq = 0
+        self._log = log_writer
+        self._clock = RunClock()
+        self._closed = False
+
+    def attach(self, name: str, deliver: Deliver) -> None:
+        with self._lock:
+            self._routes[name] = deliver
+
+    def detach(self, name: str) -> None:
+        with self._lock:
+            self._routes.pop(name, None)
+
+    def send(self, sender: str, receiver: str, msg: Message) -> None:
+        self.send_frame(sender, receiver, encode(msg))
+
+    def send_frame(self, sender: str, receiver: str, body: bytes) -> None:
+        with self._lock:
+            if self._closed:
+                self.stats.after_close += 1
+                return
+            self._queue.append((sender, receiver, bytes(body)))
+            if self._draining:
+                return
+            self._draining = True
+            try:
+                while self._queue:
+                    self._deliver_one(*self._queue.popleft())
+            finally:
+                self._draining = False
+
+    def _deliver_one(self, sender: str, receiver: str, body: bytes) -> None:
+        if len(body) > MAX_FRAME_BYTES:
+            self.stats.reject(sender, f"frame of {len(body)} bytes over the {MAX_FRAME_BYTES} limit")
+            return
+        try:
+            msg = decode(body)
+        except msgspec.DecodeError as exc:
+            self.stats.reject(sender, f"does not decode: {exc}")
+            return
+        deliver = self._routes.get(receiver)
+        if deliver is None:
+            self.stats.unroutable += 1
+            log.warning("bus: no actor named %r (message %s from %r)", receiver,
+                        type(msg).__name__, sender)
+            return
+        self._seq += 1
+        if self._log is not None:
+            self._log.append(self._seq, self._clock(), sender, receiver, body)
+        self.stats.delivered += 1
+        deliver(Delivery(self._seq, sender, receiver, msg))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._routes.clear()
+            if self._log is not None:
+                self._log.close()

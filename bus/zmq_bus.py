@@ -1,0 +1,315 @@
+"""The ZeroMQ bus: one broker (a ROUTER) per topology and one endpoint per process.
+
+Frames (after the ROUTER's identity frame):
+
+- ``[b"M", sender, receiver, body]``: a message; the broker decodes ``body`` with the
+  typed decoder (a frame that does not decode is counted and dropped), stamps a
+  sequence number, appends it to the log, and forwards
+  ``[b"M", seq(8 bytes), sender, receiver, body]`` to the endpoint that attached
+  ``receiver``;
+- ``[b"A", name, endpoint_identity]``: route ``name`` to that endpoint (empty
+  identity: the sending socket); answered with ``[b"a", name]``;
+- ``[b"D", name]``: forget ``name``.
+
+This module is the only one (with its siblings in bus/) that imports zmq.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+import uuid
+
+import msgspec
+import zmq
+
+from bus.base import MAX_FRAME_BYTES, BusStats, Deliver, Delivery, RunClock
+from protocol import Codec, Message
+
+log = logging.getLogger(__name__)
+
+_SEQ = struct.Struct("<Q")
+#: How long attach() waits for the broker's acknowledgement.
+ATTACH_DEADLINE_S = 10.0
+#: Poll period of the bus threads: bounds how long a stop request can go unseen.
+_POLL_MS = 200
+
+
+def _loopback_only(addr: str) -> bool:
+    if not addr.startswith("tcp://"):
+        return True
+    host = addr[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
+class Broker:
+    """The ROUTER that gives the run its total order. Runs on a thread of its own."""
+
+    def __init__(self, ctx: zmq.Context, binds: list[str], *, log_writer=None,
+                 stats: BusStats | None = None, clock: RunClock | None = None) -> None:
+        self.ctx = ctx
+        self.stats = stats or BusStats()
+        self._log = log_writer
+        self._clock = clock or RunClock()
+        self._routes: dict[bytes, bytes] = {}
+        self._seq = 0
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self.addresses: list[str] = []
+        self._binds = binds
+        self._thread = threading.Thread(target=self._run, name="evobus-broker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        if not self._ready.wait(ATTACH_DEADLINE_S):
+            raise RuntimeError("evobus broker did not start within its deadline")
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        router = self.ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
+        try:
+            for addr in self._binds:
+                router.bind(addr)
+                self.addresses.append(router.getsockopt_string(zmq.LAST_ENDPOINT))
+        except zmq.ZMQError as exc:
+            self._error = exc
+            self._ready.set()
+            router.close(0)
+            return
+        self._ready.set()
+        codec = Codec()
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                if not poller.poll(_POLL_MS):
+                    continue
+                # Drain what is there before polling again: fewer syscalls under load.
+                for _ in range(1024):
+                    try:
+                        frames = router.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._on_frames(router, codec, frames)
+        finally:
+            router.close(0)
+            if self._log is not None:
+                self._log.close()
+
+    def _on_frames(self, router: zmq.Socket, codec: Codec, frames: list[bytes]) -> None:
+        ident = frames[0]
+        kind = frames[1] if len(frames) > 1 else b""
+        if kind == b"M" and len(frames) == 5:
+            _, _, sender, receiver, body = frames
+            try:
+                codec.decode(body)
+            except msgspec.DecodeError as exc:
+                self.stats.reject(sender.decode("utf-8", "replace"), f"does not decode: {exc}")
+                return
+            dest = self._routes.get(receiver)
+            if dest is None:
+                self.stats.unroutable += 1
+                log.warning("broker: no actor named %r (from %r)", receiver, sender)
+                return
+            self._seq += 1
+            try:
+                router.send_multipart([dest, b"M", _SEQ.pack(self._seq), sender, receiver, body])
+            except zmq.ZMQError:  # the endpoint went away: counted, the run goes on
+                self._seq -= 1
+                self.stats.unroutable += 1
+                return
+            if self._log is not None:
+                self._log.append(self._seq, self._clock(), sender.decode(), receiver.decode(),
+                                 body)
+            self.stats.delivered += 1
+        elif kind == b"A" and len(frames) == 4:
+            self._routes[frames[2]] = frames[3] or ident
+            try:
+                router.send_multipart([ident, b"a", frames[2]])
+            except zmq.ZMQError:  # the asker is gone; nothing to acknowledge
+                pass
+        elif kind == b"D" and len(frames) == 3:
+            self._routes.pop(frames[2], None)
+        else:
+            self.stats.reject(repr(ident), f"malformed envelope ({len(frames)} frames, kind {kind!r})")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class Endpoint:
+    """A process's door to the broker: delivers to local names, sends from any thread.
+
+    Receiving: one DEALER owned by the endpoint's thread, which decodes and calls the
+    ``deliver`` callback registered for the receiver (an actor's ``tell``).
+    Sending: each sending thread gets its own DEALER (ZeroMQ sockets are not shared
+    between threads); all of them are closed by :meth:`close`.
+    """
+
+    def __init__(self, ctx: zmq.Context, broker_addr: str, *, stats: BusStats | None = None,
+                 name: str = "local") -> None:
+        self.ctx = ctx
+        self.broker_addr = broker_addr
+        self.stats = stats or BusStats()
+        self.identity = f"ep-{name}-{uuid.uuid4().hex[:8]}".encode()
+        self._handlers: dict[str, Deliver] = {}
+        self._local = threading.local()
+        self._senders: list[zmq.Socket] = []
+        self._senders_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"evobus-endpoint-{name}",
+                                        daemon=True)
+        self._thread.start()
+        if not self._ready.wait(ATTACH_DEADLINE_S):
+            raise RuntimeError("evobus endpoint did not start within its deadline")
+
+    def _run(self) -> None:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IDENTITY, self.identity)
+        sock.connect(self.broker_addr)
+        self._ready.set()
+        codec = Codec()
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                if not poller.poll(_POLL_MS):
+                    continue
+                for _ in range(1024):
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._on_frames(codec, frames)
+        finally:
+            sock.close(0)
+
+    def _on_frames(self, codec: Codec, frames: list[bytes]) -> None:
+        if len(frames) != 5 or frames[0] != b"M":
+            self.stats.reject("broker", f"malformed delivery ({len(frames)} frames)")
+            return
+        _, seq, sender, receiver, body = frames
+        name = receiver.decode()
+        deliver = self._handlers.get(name)
+        if deliver is None:
+            self.stats.unroutable += 1
+            return
+        try:
+            msg = codec.decode(body)
+        except msgspec.DecodeError as exc:
+            self.stats.reject(sender.decode("utf-8", "replace"), f"does not decode: {exc}")
+            return
+        try:
+            deliver(Delivery(_SEQ.unpack(seq)[0], sender.decode(), name, msg))
+        except Exception:  # a handler bug must not kill the endpoint; logged here
+            log.exception("endpoint: delivering %s to %r failed", type(msg).__name__, name)
+
+    def _sender(self) -> tuple[zmq.Socket, Codec]:
+        pair = getattr(self._local, "pair", None)
+        if pair is None:
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self.broker_addr)
+            with self._senders_lock:
+                self._senders.append(sock)
+            pair = self._local.pair = (sock, Codec())
+        return pair
+
+    def attach(self, name: str, deliver: Deliver) -> None:
+        self._handlers[name] = deliver
+        sock, _ = self._sender()
+        sock.send_multipart([b"A", name.encode(), self.identity])
+        if not sock.poll(int(ATTACH_DEADLINE_S * 1000)):
+            raise TimeoutError(f"the broker at {self.broker_addr} did not acknowledge "
+                               f"actor {name!r} within {ATTACH_DEADLINE_S} s")
+        sock.recv_multipart()
+
+    def detach(self, name: str) -> None:
+        self._handlers.pop(name, None)
+        if self._stop.is_set():
+            return
+        sock, _ = self._sender()
+        sock.send_multipart([b"D", name.encode()])
+
+    def send(self, sender: str, receiver: str, msg: Message) -> None:
+        if self._stop.is_set():
+            self.stats.after_close += 1
+            return
+        sock, codec = self._sender()
+        sock.send_multipart([b"M", sender.encode(), receiver.encode(), codec.encode(msg)])
+
+    def send_frame(self, sender: str, receiver: str, body: bytes) -> None:
+        if self._stop.is_set():
+            self.stats.after_close += 1
+            return
+        sock, _ = self._sender()
+        sock.send_multipart([b"M", sender.encode(), receiver.encode(), body])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        with self._senders_lock:
+            for sock in self._senders:
+                sock.close(0)
+            self._senders.clear()
+
+
+class ZmqBus:
+    """A broker and this process's endpoint, over ``inproc://`` (plus any ``binds``).
+
+    ``binds`` adds ``ipc://`` or ``tcp://`` addresses for actors in other processes.
+    A tcp address that is not loopback is refused unless ``insecure=True`` (remote
+    workers over other interfaces must use CURVE keys: docs/remote.md)."""
+
+    def __init__(self, log_writer=None, binds: tuple[str, ...] | list[str] = (), *,
+                 insecure: bool = False) -> None:
+        for addr in binds:
+            if not insecure and not _loopback_only(addr):
+                raise ValueError(
+                    f"refusing to bind {addr!r} without CURVE keys: the broker binds to "
+                    "loopback only unless keys are configured; pass insecure=True (CLI: "
+                    "--insecure) to accept unauthenticated peers on that interface")
+        self.ctx = zmq.Context()
+        self.stats = BusStats()
+        self.clock = RunClock()
+        inproc = f"inproc://evobus-{uuid.uuid4().hex}"
+        self.broker = Broker(self.ctx, [inproc, *binds], log_writer=log_writer,
+                             stats=self.stats, clock=self.clock)
+        self.broker.start()
+        self.address = inproc
+        self.endpoint = Endpoint(self.ctx, inproc, stats=self.stats)
+        self._closed = False
+
+    @property
+    def addresses(self) -> list[str]:
+        return list(self.broker.addresses)
+
+    def attach(self, name: str, deliver: Deliver) -> None:
+        self.endpoint.attach(name, deliver)
+
+    def detach(self, name: str) -> None:
+        self.endpoint.detach(name)
+
+    def send(self, sender: str, receiver: str, msg: Message) -> None:
+        self.endpoint.send(sender, receiver, msg)
+
+    def send_frame(self, sender: str, receiver: str, body: bytes) -> None:
+        self.endpoint.send_frame(sender, receiver, body)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.endpoint.close()
+        self.broker.stop()
+        self.ctx.destroy(linger=0)

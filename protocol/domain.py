@@ -1,0 +1,55 @@
+"""Domain types that travel inside messages: tasks, work units, diffs, rollout results."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Task(msgspec.Struct, frozen=True, kw_only=False):
+    """One unit of work the artifact is evaluated on. Identity is the ``id``."""
+
+    id: str
+    prompt: str
+    meta: dict = {}
+
+    # `meta` is a dict, so the generated hash would fail; ids are unique per run.
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Task) and other.id == self.id
+
+
+class WorkUnit(msgspec.Struct, frozen=True):
+    """What one (logical) worker owns in one round or wave of a parallel plan.
+
+    ``keys`` are task ids; ``section`` is the artifact section a tensor-parallel
+    worker may edit; ``stage`` is the pipeline stage (pipeline parallelism only)."""
+
+    worker: int
+    keys: tuple[str, ...] | list[str]
+    stage: int = 0
+    section: int | None = None
+
+
+class Diff(msgspec.Struct, frozen=True):
+    """A proposed edit of the artifact: ``ops`` maps artifact keys to new text."""
+
+    diff_id: str
+    author: str
+    base_version: int
+    ops: dict[str, str]
+
+
+class RolloutResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One task rolled out by a worker.
+
+    ``score`` is None when the backend failed (``error`` says how); ``diff`` is the
+    proposal the worker derived from the rollout, if any. ``calls`` counts backend
+    calls (run + propose) for the ``max_calls`` budget."""
+
+    task_id: str
+    score: float | None = None
+    diff: Diff | None = None
+    error: str | None = None
+    calls: int = 0

@@ -1,0 +1,1 @@
+"""Runnable scenario files (TOML) and the small offline domains they name."""
