@@ -28,6 +28,8 @@ every unit a strategy planned.
 
 from __future__ import annotations
 
+from actors.errors import ConfigError
+
 import dataclasses
 import math
 import zlib
@@ -65,7 +67,7 @@ _NO_KEY_SPACE = ("TensorParallel needs the artifact's key space: pass keys=[...]
                  "its keys")
 
 
-class ParallelConfigError(ValueError):
+class ParallelConfigError(ConfigError):
     """A parallelism strategy cannot work with the configuration it was given.
 
     Raised before the first rollout (``validate``) or by ``plan``; the message says
@@ -267,7 +269,8 @@ class TensorParallelMerge:
         if not isinstance(section, int) or not 0 <= section < self.n_sections:
             raise ValueError(f"diff {diff.diff_id!r} was proposed from section {section!r}, "
                              f"but there are sections 0..{self.n_sections - 1}")
-        outside = [(k, self.owner_of(k)) for k in diff.ops if self.owner_of(k) != section]
+        owners = [(key, self.owner_of(key)) for key in diff.ops]
+        outside = [(key, owner) for key, owner in owners if owner != section]
         if not outside:
             return
         key, owner = outside[0]

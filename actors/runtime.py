@@ -107,6 +107,7 @@ class Runtime:
         if self._closed:
             return
         self._closed = True
+        self.bus.closing()
         futures = []
         for ref in self.refs:
             try:
@@ -194,7 +195,7 @@ def _validate(tasks, reward, agent, run, propose, n_workers, rounds, held_out_fr
     return tasks
 
 
-def prepare_parallel(parallel, strategy, task_ids: list[str]):
+def prepare_parallel(parallel, strategy, task_ids: list[str], n_workers: int):
     """Check the parallelism/artifact pairing before the first rollout; returns the
     strategy to plan with and the key -> section map the Merger enforces (or None)."""
     if parallel is None:
@@ -207,9 +208,10 @@ def prepare_parallel(parallel, strategy, task_ids: list[str]):
                           "ClusterParallel(...) or an object implementing plan()")
     with_keys = getattr(parallel, "with_keys", None)
     if with_keys is not None:
-        keys = parallel.keys if parallel.keys is not None else declared_keys(strategy)
-        parallel = with_keys(keys, normaliser(strategy))
-        parallel.validate(task_ids)
+        # with_keys keeps keys given to the constructor, checking them against the
+        # artifact's declared space; otherwise it takes that space.
+        parallel = with_keys(declared_keys(strategy), normaliser(strategy))
+        parallel.validate(task_ids, n_workers=n_workers)
         return parallel, dict(parallel.section_map())
     return parallel, None
 
@@ -230,7 +232,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                       max_concurrency)
     strategy = strategy if strategy is not None else KeyedRules(categories=[])
     task_ids = [t.id for t in tasks]
-    plan_with, sections = prepare_parallel(parallel, strategy, task_ids)
+    plan_with, sections = prepare_parallel(parallel, strategy, task_ids, n_workers)
     if agent is not None:
         run, propose = agent.solve, agent.propose
     state0 = dict(initial_state) if initial_state is not None else strategy.initial()
@@ -267,7 +269,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                 case Progress(record=record):
                     elapsed_by_round[record.round] = time.monotonic() - t0
                     if on_progress is not None:
-                        on_progress(record)
+                        on_progress(_with_elapsed(record, elapsed_by_round[record.round]))
                 case RunDone() as done:
                     pass
         bus_stats = rt.bus.stats.as_dict()

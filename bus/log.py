@@ -47,6 +47,7 @@ figures vary a lot with the disk and the load, treat them as orders of magnitude
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import struct
@@ -54,7 +55,7 @@ import warnings
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 import msgspec
 
@@ -144,11 +145,17 @@ class LogCorrupt(Exception):
         self.seq_of_last_good = seq_of_last_good
         self.index = index
         self.reason = reason
-        where = f"byte offset {position}"
-        if index is not None:
+        if index is None:  # the prefix or the header: the reason says where
+            message = f"{self.path}: {reason or f'unreadable at byte offset {position}'}"
+        else:
             after = "the first record" if seq_of_last_good is None else f"seq {seq_of_last_good}"
-            where += f" (record index {index}, after {after})"
-        super().__init__(f"{self.path}: corrupt log at {where}: {reason or 'unreadable'}")
+            message = (f"{self.path}: corrupt log at byte offset {position} (record index "
+                       f"{index}, after {after}): {reason or 'unreadable'}")
+        super().__init__(message)
+
+    def __reduce__(self):  # keyword-only arguments survive pickling (errors crossing processes)
+        rebuild = functools.partial(type(self), index=self.index, reason=self.reason)
+        return rebuild, (self.path, self.position, self.seq_of_last_good)
 
 
 class LogVersionError(LogCorrupt):
@@ -403,7 +410,7 @@ def iter_log(path: str | os.PathLike[str], *,
         warnings.warn(message, TornTailWarning, stacklevel=2)
 
 
-def _read_header(path: Path, f) -> tuple[LogHeader, _Format, int]:
+def _read_header(path: Path, f: BinaryIO) -> tuple[LogHeader, _Format, int]:
     """Read and check the prefix and the header frame from the start of ``f``.
 
     Returns the header, the format's decoders, and the byte offset of the first record.

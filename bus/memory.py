@@ -31,6 +31,10 @@ class InMemoryBus:
         self._log = log_writer
         self._clock = RunClock()
         self._closed = False
+        self._closing = False
+
+    def closing(self) -> None:
+        self._closing = True
 
     def attach(self, name: str, deliver: Deliver) -> None:
         with self._lock:
@@ -70,8 +74,9 @@ class InMemoryBus:
         deliver = self._routes.get(receiver)
         if deliver is None:
             self.stats.unroutable += 1
-            log.warning("bus: no actor named %r (message %s from %r)", receiver,
-                        type(msg).__name__, sender)
+            if not self._closing:
+                    log.warning("bus: no actor named %r (message %s from %r)", receiver,
+                            type(msg).__name__, sender)
             return
         self._seq += 1
         if self._log is not None:

@@ -55,6 +55,7 @@ class Broker:
         self._clock = clock or RunClock()
         self._routes: dict[bytes, bytes] = {}
         self._seq = 0
+        self.closing = False
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -116,7 +117,10 @@ class Broker:
             dest = self._routes.get(receiver)
             if dest is None:
                 self.stats.unroutable += 1
-                log.warning("broker: no actor named %r (from %r)", receiver, sender)
+                # During shutdown actors leave while the last messages fly: counted only.
+                if not self.closing:
+                    log.warning("broker: no actor named %r (%s from %r)", receiver.decode(),
+                                type(codec.decode(body)).__name__, sender.decode())
                 return
             self._seq += 1
             try:
@@ -305,6 +309,10 @@ class ZmqBus:
 
     def send_frame(self, sender: str, receiver: str, body: bytes) -> None:
         self.endpoint.send_frame(sender, receiver, body)
+
+    def closing(self) -> None:
+        """The topology is shutting down: unroutable messages are expected, not warned."""
+        self.broker.closing = True
 
     def close(self) -> None:
         if self._closed:

@@ -1,0 +1,192 @@
+"""The ``evobus`` command line. Every verb returns an exit code; a caller's mistake is
+one line on stderr naming the fix, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+from collections import Counter
+
+log = logging.getLogger(__name__)
+
+#: Modules adding verbs (replay, resume, worker, keys, report, ...): each defines
+#: ``register(subparsers)`` which adds its parser and sets ``func``.
+VERB_MODULES: list[str] = []
+
+
+def _err(message: str) -> int:
+    print(f"evobus: {message}", file=sys.stderr)
+    return 2
+
+
+def _fmt_outcomes(outcomes: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) or "none"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from actors.errors import ConfigError
+    from actors.launch import run_scenario
+    from protocol.scenario import ScenarioError, load_scenario
+
+    try:
+        scenario = load_scenario(args.scenario)
+    except ScenarioError as exc:
+        return _err(str(exc))
+    if scenario.domain is None:
+        return _err(f"{args.scenario}: this scenario declares only [[groups]]; run them "
+                    "with `evobus run` once groups are supported")
+
+    def progress(record) -> None:
+        if args.quiet:
+            return
+        mark = "committed" if record.committed else "kept"
+        print(f"round {record.round:>3}  v{record.version:<3} held-out {record.heldout_reward:.3f}"
+              f"  {mark:<9} rollouts {record.rollouts:<5} proposals {record.proposals:<4}"
+              f" {record.elapsed:7.2f}s", flush=True)
+
+    try:
+        result = run_scenario(scenario, source=args.scenario, log=args.log, on_progress=progress)
+    except ConfigError as exc:
+        return _err(f"{args.scenario}: {exc}")
+    if args.json:
+        print(json.dumps({
+            "scenario": args.scenario, "stop_reason": result.stop_reason,
+            "final_reward": result.final_reward, "initial_reward": result.initial_reward,
+            "version": result.version, "rollouts": result.rollouts, "calls": result.calls,
+            "elapsed": result.elapsed, "outcomes": result.outcomes(), "error": result.error,
+            "log": result.log_path, "state": result.state, "bus": result.bus}))
+    elif not args.quiet:
+        print(f"\n{scenario.name}: held-out reward {result.initial_reward:.3f} -> "
+              f"{result.final_reward:.3f} at version {result.version} "
+              f"({result.stop_reason}; {result.rollouts} rollouts in {result.elapsed:.2f} s)")
+        print(f"outcomes: {_fmt_outcomes(result.outcomes())}")
+        if result.error:
+            print(f"backend errors: {result.error}")
+        if result.log_path:
+            print(f"log: {result.log_path}  (evobus inspect {result.log_path})")
+        print("\n" + result.rendered)
+    return 1 if result.error and result.rollouts == 0 else 0
+
+
+def _summary_of(msg) -> str:
+    import msgspec
+
+    fields = msgspec.structs.asdict(msg)
+    parts = []
+    for key, value in fields.items():
+        if isinstance(value, (list, dict)):
+            if key in ("results", "scores", "task_ids", "leases", "history", "state",
+                       "initial_state", "heldout_ids"):
+                parts.append(f"{key}=[{len(value)}]")
+                continue
+        text = repr(value)
+        parts.append(f"{key}={text if len(text) <= 40 else text[:37] + '...'}")
+    return " ".join(parts)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from bus.log import LogCorrupt, read_log
+    from protocol import decode
+
+    try:
+        contents = read_log(args.log)
+    except (OSError, LogCorrupt) as exc:
+        return _err(f"{args.log}: {exc}")
+    h = contents.header
+    print(f"log {args.log}: format {h.format_version}, evobus {h.package_version}, "
+          f"scenario {h.scenario or '-'}, seed {h.seed}, run {h.run_id or '-'}, "
+          f"started {h.started_at or '-'}")
+    counts: Counter[str] = Counter()
+    shown = 0
+    for rec in contents.records:
+        msg = decode(rec.body)
+        kind = type(msg).__name__
+        if args.type and kind not in args.type:
+            continue
+        if args.actor and rec.sender not in args.actor and rec.receiver not in args.actor:
+            continue
+        if args.round is not None and getattr(msg, "round", None) != args.round:
+            continue
+        counts[kind] += 1
+        if not args.summary and (args.limit is None or shown < args.limit):
+            print(f"{rec.seq:>7} {rec.t:9.4f}s {rec.sender:>11} -> {rec.receiver:<11} "
+                  f"{kind:<12} {_summary_of(msg)}")
+            shown += 1
+    total = sum(counts.values())
+    print(f"\n{total} messages: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
+    if contents.dropped_tail:
+        print(f"warning: a torn tail was cut back ({contents.dropped_tail} dropped)")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from protocol.scenario import ScenarioError, load_scenario
+
+    try:
+        scenario = load_scenario(args.scenario)
+    except ScenarioError as exc:
+        return _err(str(exc))
+    print(f"{args.scenario}: ok ({scenario.mode}, {scenario.rounds} rounds, "
+          f"{type(scenario.strategy).__name__[:-4]}, {type(scenario.parallel).__name__[:-4]})")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from protocol.scenario import json_schema
+
+    print(json.dumps(json_schema(), indent=2, sort_keys=True))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="evobus",
+        description="Evolve text artifacts (prompts, skills, rule sets) with parallel "
+                    "workers on a ZeroMQ bus.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug output")
+    sub = p.add_subparsers(dest="verb", metavar="VERB")
+    r = sub.add_parser("run", help="run a scenario file (TOML)")
+    r.add_argument("scenario")
+    r.add_argument("--log", help="write the message log here (overrides the scenario's)")
+    r.add_argument("--quiet", action="store_true", help="print only errors")
+    r.add_argument("--json", action="store_true", help="print a JSON summary at the end")
+    r.set_defaults(func=cmd_run)
+    i = sub.add_parser("inspect", help="print a recorded message log readably")
+    i.add_argument("log")
+    i.add_argument("--actor", action="append", help="only messages from/to this actor")
+    i.add_argument("--type", action="append", help="only this message type (e.g. Commit)")
+    i.add_argument("--round", type=int, help="only messages of this round")
+    i.add_argument("--summary", action="store_true", help="counts only")
+    i.add_argument("--limit", type=int, help="print at most this many lines")
+    i.set_defaults(func=cmd_inspect)
+    v = sub.add_parser("validate", help="check a scenario file against the schema")
+    v.add_argument("scenario")
+    v.set_defaults(func=cmd_validate)
+    s = sub.add_parser("schema", help="print the JSON Schema of scenario files")
+    s.set_defaults(func=cmd_schema)
+    # Verbs that live in modules of their own: each has register(subparsers).
+    for module in VERB_MODULES:
+        importlib.import_module(module).register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("evobus: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
