@@ -161,6 +161,9 @@ class Scheduler:
     def _on_eval_chunk(self, lease: Lease, msg: LeaseDone) -> list[Out]:
         eval_id = lease.lease_id.rsplit(".", 1)[0]
         agg = self.evals.get(eval_id)
+        if msg.fatal:  # a caller's mistake found while scoring: the planner stops the run
+            return [(PLANNER, Settled(lease_id=lease.lease_id, round=lease.round, unit=0,
+                                      fatal=msg.fatal))]
         if agg is None:
             return []
         for r in msg.results:

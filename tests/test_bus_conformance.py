@@ -1,0 +1,177 @@
+"""One conformance suite, run against the in-memory bus and the ZeroMQ bus.
+
+Also: the ZeroMQ broker reached over ipc:// and tcp:// from a second endpoint.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import zmq
+
+from bus import MAX_FRAME_BYTES, Endpoint, InMemoryBus, ZmqBus
+from bus.log import read_log, LogHeader, LogWriter, FORMAT_VERSION
+from protocol import Barrier, Tick, decode
+
+WAIT_S = 10
+
+
+class Inbox:
+    """Collects deliveries; wait(n) blocks (bounded) until n have arrived."""
+
+    def __init__(self) -> None:
+        self.items = []
+        self._cond = threading.Condition()
+
+    def __call__(self, delivery) -> None:
+        with self._cond:
+            self.items.append(delivery)
+            self._cond.notify_all()
+
+    def wait(self, n: int) -> list:
+        with self._cond:
+            assert self._cond.wait_for(lambda: len(self.items) >= n, timeout=WAIT_S), \
+                f"only {len(self.items)} of {n} deliveries arrived within {WAIT_S} s"
+            return list(self.items)
+
+
+@pytest.fixture(params=["memory", "zmq"])
+def make_bus(request, tmp_path):
+    made = []
+
+    def make(log=False):
+        writer = None
+        if log:
+            writer = LogWriter(tmp_path / "bus.evolog", LogHeader(format_version=FORMAT_VERSION))
+        bus = InMemoryBus(writer) if request.param == "memory" else ZmqBus(writer)
+        made.append(bus)
+        return bus
+
+    yield make
+    for bus in made:
+        bus.close()
+
+
+def test_messages_arrive_in_order_with_increasing_sequence_numbers(make_bus):
+    bus = make_bus()
+    inbox = Inbox()
+    bus.attach("a", inbox)
+    for i in range(200):
+        bus.send("x", "a", Barrier(round=i))
+    got = inbox.wait(200)
+    assert [d.msg.round for d in got] == list(range(200))
+    assert [d.seq for d in got] == list(range(1, 201))
+    assert {d.sender for d in got} == {"x"} and {d.receiver for d in got} == {"a"}
+
+
+def test_a_frame_that_does_not_decode_is_counted_and_dropped_and_the_bus_goes_on(make_bus):
+    bus = make_bus()
+    inbox = Inbox()
+    bus.attach("a", inbox)
+    bus.send_frame("mallory", "a", b"\xc1not msgpack")
+    bus.send("x", "a", Barrier(round=1))
+    got = inbox.wait(1)
+    assert [d.msg for d in got] == [Barrier(round=1)]
+    assert bus.stats.rejected_frames == 1
+    assert bus.stats.rejected_by_sender == {"mallory": 1}
+
+
+def test_a_frame_over_the_size_limit_is_refused(make_bus):
+    bus = make_bus()
+    inbox = Inbox()
+    bus.attach("a", inbox)
+    bus.send_frame("x", "a", b"\x00" * (MAX_FRAME_BYTES + 1))
+    bus.send("x", "a", Barrier(round=2))
+    got = inbox.wait(1)
+    assert [d.msg for d in got] == [Barrier(round=2)]
+    assert bus.stats.rejected_frames == 1
+
+
+def test_a_message_to_nobody_is_counted_as_unroutable(make_bus):
+    bus = make_bus()
+    inbox = Inbox()
+    bus.attach("a", inbox)
+    bus.send("x", "ghost", Barrier(round=0))
+    bus.send("x", "a", Barrier(round=1))
+    inbox.wait(1)
+    assert bus.stats.unroutable == 1
+
+
+def test_senders_on_many_threads_are_all_delivered_fifo_per_sender(make_bus):
+    bus = make_bus()
+    inbox = Inbox()
+    bus.attach("a", inbox)
+
+    def sender(k: int) -> None:
+        for i in range(100):
+            bus.send(f"s{k}", "a", Tick(elapsed=float(i)))
+
+    threads = [threading.Thread(target=sender, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S)
+    got = inbox.wait(400)
+    for k in range(4):
+        mine = [d.msg.elapsed for d in got if d.sender == f"s{k}"]
+        assert mine == [float(i) for i in range(100)]
+    assert sorted(d.seq for d in got) == list(range(1, 401))
+
+
+def test_every_delivered_message_is_in_the_log_with_its_sequence_number(make_bus, tmp_path):
+    bus = make_bus(log=True)
+    inbox = Inbox()
+    bus.attach("a", inbox)
+    bus.send_frame("m", "a", b"junk")
+    for i in range(50):
+        bus.send("x", "a", Barrier(round=i))
+    got = inbox.wait(50)
+    bus.close()
+    records = read_log(tmp_path / "bus.evolog").records
+    assert [r.seq for r in records] == [d.seq for d in got]
+    assert [decode(r.body) for r in records] == [d.msg for d in got]
+    assert all(r.sender == "x" and r.receiver == "a" for r in records)
+    assert all(b.t >= a.t for a, b in zip(records, records[1:]))
+
+
+def test_detached_names_stop_receiving(make_bus):
+    bus = make_bus()
+    inbox, other = Inbox(), Inbox()
+    bus.attach("a", inbox)
+    bus.attach("b", other)
+    bus.send("x", "a", Barrier(round=0))
+    inbox.wait(1)
+    bus.detach("a")
+    bus.send("x", "a", Barrier(round=1))
+    bus.send("x", "b", Barrier(round=2))
+    other.wait(1)
+    assert len(inbox.items) == 1
+
+
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_an_endpoint_in_another_context_reaches_the_broker_over(transport, tmp_path):
+    addr = f"ipc://{tmp_path}/broker.sock" if transport == "ipc" else "tcp://127.0.0.1:0"
+    bus = ZmqBus(binds=[addr])
+    ctx = zmq.Context()
+    try:
+        external = [a for a in bus.addresses if not a.startswith("inproc://")][0]
+        remote = Endpoint(ctx, external, name="remote")
+        try:
+            far, near = Inbox(), Inbox()
+            remote.attach("far", far)
+            bus.attach("near", near)
+            bus.send("near", "far", Barrier(round=7))
+            assert far.wait(1)[0].msg == Barrier(round=7)
+            remote.send("far", "near", Barrier(round=8))
+            assert near.wait(1)[0].msg == Barrier(round=8)
+        finally:
+            remote.close()
+    finally:
+        bus.close()
+        ctx.destroy(linger=0)
+
+
+def test_binding_a_non_loopback_address_without_keys_is_refused():
+    with pytest.raises(ValueError, match="loopback only"):
+        ZmqBus(binds=["tcp://0.0.0.0:5599"])

@@ -1,0 +1,136 @@
+"""evolve() end to end on real actors and a real ZeroMQ bus (and the in-memory bus)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from actors import ConfigError, KeyedRules, SingleSlot, AppendRules, Task, evolve
+from bus.log import read_log
+from protocol import decode
+from scenarios import router
+
+
+@pytest.mark.parametrize("bus", ["zmq", "memory"])
+def test_router_reaches_held_out_reward_one_with_four_workers(router_kwargs, bus):
+    result = evolve(**router_kwargs, rounds=8, n_workers=4, seed=0, bus=bus)
+    assert result.error is None
+    assert result.initial_reward == 0.0
+    assert result.final_reward == 1.0
+    assert result.outcomes()["committed"] >= 4
+    for category, words in router.KEYWORDS.items():
+        assert router.rules(result.rendered)[category] == set(words)
+
+
+def test_same_seed_same_inputs_same_artifact(router_kwargs):
+    a = evolve(**router_kwargs, rounds=3, n_workers=4, seed=5)
+    b = evolve(**router_kwargs, rounds=3, n_workers=4, seed=5)
+    assert a.state == b.state and a.version == b.version
+    assert [h.heldout_reward for h in a.history] == [h.heldout_reward for h in b.history]
+    assert a.outcomes() == b.outcomes()
+
+
+def test_an_agent_object_works_like_run_and_propose(router_kwargs):
+    kw = dict(router_kwargs)
+    del kw["run"], kw["propose"]
+    result = evolve(**kw, agent=router.RouterAgent(), rounds=8, target_reward=1.0)
+    assert result.final_reward == 1.0 and result.stop_reason == "target_reward"
+
+
+def test_history_has_one_entry_per_round_with_its_fields(router_kwargs):
+    result = evolve(**router_kwargs, rounds=4, n_workers=2)
+    assert [h.round for h in result.history] == [0, 1, 2, 3]
+    first = result.history[0]
+    assert first.rollouts > 0 and first.proposals > 0 and first.elapsed > 0
+    assert sum(h.rollouts for h in result.history) == result.rollouts
+    assert result.stop_reason == "rounds"
+
+
+def test_max_concurrency_bounds_the_leases_running_at_once(router_kwargs):
+    result = evolve(**router_kwargs, rounds=2, n_workers=4, max_concurrency=1)
+    assert result.bus["peak_running"] == 1
+
+
+def test_budget_max_rollouts_stops_with_that_reason(router_kwargs):
+    result = evolve(**router_kwargs, rounds=50, n_workers=4, max_rollouts=30)
+    assert result.stop_reason == "max_rollouts" and result.rollouts == 30
+
+
+def test_log_is_written_and_inspect_reads_it(router_kwargs, tmp_path, clean_env):
+    path = tmp_path / "run.evolog"
+    result = evolve(**router_kwargs, rounds=2, log=str(path))
+    contents = read_log(path)
+    kinds = [type(decode(r.body)).__name__ for r in contents.records]
+    assert kinds[0] in ("Hello", "Start") and "RunDone" in kinds and "Commit" in kinds
+    assert [r.seq for r in contents.records] == list(range(1, len(kinds) + 1))
+    out = subprocess.run([sys.executable, "-m", "actors.cli", "inspect", str(path)],
+                         capture_output=True, text=True, env=clean_env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "RunDone" in out.stdout and f"{len(kinds)} messages" in out.stdout
+    assert result.log_path == str(path)
+
+
+def test_a_flaky_backend_is_reported_in_error_not_raised(router_kwargs):
+    calls = {"n": 0}
+
+    def flaky(rendered, task):
+        calls["n"] += 1
+        if task.id.endswith("-0"):
+            raise TimeoutError("backend timed out")
+        return router.run(rendered, task)
+
+    result = evolve(**{**router_kwargs, "run": flaky}, rounds=2)
+    assert result.error is not None and "TimeoutError: backend timed out" in result.error
+    assert result.outcomes()["rollout-error"] > 0
+
+
+def test_single_slot_and_append_rules_strategies_evolve():
+    tasks = [Task(f"t{i}", f"say {i % 3}", {"want": "polite"}) for i in range(12)]
+
+    def run(rendered, task):
+        return "polite" if "polite" in rendered else "rude"
+
+    def reward(task, output):
+        return 1.0 if output == task.meta["want"] else 0.0
+
+    def propose(rendered, task, output, score):
+        return "be polite"
+
+    for strategy in (SingleSlot(), AppendRules()):
+        result = evolve(tasks, reward, run=run, propose=propose, strategy=strategy, rounds=2)
+        assert result.final_reward == 1.0, strategy
+        assert "be polite" in result.rendered
+
+
+# -- refused before the first rollout ---------------------------------------------------
+
+def _never(*a):
+    raise AssertionError("no rollout may happen")
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(tasks=router.tasks()[:3]), "at least 4 tasks"),
+    (dict(tasks=router.tasks()[:4] + router.tasks()[:1]), "duplicate task ids"),
+    (dict(n_workers=0), "n_workers must be an integer >= 1"),
+    (dict(run=None, propose=None), "either agent="),
+    (dict(propose=None), "either agent="),
+    (dict(rounds=0), "rounds must be"),
+    (dict(held_out_frac=1.0), "held_out_frac"),
+    (dict(max_concurrency=0), "max_concurrency"),
+    (dict(tasks=["not a task"] * 5), "Task(id, prompt, meta)"),
+])
+def test_caller_mistakes_are_refused_before_the_first_rollout(kwargs, needle):
+    base = dict(tasks=router.tasks(), reward=router.reward, run=_never, propose=_never)
+    base.update(kwargs)
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        evolve(**base)
+
+
+def test_a_reward_outside_zero_one_is_raised_naming_the_task(router_kwargs):
+    def bad_reward(task, output):
+        return 1.5
+
+    with pytest.raises(ConfigError, match=r"reward\(task='.*'.*returned 1.5.*\[0, 1\]"):
+        evolve(**{**router_kwargs, "reward": bad_reward}, rounds=2)
