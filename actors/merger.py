@@ -11,9 +11,12 @@ The merge of one round (every decision is counted in ``outcomes``):
    ``conflict`` (the first proposer wins an exact tie);
 3. the survivors are fused into one candidate and scored; it is committed only if it
    strictly beats the head (an exact tie is never accepted);
-4. if the fused candidate does not beat the head and it held several diffs, each is
-   scored alone and the best one that strictly beats the head is committed;
-   everything not committed is ``below-threshold``.
+4. if the fused candidate does not beat the head and it held several diffs, its two
+   halves (in plan order) are scored; the better half is committed if it strictly
+   beats the head, else the search goes on inside the better half, at most
+   ``MAX_BISECT_DEPTH`` levels (two evals a level, so a bad round costs a bounded
+   number of held-out evaluations however many diffs it held); everything not
+   committed is ``below-threshold``.
 
 Scoring is work: an ``EvalRequest`` to the Scheduler, answered by ``EvalDone``. Scores
 are cached per candidate state, so a candidate is never scored twice.
@@ -31,6 +34,10 @@ from protocol import (Baseline, Barrier, Commit, Diff, EvalDone, EvalRequest, Fi
 log = logging.getLogger(__name__)
 
 Out = tuple[str, Message]
+
+#: When the fused candidate fails, halves are tried this many levels deep at most
+#: (2 evals a level): a bounded search for the part of a round worth keeping.
+MAX_BISECT_DEPTH = 4
 
 
 def apply(state: dict[str, str], diffs: list[Diff]) -> dict[str, str]:
@@ -83,6 +90,8 @@ class _Merge:
     candidates: dict[int, dict[str, str]] = field(default_factory=dict)
     waiting: set[str] = field(default_factory=set)
     fused: list[Diff] = field(default_factory=list)
+    halves: list[list[Diff]] = field(default_factory=list)
+    depth: int = 0
 
 
 class Merger:
@@ -245,19 +254,32 @@ class Merger:
             if len(m.fused) == 1:
                 self._count(m.outcomes, "below-threshold")
                 return self._close(committed=False)
-            m.stage = "singles"
-            return self._score_each(m.fused)
-        if m.stage == "singles":
-            best = max(m.fused, key=lambda d: self._cached(m.candidates[id(d)]))
-            best_state = m.candidates[id(best)]
-            score = self._cached(best_state)
+            return self._bisect(m.fused)
+        if m.stage == "bisect":
+            scored = [(self._cached(apply(self.state, half)), i, half)
+                      for i, half in enumerate(m.halves)]
+            # Highest score first; the first half wins an exact tie.
+            score, _, best = max(scored, key=lambda t: (t[0], -t[1]))
             if score > self.score:
-                self._count(m.outcomes, "committed")
-                self._count(m.outcomes, "below-threshold", len(m.fused) - 1)
-                return self._commit(best_state, score)
-            self._count(m.outcomes, "below-threshold", len(m.fused))
-            return self._close(committed=False)
+                self._count(m.outcomes, "committed", len(best))
+                self._count(m.outcomes, "below-threshold", len(m.fused) - len(best))
+                return self._commit(apply(self.state, best), score)
+            if len(best) == 1 or m.depth >= MAX_BISECT_DEPTH:
+                self._count(m.outcomes, "below-threshold", len(m.fused))
+                return self._close(committed=False)
+            return self._bisect(best)
         raise AssertionError(f"merger in unknown stage {m.stage!r}")
+
+    def _bisect(self, diffs: list[Diff]) -> list[Out]:
+        """Score both halves of ``diffs`` (in plan order) on top of the head."""
+        m = self.merge
+        m.stage = "bisect"
+        m.depth += 1
+        mid = (len(diffs) + 1) // 2
+        m.halves = [diffs[:mid], diffs[mid:]]
+        m.waiting = {"h0", "h1"}
+        return (self._request("h0", apply(self.state, m.halves[0]))
+                + self._request("h1", apply(self.state, m.halves[1])))
 
     def _to_fused(self) -> list[Out]:
         m = self.merge

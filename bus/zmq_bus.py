@@ -44,6 +44,19 @@ def _loopback_only(addr: str) -> bool:
     return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
 
 
+def _wake(ctx: zmq.Context, addr: str) -> None:
+    """Wake a bus thread blocked in poll so it sees its stop flag at once."""
+    sock = ctx.socket(zmq.PAIR)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(addr)
+        sock.send(b"", zmq.NOBLOCK)
+    except zmq.ZMQError:  # the thread is already gone: nothing to wake
+        pass
+    finally:
+        sock.close(0)
+
+
 class Broker:
     """The ROUTER that gives the run its total order. Runs on a thread of its own."""
 
@@ -61,6 +74,7 @@ class Broker:
         self._error: BaseException | None = None
         self.addresses: list[str] = []
         self._binds = binds
+        self._ctl_addr = f"inproc://evobus-broker-ctl-{uuid.uuid4().hex}"
         self._thread = threading.Thread(target=self._run, name="evobus-broker", daemon=True)
 
     def start(self) -> None:
@@ -84,10 +98,13 @@ class Broker:
             self._ready.set()
             router.close(0)
             return
+        ctl = self.ctx.socket(zmq.PAIR)
+        ctl.bind(self._ctl_addr)
         self._ready.set()
         codec = Codec()
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
+        poller.register(ctl, zmq.POLLIN)
         try:
             while not self._stop.is_set():
                 if not poller.poll(_POLL_MS):
@@ -101,6 +118,7 @@ class Broker:
                     self._on_frames(router, codec, frames)
         finally:
             router.close(0)
+            ctl.close(0)
             if self._log is not None:
                 self._log.close()
 
@@ -146,6 +164,7 @@ class Broker:
 
     def stop(self) -> None:
         self._stop.set()
+        _wake(self.ctx, self._ctl_addr)
         self._thread.join(timeout=5)
 
 
@@ -170,6 +189,7 @@ class Endpoint:
         self._senders_lock = threading.Lock()
         self._stop = threading.Event()
         self._ready = threading.Event()
+        self._ctl_addr = f"inproc://evobus-endpoint-ctl-{uuid.uuid4().hex}"
         self._thread = threading.Thread(target=self._run, name=f"evobus-endpoint-{name}",
                                         daemon=True)
         self._thread.start()
@@ -181,10 +201,13 @@ class Endpoint:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IDENTITY, self.identity)
         sock.connect(self.broker_addr)
+        ctl = self.ctx.socket(zmq.PAIR)
+        ctl.bind(self._ctl_addr)
         self._ready.set()
         codec = Codec()
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
+        poller.register(ctl, zmq.POLLIN)
         try:
             while not self._stop.is_set():
                 if not poller.poll(_POLL_MS):
@@ -197,6 +220,7 @@ class Endpoint:
                     self._on_frames(codec, frames)
         finally:
             sock.close(0)
+            ctl.close(0)
 
     def _on_frames(self, codec: Codec, frames: list[bytes]) -> None:
         if len(frames) != 5 or frames[0] != b"M":
@@ -261,6 +285,7 @@ class Endpoint:
 
     def close(self) -> None:
         self._stop.set()
+        _wake(self.ctx, self._ctl_addr)
         self._thread.join(timeout=5)
         with self._senders_lock:
             for sock in self._senders:
