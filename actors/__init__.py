@@ -2,9 +2,17 @@
 
 from actors.artifacts import AppendRules, ArtifactStrategy, KeyedRules, SingleSlot
 from actors.errors import ConfigError, EvobusError, RunFailed
+from actors.parallel import (ClusterParallel, DataParallel, ParallelConfigError,
+                             ParallelStrategy, PipelineChain, PipelineParallel, SectionViolation,
+                             StageRecord, TensorParallel, TensorParallelMerge,
+                             assign_key_sections, section_of, shard_round_robin)
 from actors.runtime import EvolveResult, Runtime, evolve
+from actors.sampling import DifficultyWeighted, RoundRobin, TaskSampler
 from protocol import Diff, Task, WorkUnit
 
-__all__ = ["AppendRules", "ArtifactStrategy", "ConfigError", "Diff", "EvobusError",
-           "EvolveResult", "KeyedRules", "Runtime", "RunFailed", "SingleSlot", "Task",
-           "WorkUnit", "evolve"]
+__all__ = ["AppendRules", "ArtifactStrategy", "ClusterParallel", "ConfigError", "DataParallel",
+           "Diff", "DifficultyWeighted", "EvobusError", "EvolveResult", "KeyedRules",
+           "ParallelConfigError", "ParallelStrategy", "PipelineChain", "PipelineParallel",
+           "RoundRobin", "Runtime", "RunFailed", "SectionViolation", "SingleSlot", "StageRecord",
+           "Task", "TaskSampler", "TensorParallel", "TensorParallelMerge", "WorkUnit",
+           "assign_key_sections", "evolve", "section_of", "shard_round_robin"]

@@ -1,0 +1,138 @@
+"""Every parallelism paradigm through evolve(): the rules of issue 3, end to end."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from actors import (AppendRules, ClusterParallel, ConfigError, DataParallel, DifficultyWeighted,
+                    KeyedRules, ParallelStrategy, PipelineParallel, SingleSlot, TensorParallel,
+                    evolve)
+from bus.log import read_log
+from protocol import Lease, decode
+from scenarios import parallelism, router
+
+
+def run_router(parallel, **kw):
+    base = dict(tasks=router.tasks(), reward=router.reward, run=router.run,
+                propose=router.propose, strategy=KeyedRules(router.CATEGORIES),
+                parallel=parallel, rounds=6, n_workers=4, seed=0)
+    base.update(kw)
+    return evolve(**base)
+
+
+def leases_in(path):
+    return [decode(r.body) for r in read_log(path).records
+            if isinstance(decode(r.body), Lease) and decode(r.body).kind == "rollout"]
+
+
+def test_the_parallelism_example_keeps_its_invariants():
+    rows = dict(parallelism.main(["--rounds", "6"]))
+    dp = rows["DataParallel()"]
+    routed = rows["TensorParallel(4, keys=..., route=...)"]
+    unrouted = rows["TensorParallel(4, keys=...)"]
+    assert routed["out-of-section"] == 0
+    assert routed["delivered"] == dp["delivered"] and routed["reward"] == dp["reward"] == 1.0
+    assert unrouted["out-of-section"] > 0
+    assert unrouted["delivered"] + unrouted["out-of-section"] == unrouted["proposed"]
+    assert rows["BlockParallel()  [custom]"]["reward"] == 1.0
+
+
+def test_a_custom_strategy_is_a_parallel_strategy_and_works_in_evolve():
+    custom = parallelism.BlockParallel()
+    assert isinstance(custom, ParallelStrategy)
+    assert run_router(custom).final_reward == 1.0
+
+
+def test_unrouted_tensor_parallel_counts_section_violations():
+    result = run_router(TensorParallel(4, keys=router.CATEGORIES), rounds=2)
+    assert result.outcomes()["section-violation"] > 0
+
+
+def test_routed_tensor_parallel_fills_its_keys_from_the_strategy_and_has_no_violations(tmp_path):
+    # keys omitted, route given: the key space comes from KeyedRules (no silent zero rollouts)
+    log = tmp_path / "tp.evolog"
+    result = run_router(TensorParallel(4, route=router.route), log=str(log))
+    assert result.rollouts > 0 and result.final_reward == 1.0
+    assert "section-violation" not in result.outcomes()
+    sections = TensorParallel(4, keys=router.CATEGORIES).section_map()
+    for lease in leases_in(log):
+        assert {sections[router.route(t)] for t in lease.task_ids} <= {lease.section}
+
+
+def test_workers_sharing_a_section_never_roll_out_the_same_task_twice_in_a_round(tmp_path):
+    log = tmp_path / "tp8.evolog"
+    run_router(TensorParallel(4, route=router.route), n_workers=8, rounds=2, log=str(log))
+    per_round = collections.defaultdict(list)
+    for lease in leases_in(log):
+        per_round[lease.round] += lease.task_ids
+    assert per_round
+    for tasks in per_round.values():
+        assert len(tasks) == len(set(tasks))
+
+
+def test_mixed_case_categories_work_with_tensor_parallel():
+    categories = [c.capitalize() for c in router.CATEGORIES]
+    result = run_router(TensorParallel(4, route=lambda t: router.route(t).upper()),
+                        strategy=KeyedRules(categories))
+    assert result.final_reward == 1.0 and "section-violation" not in result.outcomes()
+
+
+@pytest.mark.parametrize("parallel,strategy,needle", [
+    (TensorParallel(2), AppendRules(), "key space"),
+    (TensorParallel(2), SingleSlot(), "SingleSlot"),
+    (TensorParallel(8), KeyedRules(router.CATEGORIES), "lower n_sections to at most 4"),
+    (PipelineParallel(["a", "b"]), KeyedRules(router.CATEGORIES), "PipelineChain"),
+    (object(), KeyedRules(router.CATEGORIES), "plan("),
+])
+def test_incompatible_pairings_are_refused_before_the_first_rollout(parallel, strategy, needle):
+    def never(*a):
+        raise AssertionError("no rollout may happen")
+
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
+        evolve(router.tasks(), router.reward, run=never, propose=never, strategy=strategy,
+               parallel=parallel)
+
+
+def test_fewer_than_one_section_is_refused_at_construction():
+    with pytest.raises(ConfigError, match="n_sections must be an integer >= 1"):
+        TensorParallel(0)
+
+
+def test_a_task_routed_to_no_section_is_refused_naming_it():
+    def route(task_id):
+        return "nowhere" if task_id == "billing-refund-0" else router.route(task_id)
+
+    with pytest.raises(ConfigError, match="billing-refund-0"):
+        run_router(TensorParallel(4, route=route))
+
+
+def test_append_rules_with_explicit_keys_can_be_tensor_parallel():
+    tasks = router.tasks()
+    result = evolve(tasks, router.reward, run=router.run, propose=router.propose,
+                    strategy=AppendRules(), parallel=TensorParallel(2, keys=["x", "y"]),
+                    rounds=1)
+    # AppendRules content-addresses its keys: every proposal is outside both sections.
+    assert result.outcomes().get("section-violation", 0) > 0
+
+
+def test_cluster_parallel_leases_whole_clusters_and_learns_from_every_rollout(tmp_path):
+    seen = []
+
+    class Watched(ClusterParallel):
+        def observe(self, unit, task_id, score):
+            seen.append(task_id)
+            super().observe(unit, task_id, score)
+
+    log = tmp_path / "cp.evolog"
+    result = run_router(Watched(router.cluster_of), log=str(log), target_reward=None, rounds=4)
+    assert result.final_reward == 1.0
+    assert len(seen) == result.rollouts
+    for lease in leases_in(log):
+        assert len({router.cluster_of(t) for t in lease.task_ids}) == 1
+
+
+def test_a_task_sampler_orders_tasks_inside_leases_and_still_learns():
+    result = run_router(DataParallel(), task_sampler=DifficultyWeighted(seed=1))
+    assert result.final_reward == 1.0
