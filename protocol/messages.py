@@ -183,6 +183,7 @@ class RoundClosed(Msg, frozen=True):
     heldout_reward: float
     proposals: int = 0
     outcomes: dict[str, int] = {}
+    final: bool = False
 
 
 class RoundRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -220,6 +221,7 @@ class RunDone(Msg, frozen=True):
     calls: int = 0
     error: str | None = None
     fatal: str | None = None
+    stats: dict[str, float] = {}
 
 
 # -- workers -------------------------------------------------------------------------
@@ -252,15 +254,51 @@ class Stop(Msg, frozen=True):
     reason: str = ""
 
 
+# -- barrier-free (async) mode ---------------------------------------------------------
+
+
+class NeedWork(Msg, frozen=True):
+    """Scheduler -> Planner (async): the queue ran dry and a worker is free."""
+
+    wave: int = 0
+
+
+class Merged(Msg, frozen=True):
+    """Merger -> Scheduler (async): ``consumed`` proposals left the unmerged backlog."""
+
+    consumed: int
+    version: int = 0
+
+
+class Refresh(Msg, frozen=True):
+    """Merger -> Scheduler (async stall guard): send every worker the head now."""
+
+    reason: str = ""
+
+
+class Drain(Msg, frozen=True):
+    """Planner -> Scheduler (async stop): start nothing new, let running leases settle,
+    then ask the Merger to merge what it holds."""
+
+    reason: str = ""
+
+
+class Flush(Msg, frozen=True):
+    """Scheduler -> Merger (async stop): every lease is settled; merge all you hold and
+    answer with a final ``RoundClosed``."""
+
+    cancelled: int = 0
+
+
 Message = (
     Start | Open | Baseline | Tick | Finish | Shutdown | Lease | LeaseBatch | LeaseDone
     | Settled | Barrier | EvalRequest | EvalDone | Commit | RoundClosed | Progress | RunDone
-    | Hello | Heartbeat | Cancel | Stop
+    | Hello | Heartbeat | Cancel | Stop | NeedWork | Merged | Refresh | Drain | Flush
 )
 
 __all__ = [
     "Msg", "Message", "Start", "Open", "Baseline", "Tick", "Finish", "Shutdown", "Lease",
     "LeaseBatch", "LeaseDone", "Settled", "Barrier", "EvalRequest", "EvalDone", "Commit",
-    "RoundClosed", "RoundRecord", "Progress", "RunDone", "Hello", "Heartbeat", "Cancel", "Stop",
+    "RoundClosed", "RoundRecord", "Progress", "RunDone", "Hello", "Heartbeat", "Cancel", "Stop", "NeedWork", "Merged", "Refresh", "Drain", "Flush",
     "Diff", "RolloutResult",
 ]

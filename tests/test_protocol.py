@@ -40,6 +40,11 @@ EXAMPLES = {
     "Heartbeat": protocol.Heartbeat(worker="worker-0"),
     "Cancel": protocol.Cancel(lease_id="x"),
     "Stop": protocol.Stop(reason="done"),
+    "NeedWork": protocol.NeedWork(wave=2),
+    "Merged": protocol.Merged(consumed=3, version=1),
+    "Refresh": protocol.Refresh(reason="stall"),
+    "Drain": protocol.Drain(reason="max_rollouts"),
+    "Flush": protocol.Flush(cancelled=1),
 }
 
 
