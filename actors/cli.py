@@ -39,18 +39,31 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _err(f"{args.scenario}: this scenario declares only [[groups]]; run them "
                     "with `evobus run` once groups are supported")
 
-    def progress(record) -> None:
-        if args.quiet:
-            return
-        mark = "committed" if record.committed else "kept"
-        print(f"round {record.round:>3}  v{record.version:<3} held-out {record.heldout_reward:.3f}"
-              f"  {mark:<9} rollouts {record.rollouts:<5} proposals {record.proposals:<4}"
-              f" {record.elapsed:7.2f}s", flush=True)
+    from actors.progress import RunProgress, interrupt_guard
+    from actors.scenario_check import check_refs
 
+    problems = check_refs(scenario, args.scenario)
+    if problems:
+        return [_err(p) for p in problems][0]
+    # Live progress on a terminal, plain lines otherwise; with --json on stderr, so
+    # stdout holds only the JSON summary.
+    log_path = args.log if args.log is not None else scenario.log
+    progress = RunProgress(scenario, source=args.scenario, quiet=args.quiet,
+                           stream=sys.stderr if args.json else sys.stdout, log_path=log_path)
     try:
-        result = run_scenario(scenario, source=args.scenario, log=args.log, on_progress=progress)
+        with progress, interrupt_guard():
+            result = run_scenario(scenario, source=args.scenario, log=args.log,
+                                  on_progress=progress)
     except ConfigError as exc:
         return _err(f"{args.scenario}: {exc}")
+    except KeyboardInterrupt:  # Ctrl-C: the runtime closed its actors and the log
+        print(f"evobus: {progress.interrupted(log_path)}", file=sys.stderr)
+        return 130
+    except Exception as exc:  # the user's code (tasks, agent) or a crashed actor: one line
+        log.debug("run failed", exc_info=True)
+        _err(f"{args.scenario}: the run failed: {type(exc).__name__}: {exc} "
+             "(evobus -v run ... shows the traceback)")
+        return 1
     if args.json:
         print(json.dumps({
             "scenario": args.scenario, "stop_reason": result.stop_reason,
@@ -58,16 +71,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             "version": result.version, "rollouts": result.rollouts, "calls": result.calls,
             "elapsed": result.elapsed, "outcomes": result.outcomes(), "error": result.error,
             "log": result.log_path, "state": result.state, "bus": result.bus}))
-    elif not args.quiet:
-        print(f"\n{scenario.name}: held-out reward {result.initial_reward:.3f} -> "
-              f"{result.final_reward:.3f} at version {result.version} "
-              f"({result.stop_reason}; {result.rollouts} rollouts in {result.elapsed:.2f} s)")
-        print(f"outcomes: {_fmt_outcomes(result.outcomes())}")
-        if result.error:
-            print(f"backend errors: {result.error}")
-        if result.log_path:
-            print(f"log: {result.log_path}  (evobus inspect {result.log_path})")
-        print("\n" + result.rendered)
+    else:
+        progress.summary(result)
     return 1 if result.error and result.rollouts == 0 else 0
 
 
@@ -125,10 +130,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from protocol.scenario import ScenarioError, load_scenario
 
+    from actors.scenario_check import check_refs
+
     try:
         scenario = load_scenario(args.scenario)
     except ScenarioError as exc:
         return _err(str(exc))
+    # References must import (nothing is called: no tasks built, no agent constructed).
+    problems = check_refs(scenario, args.scenario)
+    if problems:
+        return [_err(p) for p in problems][0]
     print(f"{args.scenario}: ok ({scenario.mode}, {scenario.rounds} rounds, "
           f"{type(scenario.strategy).__name__[:-4]}, {type(scenario.parallel).__name__[:-4]})")
     return 0

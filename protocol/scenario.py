@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from protocol.scenario_errors import explain, explain_syntax, raw_toml
+
 
 class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Scenario tables refuse unknown keys: a typo must not silently become a default."""
@@ -133,45 +135,6 @@ class ScenarioError(ValueError):
     """A scenario file that does not fit the schema; the message names file and field."""
 
 
-_HINTS = {
-    "Expected `int` >=": "use a number at least as large as the bound shown",
-    "Expected `float` >=": "use a number at least as large as the bound shown",
-    "Expected `float` <=": "use a number no larger than the bound shown",
-    "Expected `float` >": "use a number above the bound shown",
-    "Expected `float` <": "use a number below the bound shown",
-    "Object contains unknown field": "remove it or fix its spelling (evobus schema lists "
-                                     "every field)",
-    "Expected `int`": "write a whole number without quotes",
-    "Expected `float`": "write a number without quotes",
-    "Expected `str`": "quote the value",
-    "Expected `array`": "write a list, e.g. [\"a\", \"b\"]",
-    "Expected `object`": "write a table, e.g. [section] with key = value lines",
-    "Invalid enum value": "use one of the listed values",
-    "Object missing required field": "add the field",
-    "Invalid value": "use one of the listed values",
-}
-
-
-_KINDS = {
-    "$.strategy.kind": "KeyedRules, AppendRules, SingleSlot",
-    "$.parallel.kind": "DataParallel, TensorParallel, ClusterParallel, Custom",
-    "$.mode": "sync, async",
-    "$.staleness": "full, guarded, reflective",
-}
-
-
-def _hint(message: str) -> str:
-    for where, choices in _KINDS.items():
-        if message.endswith(f"`{where}`") and ("Invalid" in message or "missing" in message):
-            return f"use one of: {choices}"
-    for needle, hint in _HINTS.items():
-        if needle in message:
-            return hint
-    if "must be" in message:
-        return "change the value to satisfy the constraint"
-    return "see `evobus schema` for the expected shape"
-
-
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file; raise :class:`ScenarioError` naming the fix."""
     path = Path(path)
@@ -185,32 +148,32 @@ def load_scenario(path: str | Path) -> Scenario:
 def parse_scenario(data: bytes | str, source: str = "<scenario>") -> Scenario:
     try:
         scenario = msgspec.toml.decode(data, type=Scenario)
-    except msgspec.ValidationError as exc:
-        message = str(exc)
-        raise ScenarioError(f"{source}: {message}; fix: {_hint(message)}") from None
+    except msgspec.ValidationError as exc:  # name the path, expected vs found, the fix
+        raise ScenarioError(f"{source}: {explain(str(exc), raw_toml(data), Scenario)}") from None
     except msgspec.DecodeError as exc:
-        raise ScenarioError(f"{source}: not valid TOML ({exc}); fix the syntax at the "
-                            "position shown") from None
+        raise ScenarioError(f"{source}: {explain_syntax(str(exc), data)}") from None
     if scenario.domain is None and not scenario.groups:
         raise ScenarioError(f"{source}: nothing to run - at `$.domain`: expected a [domain] "
                             "table (tasks, reward, agent or run + propose) or at least one "
-                            "[[groups]] entry; add one")
+                            "[[groups]] entry, found neither; fix: add a [domain] table")
     d = scenario.domain
     if d is not None and d.agent is None and (d.run is None or d.propose is None):
         raise ScenarioError(f"{source}: at `$.domain`: expected `agent` or both `run` and "
-                            "`propose`; found neither; add agent = \"module:Class\" or run/propose")
+                            "`propose`; found neither; fix: add agent = \"module:Class\" or "
+                            "both run and propose")
     if d is not None and d.agent is not None and (d.run is not None or d.propose is not None):
-        raise ScenarioError(f"{source}: at `$.domain`: `agent` and `run`/`propose` both "
-                            "given; keep one of them")
+        raise ScenarioError(f"{source}: at `$.domain`: expected `agent` or `run`/`propose`, "
+                            "found both; fix: keep one of them")
     w = scenario.workers
     if w.local + w.processes + w.remote < 1 and scenario.domain is not None:
         raise ScenarioError(f"{source}: at `$.workers`: expected at least one worker, found "
-                            "local = processes = remote = 0; set local = 4")
+                            "local = processes = remote = 0; fix: set local = 4 under [workers]")
     for i, g in enumerate(scenario.groups):
         if g.max_concurrency > g.max_items:
             raise ScenarioError(
-                f"{source}: at `$.groups[{i}]`: max_concurrency ({g.max_concurrency}) must be "
-                f"<= max_items ({g.max_items}); lower max_concurrency or raise max_items")
+                f"{source}: at `$.groups[{i}].max_concurrency`: expected at most max_items "
+                f"({g.max_items}), found {g.max_concurrency}; fix: lower max_concurrency or "
+                "raise max_items")
     return scenario
 
 
