@@ -19,7 +19,22 @@ The merge of one round (every decision is counted in ``outcomes``):
    committed is ``below-threshold``.
 
 Scoring is work: an ``EvalRequest`` to the Scheduler, answered by ``EvalDone``. Scores
-are cached per candidate state, so a candidate is never scored twice.
+are cached per (candidate state, task set), so a candidate is never scored twice.
+
+Asynchronous mode: there is no barrier. Whenever the Merger is idle and holds
+proposals, it merges all of them (the batch trigger). A proposal made ``eta``
+versions behind the head meets the staleness policy first (tolerance ``alpha``):
+
+| policy | eta = 0 | 0 < eta <= alpha | eta > alpha |
+|---|---|---|---|
+| ``full`` | keep | keep | keep |
+| ``guarded`` | keep | re-verify | discard (``stale``) |
+| ``reflective`` | keep | re-verify | re-verify |
+
+Re-verifying scores the head with and without the diff on the diff's own evidence
+task (work sent to workers); a diff that does not strictly help there is discarded
+(``stale-rejected``). After ``stall_merges`` merges in a row that commit nothing, the
+Merger asks the Scheduler to refresh every worker (``Refresh``).
 """
 
 from __future__ import annotations
@@ -28,12 +43,16 @@ import logging
 from dataclasses import dataclass, field
 
 from actors.addresses import DRIVER, PLANNER, SCHEDULER
-from protocol import (Baseline, Barrier, Commit, Diff, EvalDone, EvalRequest, Finish,
-                      LeaseDone, Message, Open, RoundClosed, RunDone)
+from protocol import (Baseline, Barrier, Commit, Diff, EvalDone, EvalRequest, Finish, Flush,
+                      LeaseDone, Merged, Message, Open, Refresh, RoundClosed, RunDone)
 
 log = logging.getLogger(__name__)
 
 Out = tuple[str, Message]
+
+STALENESS = ("full", "guarded", "reflective")
+#: Async bucket for proposals (sync mode buckets them by round).
+_ASYNC = -1
 
 #: When the fused candidate fails, halves are tried this many levels deep at most
 #: (2 evals a level): a bounded search for the part of a round worth keeping.
@@ -92,19 +111,32 @@ class _Merge:
     fused: list[Diff] = field(default_factory=list)
     halves: list[list[Diff]] = field(default_factory=list)
     depth: int = 0
+    verify: list[tuple[Diff, str]] = field(default_factory=list)
 
 
 class Merger:
     name = "merger"
 
-    def __init__(self) -> None:
+    def __init__(self, *, asynchronous: bool = False, alpha: int = 3,
+                 staleness: str = "guarded", stall_merges: int = 3) -> None:
+        if staleness not in STALENESS:
+            raise ValueError(f"staleness={staleness!r}: choose one of {', '.join(STALENESS)}")
+        self.asynchronous = asynchronous
+        self.alpha = alpha
+        self.staleness = staleness
+        self.stall_merges = stall_merges
+        self.merges = 0
+        self.without_commit = 0
+        self.flushing = False
+        self.stats: dict[str, float] = {"reverified": 0, "stall_refreshes": 0,
+                                        "max_eta_kept": 0}
         self.version = 0
         self.state: dict[str, str] = {}
         self.score = 0.0
         self.initial_score = 0.0
         self.heldout: list[str] = []
         self.sections: dict[str, int] | None = None
-        self.pending: dict[int, list[tuple[int, int, Diff]]] = {}
+        self.pending: dict[int, list[tuple[int, int, Diff, str]]] = {}
         self.early: dict[int, dict[str, int]] = {}
         self.outcomes: dict[str, int] = {}
         self.cache: dict[tuple, float] = {}
@@ -125,6 +157,16 @@ class Merger:
                 return self._request("baseline", self.state)
             case LeaseDone():
                 self._on_proposals(msg)
+                if self.asynchronous and self.merge is None and (
+                        self.pending.get(_ASYNC) or self.early.get(_ASYNC)):
+                    return self._start_async()
+                return []
+            case Flush(merge=merge):
+                self.flushing = True
+                if not merge:
+                    self._drop_unmerged()
+                if self.merge is None:
+                    return self._start_async()
                 return []
             case Barrier(round=r):
                 if self.merge is not None:
@@ -145,7 +187,8 @@ class Merger:
             self.outcomes[what] = self.outcomes.get(what, 0) + n
 
     def _on_proposals(self, msg: LeaseDone) -> None:
-        early = self.early.setdefault(msg.round, {})
+        bucket = _ASYNC if self.asynchronous else msg.round
+        early = self.early.setdefault(bucket, {})
         for position, result in enumerate(msg.results):
             diff = result.diff
             if diff is None:
@@ -155,19 +198,21 @@ class Merger:
                 if outside:
                     self._count(early, "section-violation")
                     continue
-            self.pending.setdefault(msg.round, []).append((msg.unit, position, diff))
+            self.pending.setdefault(bucket, []).append((msg.unit, position, diff, result.task_id))
 
     # -- evals ----------------------------------------------------------------------------
 
-    def _request(self, tag: str, state: dict[str, str]) -> list[Out]:
-        key = _state_key(state)
+    def _request(self, tag: str, state: dict[str, str],
+                 task_ids: list[str] | None = None) -> list[Out]:
+        task_ids = self.heldout if task_ids is None else task_ids
+        key = (_state_key(state), tuple(task_ids))
         self.n_evals += 1
         eval_id = f"e{self.n_evals}"
         self.by_eval[eval_id] = (tag, key)
         if key in self.cache:
             # Known score: answer ourselves without asking anyone (no message needed).
             return self._on_eval(EvalDone(eval_id=eval_id, score=self.cache[key]))
-        return [(SCHEDULER, EvalRequest(eval_id=eval_id, state=state, task_ids=self.heldout))]
+        return [(SCHEDULER, EvalRequest(eval_id=eval_id, state=state, task_ids=task_ids))]
 
     def _on_eval(self, msg: EvalDone) -> list[Out]:
         tag, key = self.by_eval.pop(msg.eval_id, (None, None))
@@ -191,8 +236,58 @@ class Merger:
     def _start(self, r: int) -> list[Out]:
         outcomes = self.early.pop(r, {})
         # Arrival order depends on thread timing; the plan's order does not.
-        raw = [d for _, _, d in sorted(self.pending.pop(r, []), key=lambda p: p[:2])]
-        proposals = len(raw) + outcomes.get("section-violation", 0)
+        raw = [p[2] for p in sorted(self.pending.pop(r, []), key=lambda p: p[:2])]
+        return self._merge(r, raw, outcomes, len(raw) + outcomes.get("section-violation", 0))
+
+    def _drop_unmerged(self) -> None:
+        """Out of time: what is still held is counted, not merged."""
+        held = self.pending.pop(_ASYNC, [])
+        early = self.early.pop(_ASYNC, {})
+        for what, n in early.items():
+            self._count({}, what, n)
+        self._count({}, "unmerged-at-stop", len(held))
+
+    def _start_async(self) -> list[Out]:
+        """Take every proposal held (in arrival order: the log's order) and merge it."""
+        outcomes = self.early.pop(_ASYNC, {})
+        held = self.pending.pop(_ASYNC, [])
+        proposals = len(held) + outcomes.get("section-violation", 0)
+        r = self.merges
+        self.merges += 1
+        out: list[Out] = [(SCHEDULER, Merged(consumed=proposals, version=self.version))] \
+            if proposals else []
+        keep, verify = [], []
+        for _, _, diff, task_id in held:
+            eta = self.version - diff.base_version
+            if eta <= 0 or self.staleness == "full":
+                keep.append(diff)
+                self.stats["max_eta_kept"] = max(self.stats["max_eta_kept"], eta)
+            elif self.staleness == "guarded" and eta > self.alpha:
+                self._count(outcomes, "stale")
+            else:
+                verify.append((diff, task_id))
+        self.merge = _Merge(round=r, stage="verify", proposals=proposals, free=[], groups=[],
+                            outcomes=outcomes)
+        self.merge.fused = keep
+        if not verify:
+            return out + self._merge_kept()
+        self.merge.verify = verify
+        self.merge.waiting = set()
+        requests: list[Out] = []
+        for diff, task_id in verify:
+            self.merge.waiting.update({f"v{id(diff)}", f"b{id(diff)}"})
+        for diff, task_id in verify:
+            requests += self._request(f"v{id(diff)}", apply(self.state, [diff]), [task_id])
+            requests += self._request(f"b{id(diff)}", self.state, [task_id])
+        return out + requests
+
+    def _merge_kept(self) -> list[Out]:
+        m = self.merge
+        self.merge = None
+        return self._merge(m.round, m.fused, m.outcomes, m.proposals)
+
+    def _merge(self, r: int, raw: list[Diff], outcomes: dict[str, int],
+               proposals: int) -> list[Out]:
         seen: set[tuple] = set()
         diffs: list[Diff] = []
         for d in raw:
@@ -226,10 +321,22 @@ class Merger:
         return out
 
     def _cached(self, state: dict[str, str]) -> float:
-        return self.cache[_state_key(state)]
+        return self.cache[(_state_key(state), tuple(self.heldout))]
 
     def _advance(self) -> list[Out]:
         m = self.merge
+        if m.stage == "verify":
+            for diff, task_id in m.verify:
+                with_diff = self.cache[(_state_key(apply(self.state, [diff])), (task_id,))]
+                without = self.cache[(_state_key(self.state), (task_id,))]
+                if with_diff > without:
+                    m.fused.append(diff)
+                    self.stats["reverified"] += 1
+                    eta = self.version - diff.base_version
+                    self.stats["max_eta_kept"] = max(self.stats["max_eta_kept"], eta)
+                else:
+                    self._count(m.outcomes, "stale-rejected")
+            return self._merge_kept()
         if m.stage == "variants":
             winners = []
             for group in m.groups:
@@ -297,11 +404,30 @@ class Merger:
     def _close(self, committed: bool) -> list[Out]:
         m = self.merge
         self.merge = None
-        out: list[Out] = [(PLANNER, RoundClosed(round=m.round, version=self.version,
-                                                committed=committed, heldout_reward=self.score,
-                                                proposals=m.proposals, outcomes=m.outcomes))]
-        if self.queued_barriers:
-            out += self._start(self.queued_barriers.pop(0))
+        if not self.asynchronous:
+            out: list[Out] = [(PLANNER, RoundClosed(
+                round=m.round, version=self.version, committed=committed,
+                heldout_reward=self.score, proposals=m.proposals, outcomes=m.outcomes))]
+            if self.queued_barriers:
+                out += self._start(self.queued_barriers.pop(0))
+            return out
+        out = []
+        if m.proposals and not committed:
+            self.without_commit += 1
+            if self.without_commit >= self.stall_merges:
+                # Stall guard: merges keep committing nothing while proposals arrive.
+                self.without_commit = 0
+                self.stats["stall_refreshes"] += 1
+                out.append((SCHEDULER, Refresh(reason="stall")))
+        elif committed:
+            self.without_commit = 0
+        more = bool(self.pending.get(_ASYNC) or self.early.get(_ASYNC))
+        final = self.flushing and not more
+        out.append((PLANNER, RoundClosed(round=m.round, version=self.version, committed=committed,
+                                         heldout_reward=self.score, proposals=m.proposals,
+                                         outcomes=m.outcomes, final=final)))
+        if more:
+            out += self._start_async()
         return out
 
     def _finish(self, msg: Finish) -> list[Out]:
@@ -312,4 +438,4 @@ class Merger:
                                  state=self.state, final_reward=self.score,
                                  initial_reward=self.initial_score, history=msg.history,
                                  outcomes=outcomes, rollouts=msg.rollouts, calls=msg.calls,
-                                 error=msg.error, fatal=msg.fatal))]
+                                 error=msg.error, fatal=msg.fatal, stats=dict(self.stats)))]

@@ -7,20 +7,22 @@ exits leaving orphans). :func:`evolve` is the Python API on top.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import msgspec
 import pykka
 
-from actors.addresses import DRIVER, PLANNER, worker_name
+from actors.addresses import DRIVER, PLANNER, SCHEDULER, worker_name
 from actors.artifacts import KeyedRules, declared_keys, normaliser
 from actors.errors import ConfigError, RunFailed
-from actors.merger import Merger
+from actors.merger import STALENESS, Merger
 from actors.parallel import DataParallel, PipelineParallel
 from actors.planner import Planner
 from actors.scheduler import Scheduler
@@ -49,12 +51,21 @@ class Runtime:
 
     def __init__(self, *, bus: str = "zmq", log_path: str | None = None,
                  log_meta: dict[str, Any] | None = None, binds: Sequence[str] = (),
-                 fsync: str = "batched") -> None:
+                 fsync: str | None = None) -> None:
         writer = None
         if log_path is not None:
             from bus.log import LogHeader, LogWriter, FORMAT_VERSION
 
+            # The log's fsync policy (bus/log.py): the argument, else $EVOBUS_LOG_FSYNC,
+            # else "batched". "always" makes a kill -9 lose no record (docs/replay.md).
+            fsync = fsync or os.environ.get("EVOBUS_LOG_FSYNC") or "batched"
             meta = dict(log_meta or {})
+            scenario_file = str(meta.get("scenario", ""))
+            if "scenario_toml" not in meta and scenario_file.endswith(".toml") \
+                    and os.path.isfile(scenario_file):
+                # The scenario's text makes `evobus replay/resume LOG` work standalone.
+                with open(scenario_file, encoding="utf-8") as f:
+                    meta["scenario_toml"] = f.read()
             header = LogHeader(format_version=FORMAT_VERSION, package_version=PACKAGE_VERSION,
                                scenario=str(meta.pop("scenario", "")),
                                seed=int(meta.pop("seed", 0)),
@@ -86,6 +97,36 @@ class Runtime:
 
     def spawn_worker(self, core: WorkerCore) -> None:
         self.refs.append(WorkerActor.start(self.bus, core, self._on_crash))
+
+    def start_actor(self, actor_class, *args, **kwargs) -> pykka.ActorRef:
+        """Start any other actor on this runtime's bus; the runtime owns it (close stops it).
+        Used by parallel groups (actors.groups) for their Collector and branch workers."""
+        ref = actor_class.start(*args, **kwargs)
+        self.refs.append(ref)
+        return ref
+
+    def stop_actors(self, refs: Sequence[pykka.ActorRef], timeout: float) -> list[pykka.ActorRef]:
+        """Stop these actors (not the whole runtime) within ``timeout`` seconds; returns
+        those still running at the deadline. Every one is released by the runtime: a
+        stuck one is left behind (logged by the caller), never waited on again at close."""
+        futures = []
+        for ref in refs:
+            try:
+                futures.append((ref, ref.stop(block=False)))
+            except pykka.ActorDeadError:  # already stopped: nothing to do
+                pass
+        deadline = time.monotonic() + timeout
+        stuck = []
+        for ref, fut in futures:
+            try:
+                fut.get(timeout=max(0.0, deadline - time.monotonic()))
+            except pykka.Timeout:  # reported to the caller, which decides what to say
+                stuck.append(ref)
+            except pykka.ActorDeadError:  # stopped meanwhile
+                pass
+        gone = {id(r) for r in refs}
+        self.refs = [r for r in self.refs if id(r) not in gone]
+        return stuck
 
     def send(self, receiver: str, msg) -> None:
         self.bus.send(DRIVER, receiver, msg)
@@ -150,6 +191,10 @@ class EvolveResult:
     log_path: str | None = None
     elapsed: float = 0.0
     bus: dict[str, int] = field(default_factory=dict)
+    #: Runtime counters that are not per-proposal decisions: reverified, stall_refreshes,
+    #: starved_seconds (worker-seconds held back by backpressure), held_back,
+    #: refreshes, cancelled_leases, max_eta_kept.
+    stats: dict[str, float] = field(default_factory=dict)
     _outcomes: dict[str, int] = field(default_factory=dict, repr=False)
 
     def outcomes(self) -> dict[str, int]:
@@ -218,16 +263,44 @@ def prepare_parallel(parallel, strategy, task_ids: list[str], n_workers: int):
 
 def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent=None,
            run: Callable | None = None, propose: Callable | None = None, strategy=None,
-           parallel=None, task_sampler=None, rounds: int = 15, n_workers: int = 4,
+           parallel=None, task_sampler=None, rounds: int | None = None, n_workers: int = 4,
            max_concurrency: int | None = None, held_out_frac: float = 0.4, seed: int = 0,
            log: str | None = None, max_rollouts: int | None = None,
            max_seconds: float | None = None, max_calls: int | None = None,
            target_reward: float | None = None, patience: int | None = None,
            initial_state: dict[str, str] | None = None, solved_threshold: float = SOLVED,
+           asynchronous: bool = False, async_ratio: int = 3, staleness: str = "guarded",
+           stall_merges: int = 3,
            bus: str = "zmq", on_progress: Callable[[RoundRecord], None] | None = None,
-           log_meta: dict[str, Any] | None = None) -> EvolveResult:
+           log_meta: dict[str, Any] | None = None, log_fsync: str | None = None,
+           resume_from: Any = None) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
-    folds them in behind a held-out gate. See docs/concepts.md."""
+    folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
+
+    ``log_fsync``: the log's fsync policy ("always", "batched", "never"; default
+    $EVOBUS_LOG_FSYNC, else "batched"). ``resume_from``: an
+    :class:`actors.resume.ResumePoint` (use :func:`actors.resume.resume`): the control
+    actors start from the state its log rebuilds, and no ``Start`` is sent.
+
+    ``rounds`` (default 15) counts synchronous rounds; in asynchronous mode it has no
+    meaning (a warning says so if it is passed) and the run stops on a budget:
+    ``max_rollouts``, ``max_calls``, ``max_seconds``, ``target_reward`` or ``patience``.
+    """
+    if asynchronous:
+        if rounds is not None:
+            warnings.warn("evolve(asynchronous=True): rounds has no meaning without rounds "
+                          "and is ignored; stop with max_rollouts, max_calls, max_seconds, "
+                          "target_reward or patience", RuntimeWarning, stacklevel=2)
+        if all(b is None for b in (max_rollouts, max_calls, max_seconds, target_reward,
+                                   patience)):
+            raise ConfigError("evolve(asynchronous=True) needs a stop condition: pass "
+                              "max_rollouts, max_calls, max_seconds, target_reward or "
+                              "patience (there is no default time limit)")
+        if not isinstance(async_ratio, int) or async_ratio < 1:
+            raise ConfigError(f"async_ratio must be an integer >= 1, got {async_ratio!r}")
+        if staleness not in STALENESS:
+            raise ConfigError(f"staleness={staleness!r}: choose one of {', '.join(STALENESS)}")
+    rounds = 15 if rounds is None else rounds
     tasks = _validate(tasks, reward, agent, run, propose, n_workers, rounds, held_out_frac,
                       max_concurrency)
     strategy = strategy if strategy is not None else KeyedRules(categories=[])
@@ -239,30 +312,48 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     by_id = {t.id: t for t in tasks}
     run_id = uuid.uuid4().hex[:12]
     meta = {"seed": seed, "run_id": run_id, **(log_meta or {})}
-    t0 = time.monotonic()
-    with Runtime(bus=bus, log_path=log, log_meta=meta) as rt:
+    # What replay needs to rebuild the planner of a run started from Python.
+    meta.setdefault("parallel", repr(plan_with))
+    if task_sampler is not None:
+        meta.setdefault("task_sampler", repr(task_sampler))
+    # A resumed run's clock starts at the time its old logs cover (time budgets).
+    t0 = time.monotonic() - (resume_from.elapsed if resume_from is not None else 0.0)
+    with Runtime(bus=bus, log_path=log, log_meta=meta, fsync=log_fsync) as rt:
         rt.spawn("planner", Planner(plan_with, task_sampler))
-        rt.spawn("scheduler", Scheduler(max_concurrency or n_workers))
-        rt.spawn("merger", Merger())
+        rt.spawn("scheduler", Scheduler(max_concurrency or n_workers, asynchronous=asynchronous,
+                                        async_ratio=async_ratio, n_workers=n_workers))
+        rt.spawn("merger", Merger(asynchronous=asynchronous, alpha=async_ratio,
+                                  staleness=staleness, stall_merges=stall_merges))
+        if resume_from is not None:
+            # Before any message flows: replay the old log into the machines (no sending).
+            resume_from.prepare(rt, rt.machines)
         for i in range(n_workers):
             rt.spawn_worker(WorkerCore(worker_name(i), by_id, reward, run, propose, strategy,
                                        solved=solved_threshold, initial_state=state0))
-        rt.send(PLANNER, Start(run_id=run_id, seed=seed, task_ids=task_ids, n_workers=n_workers,
+        # A resumed run sends no Start: begin() re-sends what the crashed run never delivered.
+        send_start = rt.send if resume_from is None else resume_from.begin
+        send_start(PLANNER, Start(run_id=run_id, seed=seed, task_ids=task_ids, n_workers=n_workers,
                                rounds=rounds, held_out_frac=held_out_frac,
                                max_concurrency=max_concurrency or n_workers,
                                initial_state=state0, max_rollouts=max_rollouts,
                                max_calls=max_calls, max_seconds=max_seconds,
                                target_reward=target_reward, patience=patience,
-                               sections=sections))
+                               sections=sections, asynchronous=asynchronous,
+                               async_ratio=async_ratio, staleness=staleness))
         elapsed_by_round: dict[int, float] = {}
         done: RunDone | None = None
         next_tick = 0.0
+        ticking = max_seconds is not None or asynchronous
+        period = min(0.1, max_seconds / 10) if max_seconds is not None else 0.1
         while done is None:
             now = time.monotonic() - t0
-            if max_seconds is not None and now >= next_tick:
-                rt.send(PLANNER, Tick(elapsed=now))
-                next_tick = now + min(0.25, max_seconds / 10)
-            delivery = rt.next_delivery(timeout=0.1 if max_seconds is not None else 0.5)
+            if ticking and now >= next_tick:
+                if max_seconds is not None:
+                    rt.send(PLANNER, Tick(elapsed=now))
+                if asynchronous:
+                    rt.send(SCHEDULER, Tick(elapsed=now))
+                next_tick = now + period
+            delivery = rt.next_delivery(timeout=period if ticking else 0.5)
             if delivery is None:
                 continue
             match delivery.msg:
@@ -276,6 +367,10 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
         scheduler = rt.machines["scheduler"]
         bus_stats["duplicates_dropped"] = scheduler.duplicates_dropped
         bus_stats["peak_running"] = scheduler.peak_running
+        stats = dict(done.stats)
+        stats.update(starved_seconds=round(scheduler.starved_seconds, 3),
+                     held_back=scheduler.held_back, refreshes=scheduler.refreshes,
+                     cancelled_leases=scheduler.cancelled)
     if done.fatal:
         raise ConfigError(done.fatal)
     history = [_with_elapsed(r, elapsed_by_round.get(r.round, r.elapsed)) for r in done.history]
@@ -284,7 +379,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                         initial_reward=done.initial_reward, stop_reason=done.stop_reason,
                         history=history, rollouts=done.rollouts, calls=done.calls,
                         error=done.error, log_path=log, elapsed=time.monotonic() - t0,
-                        bus=bus_stats, _outcomes=dict(done.outcomes))
+                        bus=bus_stats, stats=stats, _outcomes=dict(done.outcomes))
 
 
 def _with_elapsed(record: RoundRecord, elapsed: float) -> RoundRecord:

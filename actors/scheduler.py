@@ -8,6 +8,14 @@ registrations and credits, and the round barrier. A pure state machine.
 - ``Barrier(r)`` goes to the Merger once every lease of round r is settled, after the
   results themselves (one sender, FIFO: the Merger always sees results first).
 - A late answer for a lease already answered is dropped and counted.
+
+Asynchronous mode (``asynchronous=True``) has no barrier: when the queue runs dry and a
+worker is free the Planner is asked for a wave (``NeedWork``); a worker is sent the head
+before a lease once the head is more than ``async_ratio`` versions ahead of its
+snapshot (the lag budget); rollout leases are held back while more than
+``async_ratio * n_workers`` proposals wait unmerged (backpressure), and the
+worker-seconds spent starved that way are counted; ``Drain`` cancels what has not
+started and, once the running leases settle, asks the Merger to ``Flush``.
 """
 
 from __future__ import annotations
@@ -19,8 +27,10 @@ from dataclasses import dataclass, field
 import msgspec
 
 from actors.addresses import MERGER, PLANNER
-from protocol import (Barrier, Commit, EvalDone, EvalRequest, Hello, Lease, LeaseBatch,
-                      LeaseDone, Message, Settled, Shutdown, Stop)
+from protocol import (Barrier, Commit, Drain, EvalDone, EvalRequest, Flush, Hello, Lease,
+                      LeaseBatch, LeaseDone, Merged, Message, NeedWork, Refresh, Settled,
+                      Shutdown, Stop, Tick)
+from protocol import Heartbeat, RolloutResult  # issue 6: liveness
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +55,37 @@ class _Eval:
 class Scheduler:
     name = "scheduler"
 
-    def __init__(self, max_concurrency: int) -> None:
+    def __init__(self, max_concurrency: int, *, asynchronous: bool = False,
+                 async_ratio: int = 3, n_workers: int = 1,
+                 deadline: float | None = None, max_tries: int = 3) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.max_concurrency = max_concurrency
+        # issue 6: liveness. Workers whose Hello declares a heartbeat are presumed lost
+        # after ``deadline`` seconds of silence (time arrives only as Tick messages);
+        # their leases are re-dispatched under the same id, up to ``max_tries`` losses.
+        self.deadline = deadline
+        self.max_tries = max(1, max_tries)
+        self.last_seen: dict[str, float] = {}
+        self.lost: dict[str, _Worker] = {}
+        self.tries: dict[str, int] = {}
+        self.redispatched = 0
+        self.lost_workers = 0
+        self.given_up = 0
+        self.asynchronous = asynchronous
+        self.async_ratio = async_ratio
+        self.backlog_bound = max(1, async_ratio * n_workers)
+        self.unmerged = 0
+        self.asked = False
+        self.draining = False
+        self.flushed = False
+        self.merge_on_flush = True
+        self.cancelled = 0
+        self.worker_version: dict[str, int] = {}
+        self.elapsed = 0.0
+        self.starved_seconds = 0.0
+        self.held_back = 0
+        self.refreshes = 0
         self.workers: dict[str, _Worker] = {}
         self.queue: collections.deque[Lease] = collections.deque()
         self.leases: dict[str, Lease] = {}
@@ -65,7 +102,9 @@ class Scheduler:
     def handle(self, msg: Message) -> list[Out]:
         match msg:
             case Hello():
-                return self._on_hello(msg)
+                return self._rejoin(msg) + self._on_hello(msg)  # issue 6: _rejoin
+            case Heartbeat(worker=name):  # issue 6
+                return self._on_heartbeat(name)
             case LeaseBatch():
                 return self._on_batch(msg)
             case EvalRequest():
@@ -74,7 +113,25 @@ class Scheduler:
                 return self._on_done(msg)
             case Commit():
                 self.head = msg
+                if self.asynchronous:
+                    return self._dispatch()  # workers refresh lazily, by the lag budget
+                for w in self.workers:
+                    self.worker_version[w] = msg.version
                 return [(w, msg) for w in self.workers]
+            case Merged(consumed=n):
+                self.unmerged = max(0, self.unmerged - n)
+                return self._dispatch()
+            case Refresh():
+                return self._refresh_all()
+            case Drain(merge=merge):
+                self.merge_on_flush = merge
+                return self._on_drain()
+            case Tick(elapsed=elapsed):
+                if self._starving():
+                    free = sum(1 for w in self.workers.values() if len(w.running) < w.slots)
+                    self.starved_seconds += max(0.0, elapsed - self.elapsed) * free
+                self.elapsed = elapsed
+                return self._check_liveness()  # issue 6
             case Shutdown(reason=reason):
                 self.shut = True
                 self.queue.clear()
@@ -91,16 +148,58 @@ class Scheduler:
             self.workers[msg.worker] = _Worker(msg.worker, max(1, msg.slots))
         if self.head is not None:
             out.append((msg.worker, self.head))
+            self.worker_version[msg.worker] = self.head.version
         if self.shut:
             return out + [(msg.worker, Stop(reason="run finished"))]
         return out + self._dispatch()
 
     def _on_batch(self, msg: LeaseBatch) -> list[Out]:
-        self.open_rounds[msg.round] = {lease.lease_id for lease in msg.leases}
+        self.asked = False
+        if not self.asynchronous:
+            self.open_rounds[msg.round] = {lease.lease_id for lease in msg.leases}
         for lease in msg.leases:
             self.leases[lease.lease_id] = lease
             self.queue.append(lease)
+        if self.asynchronous:
+            return self._dispatch()
         return self._barrier_if_settled(msg.round) + self._dispatch()
+
+    def _on_drain(self) -> list[Out]:
+        self.draining = True
+        kept = collections.deque()
+        for lease in self.queue:
+            if lease.kind == "rollout":
+                self.cancelled += 1
+                del self.leases[lease.lease_id]
+            else:
+                kept.append(lease)
+        self.queue = kept
+        return self._flush_if_drained()
+
+    def _flush_if_drained(self) -> list[Out]:
+        if not self.draining or self.flushed:
+            return []
+        if any(lease.kind == "rollout" for lease in self.leases.values()):
+            return []
+        self.flushed = True
+        return [(MERGER, Flush(cancelled=self.cancelled, merge=self.merge_on_flush))]
+
+    def _refresh_all(self) -> list[Out]:
+        if self.head is None:
+            return []
+        self.refreshes += 1
+        out: list[Out] = []
+        for w in self.workers:
+            if self.worker_version.get(w, 0) != self.head.version:
+                self.worker_version[w] = self.head.version
+                out.append((w, self.head))
+        return out
+
+    def _starving(self) -> bool:
+        """Rollout work is waiting, a worker is free, and only backpressure stops it."""
+        return (self.asynchronous and self.unmerged > self.backlog_bound
+                and any(lease.kind == "rollout" for lease in self.queue)
+                and any(len(w.running) < w.slots for w in self.workers.values()))
 
     def _on_eval_request(self, msg: EvalRequest) -> list[Out]:
         n = max(1, min(len(msg.task_ids), len(self.workers) or 1, self.max_concurrency))
@@ -124,6 +223,7 @@ class Scheduler:
             self.duplicates_dropped += 1
             return []
         self.answered.add(msg.lease_id)
+        self._seen_done(msg)  # issue 6: evidence of life; a re-queued copy is withdrawn
         holder = self.holder.pop(msg.lease_id, None)
         if holder is not None and holder in self.workers:
             self.workers[holder].running.discard(msg.lease_id)
@@ -146,6 +246,9 @@ class Scheduler:
                                      section=lease.section, stage=lease.stage)))
         if any(r.diff is not None for r in msg.results):
             out.append((MERGER, msg))
+            self.unmerged += sum(r.diff is not None for r in msg.results)
+        if self.asynchronous:
+            return out + self._flush_if_drained()
         pending = self.open_rounds.get(lease.round)
         if pending is not None:
             pending.discard(lease.lease_id)
@@ -190,7 +293,12 @@ class Scheduler:
             free = [w for w in order if len(self.workers[w].running) < self.workers[w].slots]
             if not free:
                 break
-            lease = self.queue.popleft()
+            lease = self.queue[0]
+            if lease.kind == "rollout" and self.asynchronous \
+                    and self.unmerged > self.backlog_bound:
+                self.held_back += 1
+                break  # backpressure: the merger is behind; evals still jump the queue
+            self.queue.popleft()
             # Affinity: logical unit i prefers the i-th registered worker.
             preferred = order[lease.unit % len(order)] if lease.kind == "rollout" else None
             name = preferred if preferred in free else free[0]
@@ -199,7 +307,112 @@ class Scheduler:
             self.running += 1
             self.peak_running = max(self.peak_running, self.running)
             if self.head is not None and lease.kind == "rollout":
-                lease = msgspec.structs.replace(lease, version=self.head.version)
+                known = self.worker_version.get(name, 0)
+                if self.asynchronous and self.head.version - known > self.async_ratio:
+                    self.worker_version[name] = self.head.version
+                    out.append((name, self.head))  # the lag budget is spent: refresh
+                lease = msgspec.structs.replace(
+                    lease, version=self.worker_version.get(name, self.head.version))
             out.append((name, lease))
+        if (self.asynchronous and not self.queue and not self.asked and not self.draining
+                and not self.shut and self.running < self.max_concurrency
+                and any(len(w.running) < w.slots for w in self.workers.values())):
+            self.asked = True
+            out.append((PLANNER, NeedWork()))
         return out
 
+    # -- issue 6: liveness (remote and process workers) -----------------------------------
+
+    def _rejoin(self, msg: Hello) -> list[Out]:
+        """A worker that heartbeats registers, or registers again after a reconnect."""
+        if msg.heartbeat <= 0:
+            return []  # an in-process worker: never presumed lost
+        self.last_seen[msg.worker] = self.elapsed
+        back = self.lost.pop(msg.worker, None)
+        if back is not None:
+            return []  # _on_hello takes it back with an empty lease set
+        known = self.workers.get(msg.worker)
+        if known is None:
+            return []
+        known.slots = max(1, msg.slots)
+        # The connection dropped: leases it does not list were lost on the way.
+        gone = sorted(known.running - set(msg.leases))
+        return self._requeue(known, gone, lost=False)
+
+    def _on_heartbeat(self, name: str) -> list[Out]:
+        back = self.lost.pop(name, None)
+        if back is not None:
+            # Presumed lost, alive after all (a stopped process, a slow network): take it
+            # back; its old leases were re-dispatched and its late answers are dropped.
+            log.warning("scheduler: worker %s is back after being presumed lost", name)
+            self.last_seen[name] = self.elapsed
+            return self._on_hello(Hello(worker=name, slots=back.slots))
+        if name in self.last_seen:
+            self.last_seen[name] = self.elapsed
+        return []
+
+    def _seen_done(self, msg: LeaseDone) -> None:
+        if msg.worker in self.last_seen:
+            self.last_seen[msg.worker] = self.elapsed
+        self.tries.pop(msg.lease_id, None)
+        if msg.lease_id not in self.holder and any(q.lease_id == msg.lease_id
+                                                   for q in self.queue):
+            self.queue = collections.deque(q for q in self.queue
+                                           if q.lease_id != msg.lease_id)
+
+    def _check_liveness(self) -> list[Out]:
+        if self.deadline is None:
+            return []
+        silent = [name for name, seen in self.last_seen.items()
+                  if name in self.workers and self.elapsed - seen > self.deadline]
+        out: list[Out] = []
+        for name in silent:
+            worker = self.workers.pop(name)
+            self.lost[name] = worker
+            self.lost_workers += 1
+            log.warning("scheduler: worker %s silent for %.2f s (deadline %.2f s): presumed "
+                        "lost; re-dispatching %s", name, self.elapsed - self.last_seen[name],
+                        self.deadline, sorted(worker.running) or "nothing")
+            out += self._requeue(worker, sorted(worker.running), lost=True)
+        if silent and not self.workers:
+            log.warning("scheduler: no worker left; %d lease(s) wait for one to (re)join",
+                        len(self.queue))
+        return out + (self._dispatch() if silent else [])
+
+    def _requeue(self, worker: _Worker, lease_ids: list[str], *, lost: bool) -> list[Out]:
+        """Put a worker's leases back at the head of the queue (same lease ids)."""
+        out: list[Out] = []
+        back: list[Lease] = []
+        for lease_id in lease_ids:
+            worker.running.discard(lease_id)
+            if self.holder.get(lease_id) == worker.name:
+                del self.holder[lease_id]
+                self.running -= 1
+            lease = self.leases.get(lease_id)
+            if lease is None or lease_id in self.answered:
+                continue
+            if lost:
+                tries = self.tries[lease_id] = self.tries.get(lease_id, 0) + 1
+                if tries >= self.max_tries:
+                    out += self._give_up(lease, tries)
+                    continue
+            self.redispatched += 1
+            log.info("scheduler: lease %s re-dispatched (was with %s)", lease_id, worker.name)
+            back.append(lease)
+        self.queue.extendleft(reversed(back))
+        return out
+
+    def _give_up(self, lease: Lease, tries: int) -> list[Out]:
+        """Workers died holding this lease ``tries`` times: settle it as an
+        infrastructure failure (reported to the Planner, counted) so the round closes."""
+        self.given_up += 1
+        self.tries.pop(lease.lease_id, None)
+        reason = (f"infrastructure failure: lease {lease.lease_id} given up after {tries} "
+                  f"worker(s) were lost running it")
+        log.error("scheduler: %s", reason)
+        done = LeaseDone(lease_id=lease.lease_id, worker=self.name, round=lease.round,
+                         kind=lease.kind, unit=lease.unit, section=lease.section,
+                         version=lease.version,
+                         results=[RolloutResult(task_id=t, error=reason)
+                                  for t in lease.task_ids])
+        return self._on_done(done)

@@ -6,9 +6,12 @@ changes type, a tag is never reused or renamed. tests/logs/ holds yesterday's by
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from protocol.domain import Diff, RolloutResult
+from protocol.domain import Task  # issue 6: Spec.inline_tasks
 
 
 class Msg(msgspec.Struct, frozen=True, kw_only=True, tag=True, omit_defaults=True):
@@ -234,6 +237,10 @@ class Hello(Msg, frozen=True):
     slots: int = 1
     package_version: str = ""
     fingerprint: str = ""
+    # issue 6: seconds between this worker's heartbeats (0: an in-process worker, never
+    # presumed lost), and the leases it still holds when it registers again.
+    heartbeat: float = 0.0
+    leases: list[str] = []
 
 
 class Heartbeat(Msg, frozen=True):
@@ -278,22 +285,273 @@ class Refresh(Msg, frozen=True):
 
 class Drain(Msg, frozen=True):
     """Planner -> Scheduler (async stop): start nothing new, let running leases settle,
-    then ask the Merger to merge what it holds."""
+    then ask the Merger to merge what it holds (or, ``merge=False``, only count it)."""
 
     reason: str = ""
+    merge: bool = True
 
 
 class Flush(Msg, frozen=True):
     """Scheduler -> Merger (async stop): every lease is settled; merge all you hold and
-    answer with a final ``RoundClosed``."""
+    answer with a final ``RoundClosed``. ``merge=False`` (a time budget ran out): count
+    what it holds as ``unmerged-at-stop`` instead of spending more time merging."""
 
     cancelled: int = 0
+    merge: bool = True
+
+
+# -- parallel groups (docs/groups.md) -------------------------------------------------
+#
+# Items, results, answers and effect values are JSON-like data (None, bool, int, float,
+# str, bytes, lists, dicts): they cross the bus as msgpack, never as pickled objects.
+
+
+class JournalEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One step of a branch's continuation, replayed when the branch runs again.
+
+    ``kind`` is ``"ask"`` (``value``: the answer), ``"approve"`` (``value``: the decision,
+    a bool) or ``"effect"`` (``value``: what the effect returned; it never runs again).
+    ``key`` is the question, the action, or the effect's name; ``id`` the interaction id."""
+
+    kind: str
+    key: Any = None
+    value: Any = None
+    id: str = ""
+
+
+class PendingInteraction(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A question (``kind="ask"``) or an action to approve (``kind="approve"``) that a
+    suspended branch waits on; answered by ``id``, exactly once."""
+
+    id: str
+    branch: int
+    kind: str
+    prompt: Any = None
+    item: Any = None
+
+
+class GroupStart(Msg, frozen=True):
+    """Driver -> Collector: a group's first message; holds everything a replay needs.
+
+    On resume (``resume=True``) it carries the checkpoint: ``finished`` results (never
+    re-dispatched), the ``journals`` of suspended branches, the ``pending`` interactions
+    and the interaction ids already ``used``; the Collector then waits for ``UserInputs``."""
+
+    group_id: str
+    items: list[Any]
+    workers: list[str]
+    max_concurrency: int
+    max_items: int
+    driver: str = "driver"
+    chunk: int = 0
+    chunk_factor: int = 2
+    max_chunk: int = 4096
+    max_seconds: float | None = None
+    cancel_deadline: float = 5.0
+    max_result_bytes: int = 0
+    resume: bool = False
+    finished: dict[int, Any] = {}
+    journals: dict[int, list[JournalEntry]] = {}
+    pending: list[PendingInteraction] = []
+    used_ids: list[str] = []
+    approvers: list[str] | None = None
+    effects: list[tuple[int, str]] = []
+
+
+class Branch(Msg, frozen=True):
+    """Collector -> worker: a lease of one or more branches, run one after the other.
+
+    A worker runs one branch at a time and holds one lease at a time, so running branches
+    never outnumber the leases out, which never exceed the group's bound."""
+
+    group_id: str
+    lease_id: str
+    indices: list[int]
+    items: list[Any]
+    journals: dict[int, list[JournalEntry]] = {}
+
+
+class BranchDone(Msg, frozen=True):
+    """Worker -> Collector: a lease ended. ``values[k]`` is the result of ``indices[k]``;
+    ``cancelled`` ended on a cancel request; ``unstarted`` were never started (the group
+    was stopping or pausing); ``nbytes`` is the encoded size of ``values``."""
+
+    group_id: str
+    lease_id: str
+    worker: str = ""
+    indices: list[int] = []
+    values: list[Any] = []
+    cancelled: list[int] = []
+    unstarted: list[int] = []
+    effects: list[tuple[int, str]] = []
+    nbytes: int = 0
+    elapsed: float = 0.0
+
+
+class BranchFailed(Msg, frozen=True):
+    """Worker -> Collector: branch ``index`` raised; the lease stopped there.
+
+    ``after_stop``: the group was already stopping when it raised (a secondary error,
+    never the group's first). The other fields report the rest of the lease."""
+
+    group_id: str
+    lease_id: str
+    index: int
+    error: str
+    error_type: str = ""
+    after_stop: bool = False
+    worker: str = ""
+    indices: list[int] = []
+    values: list[Any] = []
+    cancelled: list[int] = []
+    unstarted: list[int] = []
+    effects: list[tuple[int, str]] = []
+    nbytes: int = 0
+
+
+class Interaction(Msg, frozen=True):
+    """Worker -> Collector: branch ``index`` needs an answer or an approval and stopped
+    there; ``journal`` is its continuation (answers and effects so far)."""
+
+    group_id: str
+    lease_id: str
+    index: int
+    pending: PendingInteraction
+    journal: list[JournalEntry] = []
+    worker: str = ""
+    indices: list[int] = []
+    values: list[Any] = []
+    cancelled: list[int] = []
+    unstarted: list[int] = []
+    effects: list[tuple[int, str]] = []
+    nbytes: int = 0
+
+
+class Hold(Msg, frozen=True):
+    """Collector -> worker: the group is pausing; start nothing more from this lease
+    (what runs finishes or reaches its own suspension)."""
+
+    lease_id: str
+
+
+class UserInputs(Msg, frozen=True):
+    """Driver -> Collector, on resume: answers (``answers``) and decisions (``approvals``)
+    by interaction id, from ``principal``."""
+
+    group_id: str
+    answers: dict[str, Any] = {}
+    approvals: dict[str, bool] = {}
+    principal: str | None = None
+
+
+class GroupCancel(Msg, frozen=True):
+    """Driver -> Collector: stop the group (its parent branch was cancelled, the caller
+    gave up). Handled like a first error."""
+
+    group_id: str
+    reason: str = "cancelled"
+
+
+class GroupResult(Msg, frozen=True):
+    """Collector -> Driver: the group ended. ``status``: ``completed`` (``results`` in
+    input order), ``failed`` (the first error and where every branch stands) or
+    ``refused`` (resume inputs that do not fit the checkpoint; nothing ran)."""
+
+    group_id: str
+    status: str
+    results: list[Any] = []
+    error: str | None = None
+    error_type: str = ""
+    error_branch: int | None = None
+    finished: dict[int, Any] = {}
+    failed: list[int] = []
+    cancelled: list[int] = []
+    never_started: list[int] = []
+    abandoned: list[int] = []
+    errors: dict[int, str] = {}
+    effects: list[tuple[int, str]] = []
+    leases: int = 0
+    peak_leases: int = 0
+    late: int = 0
+
+
+class GroupSuspended(Msg, frozen=True):
+    """Collector -> Driver: the group paused in a coordinated way (no branch runs); the
+    content of its checkpoint. ``status``: ``user_input_pending`` or ``approval_pending``."""
+
+    group_id: str
+    status: str
+    pending: list[PendingInteraction]
+    finished: dict[int, Any] = {}
+    journals: dict[int, list[JournalEntry]] = {}
+    not_started: list[int] = []
+    used_ids: list[str] = []
+    effects: list[tuple[int, str]] = []
+    leases: int = 0
+    peak_leases: int = 0
+
+
+# -- issue 6: workers in other processes (docs/remote.md) -------------------------------
+#
+# Work crosses a process only as data: code is named by import path plus JSON arguments
+# and resolved on the worker against its allowlist; secrets travel as the *names* of
+# environment variables, never as values.
+
+
+class CodeRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """``"package.module:attr"`` plus JSON arguments: a callable (or a class to call)."""
+
+    ref: str
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    call: bool | None = None
+
+
+class Join(Msg, frozen=True):
+    """Worker (another process) -> Registry: I am here; what does this run execute?"""
+
+    worker: str
+    slots: int = 1
+    package_version: str = ""
+
+
+class Spec(Msg, frozen=True):
+    """Registry -> Worker: the run's code as references, the tasks (by reference, or
+    inline as data), the artifact's first state, and what the coordinator expects:
+    the per-module source ``fingerprints``, the package version and the heartbeat."""
+
+    reward: CodeRef
+    strategy: CodeRef
+    run_id: str = ""
+    tasks: CodeRef | None = None
+    inline_tasks: list[Task] = []
+    task_digest: str = ""
+    agent: CodeRef | None = None
+    run: CodeRef | None = None
+    propose: CodeRef | None = None
+    initial_state: dict[str, str] = {}
+    solved: float = 0.999
+    env: list[str] = []
+    fingerprints: dict[str, str] = {}
+    fingerprint: str = ""
+    package_version: str = ""
+    heartbeat: float = 1.0
+
+
+class Refused(Msg, frozen=True):
+    """Worker -> Registry -> Driver: this worker will not run the spec (why, and the fix)."""
+
+    worker: str
+    reason: str
 
 
 Message = (
     Start | Open | Baseline | Tick | Finish | Shutdown | Lease | LeaseBatch | LeaseDone
     | Settled | Barrier | EvalRequest | EvalDone | Commit | RoundClosed | Progress | RunDone
     | Hello | Heartbeat | Cancel | Stop | NeedWork | Merged | Refresh | Drain | Flush
+    | GroupStart | Branch | BranchDone | BranchFailed | Interaction | Hold | UserInputs
+    | GroupCancel | GroupResult | GroupSuspended
+    | Join | Spec | Refused  # issue 6: workers in other processes
 )
 
 __all__ = [
@@ -301,4 +559,8 @@ __all__ = [
     "LeaseBatch", "LeaseDone", "Settled", "Barrier", "EvalRequest", "EvalDone", "Commit",
     "RoundClosed", "RoundRecord", "Progress", "RunDone", "Hello", "Heartbeat", "Cancel", "Stop", "NeedWork", "Merged", "Refresh", "Drain", "Flush",
     "Diff", "RolloutResult",
+    "JournalEntry", "PendingInteraction", "GroupStart", "Branch", "BranchDone",
+    "BranchFailed", "Interaction", "Hold", "UserInputs", "GroupCancel", "GroupResult",
+    "GroupSuspended",
+    "CodeRef", "Join", "Spec", "Refused",
 ]
