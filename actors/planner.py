@@ -124,11 +124,15 @@ class Planner:
                 left -= len(keys)
             if not keys:
                 continue
-            lease = Lease(lease_id=f"{prefix}{r}.u{unit.worker}", round=r, unit=unit.worker,
-                          task_ids=keys, section=unit.section, stage=unit.stage)
-            self.units[lease.lease_id] = unit
+            size = self.start.lease_size or len(keys)
+            for c, first in enumerate(range(0, len(keys), size)):
+                lease_id = f"{prefix}{r}.u{unit.worker}" + (f".{c}" if size < len(keys) else "")
+                lease = Lease(lease_id=lease_id, round=r, unit=unit.worker,
+                              task_ids=keys[first:first + size], section=unit.section,
+                              stage=unit.stage)
+                self.units[lease.lease_id] = unit
+                leases.append(lease)
             self.planned += len(keys)
-            leases.append(lease)
         return [(SCHEDULER, LeaseBatch(round=r, leases=leases))]
 
     def _on_settled(self, msg: Settled) -> list[Out]:

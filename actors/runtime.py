@@ -270,7 +270,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            target_reward: float | None = None, patience: int | None = None,
            initial_state: dict[str, str] | None = None, solved_threshold: float = SOLVED,
            asynchronous: bool = False, async_ratio: int = 3, staleness: str = "guarded",
-           stall_merges: int = 3,
+           stall_merges: int = 3, lease_size: int | None = None,
            bus: str = "zmq", on_progress: Callable[[RoundRecord], None] | None = None,
            log_meta: dict[str, Any] | None = None, log_fsync: str | None = None,
            resume_from: Any = None) -> EvolveResult:
@@ -301,6 +301,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
         if staleness not in STALENESS:
             raise ConfigError(f"staleness={staleness!r}: choose one of {', '.join(STALENESS)}")
     rounds = 15 if rounds is None else rounds
+    if lease_size is not None and (not isinstance(lease_size, int) or lease_size < 1):
+        raise ConfigError(f"lease_size must be an integer >= 1 (tasks per lease), got "
+                          f"{lease_size!r}; None sends each worker's share as one lease")
     tasks = _validate(tasks, reward, agent, run, propose, n_workers, rounds, held_out_frac,
                       max_concurrency)
     strategy = strategy if strategy is not None else KeyedRules(categories=[])
@@ -314,6 +317,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     meta = {"seed": seed, "run_id": run_id, **(log_meta or {})}
     # What replay needs to rebuild the planner of a run started from Python.
     meta.setdefault("parallel", repr(plan_with))
+    # Constructor arguments of the control actors that Start does not carry (replay).
+    meta.setdefault("machine_args", msgspec.json.encode(
+        {"merger": {"stall_merges": stall_merges}}).decode())
     if task_sampler is not None:
         meta.setdefault("task_sampler", repr(task_sampler))
     # A resumed run's clock starts at the time its old logs cover (time budgets).
@@ -339,7 +345,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                                max_calls=max_calls, max_seconds=max_seconds,
                                target_reward=target_reward, patience=patience,
                                sections=sections, asynchronous=asynchronous,
-                               async_ratio=async_ratio, staleness=staleness))
+                               async_ratio=async_ratio, staleness=staleness,
+                               lease_size=lease_size))
         elapsed_by_round: dict[int, float] = {}
         done: RunDone | None = None
         next_tick = 0.0

@@ -50,6 +50,7 @@ class Start(Msg, frozen=True):
     async_ratio: int = 3
     staleness: str = "guarded"
     sections: dict[str, int] | None = None
+    lease_size: int | None = None
 
 
 class Open(Msg, frozen=True):
