@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 #: Modules adding verbs (replay, resume, worker, keys, report, ...): each defines
 #: ``register(subparsers)`` which adds its parser and sets ``func``.
-VERB_MODULES: list[str] = []
+VERB_MODULES: list[str] = ["actors.cli_report"]
 
 
 def _err(message: str) -> int:

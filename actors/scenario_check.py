@@ -60,8 +60,9 @@ def _check_one(path: str, ref: str) -> str | None:
     except ModuleNotFoundError as exc:
         missing = exc.name or module
         return (f"at `{path}`: expected an importable module, found no module named "
-                f"{missing!r} (in {ref!r}); fix: check the spelling, or install the package "
-                "/ run from the directory that holds it")
+                f"{missing!r} (in {ref!r}); fix: check the spelling; a module of your own "
+                "must be importable: install it, or put its directory on PYTHONPATH "
+                "(PYTHONPATH=. evobus ...)")
     except Exception as exc:  # the user's module raised at import: reported, not raised
         return (f"at `{path}`: importing {module!r} raised {type(exc).__name__}: {exc}; "
                 "fix: the error is in that module")

@@ -1,0 +1,37 @@
+"""``evobus report LOG [-o DIR]``: a self-contained HTML report (and PNGs) of a run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from bus.log import LogCorrupt
+    from actors.report import MissingExtra, write_report
+
+    try:
+        page = write_report(args.log, args.output)
+    except MissingExtra as exc:
+        print(f"evobus: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, LogCorrupt) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        print(f"evobus: {args.log}: cannot read the log ({reason})", file=sys.stderr)
+        return 2
+    print(f"report: {page}  (open it in a browser; the charts are also in {page.parent}/)")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "report", help="write an HTML report (with PNG charts) of a recorded run",
+        description="Write a self-contained HTML report of a run from its message log: "
+                    "held-out reward over time, a per-worker timeline of leases (busy, "
+                    "starved, idle), outcome counts, re-dispatches and discards. Needs "
+                    'matplotlib: pip install "evobus[report]".')
+    p.add_argument("log", help="the run's message log (e.g. runs/router.evolog)")
+    p.add_argument("-o", "--output", metavar="DIR",
+                   help="write index.html and the PNGs here (default: LOG's name + -report, "
+                        "beside the log)")
+    p.set_defaults(func=cmd_report)
