@@ -1,0 +1,215 @@
+"""What `evobus run` shows: plain lines off a terminal, a live panel on one, --quiet,
+--json on a clean stdout, and Ctrl-C that stops cleanly and says how to resume."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from actors.progress import RunProgress, interrupt_guard, outcome_text
+from protocol import RoundRecord
+from protocol.scenario import parse_scenario
+from scenarios.router import RouterAgent
+
+pytestmark = pytest.mark.timeout(60)
+
+TESTS = Path(__file__).resolve().parent
+ANSI = "\x1b["
+
+
+class SlowAgent(RouterAgent):
+    """The router agent, slowed down so a run lasts long enough to interrupt."""
+
+    def __init__(self, delay: float = 0.02) -> None:
+        self.delay = delay
+
+    def solve(self, rendered, task):
+        time.sleep(self.delay)
+        return super().solve(rendered, task)
+
+
+SLOW = """name = "slow"
+rounds = 40
+[domain]
+tasks = "scenarios.router:tasks"
+reward = "scenarios.router:reward"
+agent = {ref = "test_cli_ux:SlowAgent", kwargs = {delay = 0.01}}
+[strategy]
+kind = "KeyedRules"
+categories = ["billing", "shipping", "technical", "account"]
+[workers]
+local = 4
+"""
+
+
+def evobus(*args, cwd, env, **kw):
+    return subprocess.run([sys.executable, "-m", "actors.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=50, **kw)
+
+
+@pytest.fixture
+def env(clean_env):
+    clean_env["PYTHONPATH"] = os.pathsep.join([str(TESTS), clean_env["PYTHONPATH"]])
+    clean_env.pop("COLUMNS", None)
+    return clean_env
+
+
+def test_off_a_terminal_each_round_is_one_plain_line(root, tmp_path, env):
+    out = evobus("run", str(root / "scenarios" / "router.toml"), "--log",
+                 str(tmp_path / "r.evolog"), cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    assert ANSI not in out.stdout
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("router: running ") and "4 local workers" in lines[0]
+    rounds = [line for line in lines if "  round " in line]
+    assert len(rounds) >= 2
+    assert all("held-out" in line and "rollouts" in line and "proposals" in line
+               for line in rounds)
+    assert "held-out reward 0.000 -> 1.000" in out.stdout
+    assert f"evobus report {tmp_path / 'r.evolog'}" in out.stdout
+    assert out.stderr == ""
+
+
+def test_quiet_prints_nothing(root, tmp_path, env):
+    out = evobus("run", str(root / "scenarios" / "router.toml"), "--quiet", "--log",
+                 str(tmp_path / "r.evolog"), cwd=tmp_path, env=env)
+    assert (out.returncode, out.stdout, out.stderr) == (0, "", "")
+
+
+def test_json_keeps_stdout_to_one_json_object(root, tmp_path, env):
+    out = evobus("run", str(root / "scenarios" / "router.toml"), "--json", "--log",
+                 str(tmp_path / "r.evolog"), cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["final_reward"] == 1.0 and summary["stop_reason"] == "target_reward"
+    assert summary["log"] == str(tmp_path / "r.evolog")
+    assert "round" in out.stderr  # the progress went to stderr
+
+
+def read_until(fd: int, needle: bytes, deadline: float) -> bytes:
+    data = b""
+    while needle not in data and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
+def test_on_a_terminal_a_live_panel_shows_the_budget(tmp_path, env):
+    scenario = tmp_path / "slow.toml"
+    scenario.write_text(SLOW.replace("rounds = 40", "rounds = 3")
+                        + "[budgets]\nmax_rollouts = 5000\n")
+    primary, secondary = os.openpty()
+    env = dict(env, TERM="xterm-256color", COLUMNS="120", LINES="40")
+    proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", str(scenario),
+                             "--log", str(tmp_path / "s.evolog")], cwd=tmp_path, env=env,
+                            stdin=secondary, stdout=secondary, stderr=secondary)
+    os.close(secondary)
+    try:
+        screen = read_until(primary, b"artifact v", time.monotonic() + 45)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)
+        os.close(primary)
+    text = screen.decode("utf-8", "replace")
+    assert ANSI in text  # colours and cursor movement: the live display
+    for label in ("budget left", "5,000 rollouts", "rounds", "workers", "held-out",
+                  "Ctrl-C stops cleanly", "artifact v"):
+        assert label in text, label
+
+
+def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path, env):
+    from bus.log import read_log
+
+    scenario = tmp_path / "slow.toml"
+    scenario.write_text(SLOW)
+    log = tmp_path / "runs" / "slow.evolog"
+    proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", str(scenario),
+                             "--log", str(log)], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for line in proc.stdout:  # wait for the first round: the run is under way
+            if "  round " in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert "evobus: interrupted after " in stderr
+    assert f"evobus resume {log}" in stderr
+    records = read_log(log).records  # closed cleanly: reads back whole, no torn tail
+    assert f"holds {len(records):,} messages" in stderr
+    assert len(records) > 50
+
+
+def test_a_second_ctrl_c_while_stopping_only_says_so():
+    err = io.StringIO()
+    with pytest.raises(KeyboardInterrupt):
+        with interrupt_guard(err):
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)  # interrupted at once
+            finally:
+                os.kill(os.getpid(), signal.SIGINT)  # while "closing": must not raise
+                time.sleep(0.05)
+    assert "still stopping" in err.getvalue()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+SCENARIO = parse_scenario(SLOW.replace("rounds = 40", "rounds = 10")
+                          + "[budgets]\nmax_rollouts = 200\npatience = 3\n"
+                            "target_reward = 0.9\n", "s.toml")
+
+
+def record(r, reward, committed, rollouts=43, reasons=None):
+    return RoundRecord(round=r, version=r + 1 if committed else r, committed=committed,
+                       heldout_reward=reward, rollouts=rollouts, proposals=5,
+                       reasons=reasons or {"committed": 1, "duplicate": 4}, elapsed=r + 1.0)
+
+
+def test_the_budget_left_counts_down():
+    p = RunProgress(SCENARIO, stream=io.StringIO(), live=False)
+    p(record(0, 0.5, True))
+    p(record(1, 0.5, False))
+    assert p.budget_left(elapsed=2.0) == ["8 of 10 rounds", "114 of 200 rollouts",
+                                          "patience 2 of 3", "target 0.900"]
+
+
+def test_the_live_panel_renders_every_figure():
+    from rich.console import Console
+
+    p = RunProgress(SCENARIO, stream=io.StringIO(), live=True)
+    p(record(0, 0.517, True))
+    console = Console(file=io.StringIO(), width=120, record=True)
+    console.print(p._panel())
+    text = console.export_text()
+    for part in ("1/10 rounds", "0.517", "best 0.517", "43", "4 local workers",
+                 "1 of 1 rounds", "9 of 10 rounds", "157 of 200 rollouts", "target 0.900"):
+        assert part in text, (part, text)
+
+
+def test_outcomes_read_in_a_fixed_order():
+    assert outcome_text({"duplicate": 3, "committed": 1, "zzz": 2, "conflict": 0}) == \
+        "committed 1, duplicate 3, zzz 2"
+    assert outcome_text({}) == "none"
