@@ -53,7 +53,7 @@ def evolve_kwargs(scenario: sc.Scenario, source: str = "") -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(
         tasks=list(tasks), reward=_resolve(d.reward, "$.domain.reward"),
         strategy=build_strategy(scenario.strategy), parallel=build_parallel(scenario.parallel),
-        rounds=scenario.rounds, n_workers=scenario.workers.local,
+        rounds=scenario.rounds, n_workers=_n_workers(scenario.workers),
         max_concurrency=scenario.workers.max_concurrency, held_out_frac=scenario.held_out_frac,
         seed=scenario.seed, log=scenario.log,
         log_meta={"scenario": source or scenario.name},
@@ -64,6 +64,13 @@ def evolve_kwargs(scenario: sc.Scenario, source: str = "") -> dict[str, Any]:
     else:
         kwargs["run"] = _resolve(d.run, "$.domain.run")
         kwargs["propose"] = _resolve(d.propose, "$.domain.propose")
+    w = scenario.workers
+    if w.processes or w.remote:
+        # issue 6: workers in other processes get the code as the scenario names it.
+        kwargs["workers"] = w
+        kwargs["refs"] = {k: v for k, v in (("tasks", d.tasks), ("reward", d.reward),
+                                            ("agent", d.agent), ("run", d.run),
+                                            ("propose", d.propose)) if v is not None}
     b = scenario.budgets
     kwargs.update(max_rollouts=b.max_rollouts, max_calls=b.max_calls,
                   max_seconds=b.max_seconds, target_reward=b.target_reward,
@@ -71,9 +78,16 @@ def evolve_kwargs(scenario: sc.Scenario, source: str = "") -> dict[str, Any]:
     return kwargs
 
 
+def _n_workers(w: sc.Workers) -> int:
+    """One logical worker per worker, wherever it runs (threads, processes, remote)."""
+    return w.local + w.processes + w.remote
+
+
 def run_scenario(scenario: sc.Scenario, *, source: str = "", log: str | None = None,
-                 on_progress: Callable | None = None) -> EvolveResult:
+                 on_progress: Callable | None = None, insecure: bool = False) -> EvolveResult:
     kwargs = evolve_kwargs(scenario, source)
+    if insecure:  # issue 6: `evobus run --insecure`
+        kwargs["insecure"] = True
     if log is not None:
         kwargs["log"] = log
     if kwargs["log"]:

@@ -32,6 +32,7 @@ from bus.base import Delivery
 from bus.memory import InMemoryBus
 from bus.zmq_bus import ZmqBus
 from protocol import Progress, RoundRecord, RunDone, Start, Task, Tick
+from protocol import Hello, Refused  # issue 6
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class Runtime:
 
     def __init__(self, *, bus: str = "zmq", log_path: str | None = None,
                  log_meta: dict[str, Any] | None = None, binds: Sequence[str] = (),
-                 fsync: str | None = None) -> None:
+                 fsync: str | None = None, peers: Sequence = ()) -> None:
         writer = None
         if log_path is not None:
             from bus.log import LogHeader, LogWriter, FORMAT_VERSION
@@ -74,7 +75,8 @@ class Runtime:
                                meta={k: str(v) for k, v in meta.items()})
             writer = LogWriter(log_path, header, fsync=fsync)
         if bus == "zmq":
-            self.bus = ZmqBus(writer, binds=binds)
+            # issue 6: ``peers`` are bus.remote.PeerPort objects for workers in other processes
+            self.bus = ZmqBus(writer, binds=binds, peers=tuple(peers))
         elif bus == "memory":
             self.bus = InMemoryBus(writer)
         else:
@@ -86,6 +88,12 @@ class Runtime:
         self.bus.attach(DRIVER, self.inbox.put)
         self.machines: dict[str, Any] = {}
         self._closed = False
+        self._owned: list[Callable[[], None]] = []  # issue 6: closed after actors, before the bus
+
+    def own(self, closer: Callable[[], None]) -> None:
+        """Close something this runtime started (process workers) after the actors stop
+        and before the bus closes."""
+        self._owned.append(closer)
 
     def _on_crash(self, name: str, exc: BaseException) -> None:
         self.crashes.put((name, exc))
@@ -165,6 +173,11 @@ class Runtime:
                 log.warning("an actor did not stop within %s s; leaving it behind", STOP_DEADLINE_S)
             except pykka.ActorDeadError:  # stopped meanwhile
                 pass
+        for closer in reversed(self._owned):  # issue 6: e.g. reap process workers
+            try:
+                closer()
+            except Exception:  # logged; the bus must still close
+                log.exception("closing %r failed", closer)
         self.bus.close()
 
     def __enter__(self) -> "Runtime":
@@ -273,7 +286,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            stall_merges: int = 3, lease_size: int | None = None,
            bus: str = "zmq", on_progress: Callable[[RoundRecord], None] | None = None,
            log_meta: dict[str, Any] | None = None, log_fsync: str | None = None,
-           resume_from: Any = None) -> EvolveResult:
+           resume_from: Any = None, workers: Any = None, refs: dict[str, Any] | None = None,
+           insecure: bool = False) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
@@ -314,28 +328,43 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     state0 = dict(initial_state) if initial_state is not None else strategy.initial()
     by_id = {t.id: t for t in tasks}
     run_id = uuid.uuid4().hex[:12]
+    # issue 6: workers in other processes (``workers``: a protocol.scenario.Workers;
+    # ``refs``: how to name the code for them). Closures are refused here, before any
+    # rollout; docs/remote.md.
+    from actors import coordinator
+
+    remote = coordinator.plan(workers, n_workers, bus=bus, tasks=tasks, reward=reward,
+                              run=run, propose=propose, agent=agent, strategy=strategy,
+                              initial_state=state0, solved=solved_threshold,
+                              package_version=PACKAGE_VERSION, refs=refs, insecure=insecure,
+                              run_id=run_id)
     meta = {"seed": seed, "run_id": run_id, **(log_meta or {})}
     # What replay needs to rebuild the planner of a run started from Python.
     meta.setdefault("parallel", repr(plan_with))
     # Constructor arguments of the control actors that Start does not carry (replay).
     meta.setdefault("machine_args", msgspec.json.encode(
-        {"merger": {"stall_merges": stall_merges}}).decode())
+        {"merger": {"stall_merges": stall_merges},
+         **({"scheduler": remote.scheduler_kwargs()} if remote else {})}).decode())
     if task_sampler is not None:
         meta.setdefault("task_sampler", repr(task_sampler))
     # A resumed run's clock starts at the time its old logs cover (time budgets).
     t0 = time.monotonic() - (resume_from.elapsed if resume_from is not None else 0.0)
-    with Runtime(bus=bus, log_path=log, log_meta=meta, fsync=log_fsync) as rt:
+    with Runtime(bus=bus, log_path=log, log_meta=meta, fsync=log_fsync,
+                 peers=remote.ports if remote else ()) as rt:
         rt.spawn("planner", Planner(plan_with, task_sampler))
         rt.spawn("scheduler", Scheduler(max_concurrency or n_workers, asynchronous=asynchronous,
-                                        async_ratio=async_ratio, n_workers=n_workers))
+                                        async_ratio=async_ratio, n_workers=n_workers,
+                                        **(remote.scheduler_kwargs() if remote else {})))
         rt.spawn("merger", Merger(asynchronous=asynchronous, alpha=async_ratio,
                                   staleness=staleness, stall_merges=stall_merges))
         if resume_from is not None:
             # Before any message flows: replay the old log into the machines (no sending).
             resume_from.prepare(rt, rt.machines)
-        for i in range(n_workers):
+        for i in range(remote.local if remote else n_workers):
             rt.spawn_worker(WorkerCore(worker_name(i), by_id, reward, run, propose, strategy,
                                        solved=solved_threshold, initial_state=state0))
+        if remote:  # issue 6: the registry, process workers, and a deadline for everyone
+            remote.start(rt, t0)
         # A resumed run sends no Start: begin() re-sends what the crashed run never delivered.
         send_start = rt.send if resume_from is None else resume_from.begin
         send_start(PLANNER, Start(run_id=run_id, seed=seed, task_ids=task_ids, n_workers=n_workers,
@@ -350,14 +379,14 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
         elapsed_by_round: dict[int, float] = {}
         done: RunDone | None = None
         next_tick = 0.0
-        ticking = max_seconds is not None or asynchronous
+        ticking = max_seconds is not None or asynchronous or remote is not None
         period = min(0.1, max_seconds / 10) if max_seconds is not None else 0.1
         while done is None:
             now = time.monotonic() - t0
             if ticking and now >= next_tick:
                 if max_seconds is not None:
                     rt.send(PLANNER, Tick(elapsed=now))
-                if asynchronous:
+                if asynchronous or remote is not None:  # issue 6: liveness runs on Ticks
                     rt.send(SCHEDULER, Tick(elapsed=now))
                 next_tick = now + period
             delivery = rt.next_delivery(timeout=period if ticking else 0.5)
@@ -370,10 +399,15 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                         on_progress(_with_elapsed(record, elapsed_by_round[record.round]))
                 case RunDone() as done:
                     pass
+                case Hello() | Refused() if remote:  # issue 6: late joiners, refusals
+                    remote.note(delivery.msg)
         bus_stats = rt.bus.stats.as_dict()
         scheduler = rt.machines["scheduler"]
         bus_stats["duplicates_dropped"] = scheduler.duplicates_dropped
         bus_stats["peak_running"] = scheduler.peak_running
+        bus_stats["redispatched"] = scheduler.redispatched  # issue 6
+        if remote:
+            bus_stats.update(remote.counters(scheduler))
         stats = dict(done.stats)
         stats.update(starved_seconds=round(scheduler.starved_seconds, 3),
                      held_back=scheduler.held_back, refreshes=scheduler.refreshes,
@@ -386,7 +420,10 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                         initial_reward=done.initial_reward, stop_reason=done.stop_reason,
                         history=history, rollouts=done.rollouts, calls=done.calls,
                         error=done.error, log_path=log, elapsed=time.monotonic() - t0,
-                        bus=bus_stats, stats=stats, _outcomes=dict(done.outcomes))
+                        bus=bus_stats, stats=stats,
+                        _outcomes={**done.outcomes, **({"infrastructure-failure":
+                                                        scheduler.given_up}
+                                                       if scheduler.given_up else {})})
 
 
 def _with_elapsed(record: RoundRecord, elapsed: float) -> RoundRecord:

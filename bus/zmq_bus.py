@@ -61,12 +61,17 @@ class Broker:
     """The ROUTER that gives the run its total order. Runs on a thread of its own."""
 
     def __init__(self, ctx: zmq.Context, binds: list[str], *, log_writer=None,
-                 stats: BusStats | None = None, clock: RunClock | None = None) -> None:
+                 stats: BusStats | None = None, clock: RunClock | None = None,
+                 peers: tuple = ()) -> None:
         self.ctx = ctx
         self.stats = stats or BusStats()
         self._log = log_writer
         self._clock = clock or RunClock()
         self._routes: dict[bytes, bytes] = {}
+        # issue 6: peer ports (bus/remote.py PeerPort), one ROUTER each for remote and
+        # process workers, with their own frame policy; routed to through _route().
+        self._peers = list(peers)
+        self._router: zmq.Socket | None = None
         self._seq = 0
         self.closing = False
         self._stop = threading.Event()
@@ -93,11 +98,17 @@ class Broker:
             for addr in self._binds:
                 router.bind(addr)
                 self.addresses.append(router.getsockopt_string(zmq.LAST_ENDPOINT))
+            for port in self._peers:  # issue 6: remote/process worker ports
+                port.open(self)
+                self.addresses.extend(port.addresses)
         except zmq.ZMQError as exc:
             self._error = exc
             self._ready.set()
             router.close(0)
+            for port in self._peers:
+                port.close()
             return
+        self._router = router
         ctl = self.ctx.socket(zmq.PAIR)
         ctl.bind(self._ctl_addr)
         self._ready.set()
@@ -105,6 +116,8 @@ class Broker:
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
         poller.register(ctl, zmq.POLLIN)
+        for port in self._peers:  # issue 6
+            poller.register(port.socket, zmq.POLLIN)
         try:
             while not self._stop.is_set():
                 if not poller.poll(_POLL_MS):
@@ -116,9 +129,13 @@ class Broker:
                     except zmq.Again:
                         break
                     self._on_frames(router, codec, frames)
+                for port in self._peers:  # issue 6: peer frames go through the port's policy
+                    port.drain(codec)
         finally:
             router.close(0)
             ctl.close(0)
+            for port in self._peers:
+                port.close()
             if self._log is not None:
                 self._log.close()
 
@@ -132,25 +149,7 @@ class Broker:
             except msgspec.DecodeError as exc:
                 self.stats.reject(sender.decode("utf-8", "replace"), f"does not decode: {exc}")
                 return
-            dest = self._routes.get(receiver)
-            if dest is None:
-                self.stats.unroutable += 1
-                # During shutdown actors leave while the last messages fly: counted only.
-                if not self.closing:
-                    log.warning("broker: no actor named %r (%s from %r)", receiver.decode(),
-                                type(codec.decode(body)).__name__, sender.decode())
-                return
-            self._seq += 1
-            try:
-                router.send_multipart([dest, b"M", _SEQ.pack(self._seq), sender, receiver, body])
-            except zmq.ZMQError:  # the endpoint went away: counted, the run goes on
-                self._seq -= 1
-                self.stats.unroutable += 1
-                return
-            if self._log is not None:
-                self._log.append(self._seq, self._clock(), sender.decode(), receiver.decode(),
-                                 body)
-            self.stats.delivered += 1
+            self.forward(codec, sender, receiver, body)
         elif kind == b"A" and len(frames) == 4:
             self._routes[frames[2]] = frames[3] or ident
             try:
@@ -161,6 +160,47 @@ class Broker:
             self._routes.pop(frames[2], None)
         else:
             self.stats.reject(repr(ident), f"malformed envelope ({len(frames)} frames, kind {kind!r})")
+
+    def forward(self, codec: Codec, sender: bytes, receiver: bytes, body: bytes) -> None:
+        """Stamp, deliver and log one message whose body decoded (broker thread only)."""
+        sock, dest, flags = self._route(receiver)
+        if dest is None:
+            self.stats.unroutable += 1
+            # During shutdown actors leave while the last messages fly: counted only.
+            if not self.closing:
+                log.warning("broker: no actor named %r (%s from %r)", receiver.decode(),
+                            type(codec.decode(body)).__name__, sender.decode())
+            return
+        self._seq += 1
+        try:
+            sock.send_multipart([dest, b"M", _SEQ.pack(self._seq), sender, receiver, body],
+                                flags)
+        except zmq.ZMQError:  # the endpoint went away (or a stuck peer is full): counted
+            self._seq -= 1
+            self.stats.unroutable += 1
+            return
+        if self._log is not None:
+            self._log.append(self._seq, self._clock(), sender.decode(), receiver.decode(),
+                             body)
+        self.stats.delivered += 1
+
+    # -- issue 6: routing to peer ports (bus/remote.py) ----------------------------------
+
+    def _route(self, receiver: bytes) -> tuple[zmq.Socket | None, bytes | None, int]:
+        dest = self._routes.get(receiver)
+        if dest is not None:
+            return self._router, dest, 0
+        for port in self._peers:
+            dest = port.routes.get(receiver)
+            if dest is not None:
+                # Never block the broker on a peer that stopped reading (SIGSTOP, a full
+                # pipe): the frame is dropped and counted; liveness re-dispatches the work.
+                return port.socket, dest, zmq.NOBLOCK
+        return None, None, 0
+
+    def is_local(self, name: bytes) -> bool:
+        """A name attached by an endpoint of this process (a peer may not take it over)."""
+        return name in self._routes
 
     def stop(self) -> None:
         self._stop.set()
@@ -301,7 +341,7 @@ class ZmqBus:
     workers over other interfaces must use CURVE keys: docs/remote.md)."""
 
     def __init__(self, log_writer=None, binds: tuple[str, ...] | list[str] = (), *,
-                 insecure: bool = False) -> None:
+                 insecure: bool = False, peers: tuple = ()) -> None:
         for addr in binds:
             if not insecure and not _loopback_only(addr):
                 raise ValueError(
@@ -312,8 +352,10 @@ class ZmqBus:
         self.stats = BusStats()
         self.clock = RunClock()
         inproc = f"inproc://evobus-{uuid.uuid4().hex}"
+        # issue 6: ``peers`` are bus.remote.PeerPort objects (remote and process workers:
+        # one DEALER per process, CURVE when keys are configured); see docs/remote.md.
         self.broker = Broker(self.ctx, [inproc, *binds], log_writer=log_writer,
-                             stats=self.stats, clock=self.clock)
+                             stats=self.stats, clock=self.clock, peers=tuple(peers))
         self.broker.start()
         self.address = inproc
         self.endpoint = Endpoint(self.ctx, inproc, stats=self.stats)

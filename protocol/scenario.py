@@ -87,6 +87,14 @@ class Workers(_Section, frozen=True):
     wait_seconds: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     max_concurrency: Annotated[int, msgspec.Meta(ge=1)] | None = None
     allow: list[str] = []
+    # issue 6 (docs/remote.md): liveness of workers in other processes, CURVE keys (a
+    # directory made by `evobus keys DIR`), and environment variable *names* workers need.
+    heartbeat: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    deadline: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+    max_tries: Annotated[int, msgspec.Meta(ge=1)] = 3
+    keys: str | None = None
+    insecure: bool = False
+    env: list[str] = []
 
 
 class Budgets(_Section, frozen=True):

@@ -45,6 +45,14 @@ EXAMPLES = {
     "Refresh": protocol.Refresh(reason="stall"),
     "Drain": protocol.Drain(reason="max_rollouts"),
     "Flush": protocol.Flush(cancelled=1),
+    # issue 6: workers in other processes
+    "Join": protocol.Join(worker="w-1", slots=2, package_version="0.1.0"),
+    "Spec": protocol.Spec(reward=protocol.CodeRef(ref="m:reward"),
+                          strategy=protocol.CodeRef(ref="actors.artifacts:KeyedRules",
+                                                    kwargs={"categories": ["a"]}),
+                          inline_tasks=[protocol.Task("t1", "p", {"k": 1})], env=["API_KEY"],
+                          fingerprints={"m": "ab12"}, heartbeat=0.2),
+    "Refused": protocol.Refused(worker="w-1", reason="module 'x' is not allowed"),
 }
 
 

@@ -1,0 +1,471 @@
+"""Workers in other processes: the broker's peer port and the worker's remote endpoint.
+
+A worker process (``evobus worker --connect``, or a process worker the coordinator
+spawned) talks to the broker over **one DEALER socket carrying both directions**, owned
+by one I/O thread. The broker meets it on a :class:`PeerPort`: a ROUTER of its own, with
+CURVE when keys are configured, and a stricter frame policy than the in-process
+endpoints get. Frames (after the ROUTER's identity frame)::
+
+    peer -> broker  [b"A", name]                 register a name (answered [b"a", name])
+                    [b"D", name]                 forget a name this peer registered
+                    [b"M", sender, receiver, body]  a message, sent as a name it registered
+                    [b"P"]                       ping (answered [b"p"])
+    broker -> peer  [b"M", seq(8), sender, receiver, body]   a delivery
+                    [b"a", name], [b"p"]
+
+Policy at the port (every refusal is counted in ``BusStats.rejected_frames`` with the
+peer's identity): a message or ping from a peer that registered no name, or sent as a
+name it did not register, is refused; a name held by an actor of the coordinator's own
+process cannot be taken over; messages may only go to ``receivers`` (the scheduler and
+the registry); a peer registers at most ``MAX_NAMES_PER_PEER`` names; bodies that do not
+decode are refused. ZeroMQ itself drops frames over the size limit (``MAXMSGSIZE``) by
+disconnecting the peer, and with CURVE a peer without an authorised key never completes
+its handshake.
+
+Reconnecting is the Paranoid Pirate pattern: the endpoint pings every
+``ping_interval``; when nothing at all has come from the broker for
+``broker_timeout`` it closes its socket, waits a backoff (doubling, capped), connects
+a new socket (a new identity), registers its names again and calls ``on_reconnect`` so
+the worker says hello again.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import re
+import socket
+import struct
+import threading
+import time
+import uuid
+from typing import Callable, Iterable
+
+import msgspec
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from bus.base import MAX_FRAME_BYTES, BusStats, Deliver, Delivery
+from bus.security import ClientKeys, ServerKeys, secure_client, secure_server, start_authenticator
+from protocol import Codec, Message
+
+log = logging.getLogger(__name__)
+
+_SEQ = struct.Struct("<Q")
+_NAME = re.compile(rb"[A-Za-z0-9_.:@+\-]{1,128}")
+#: A peer may register at most this many names (a worker needs one).
+MAX_NAMES_PER_PEER = 16
+#: The port routes at most this many names in all (bounds memory under a flood).
+MAX_PEER_ROUTES = 100_000
+#: How long attach() waits for the broker's acknowledgement by default.
+ATTACH_DEADLINE_S = 10.0
+
+
+def loopback_only(addr: str) -> bool:
+    """ipc:// and loopback tcp:// addresses; anything else reaches other machines."""
+    if not addr.startswith("tcp://"):
+        return not addr.startswith(("pgm://", "epgm://", "udp://"))
+    host = addr[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
+class PeerPort:
+    """The broker's ROUTER for workers in other processes (runs on the broker thread).
+
+    ``keys``: CURVE server keys (bus.security); without them a non-loopback address is
+    refused unless ``insecure=True``. ``receivers``: the only names peers may send to
+    (None: any)."""
+
+    def __init__(self, binds: Iterable[str], *, keys: ServerKeys | None = None,
+                 insecure: bool = False, receivers: Iterable[str] | None = None,
+                 label: str = "remote") -> None:
+        self.binds = list(binds)
+        for addr in self.binds:
+            if keys is None and not insecure and not loopback_only(addr):
+                raise ValueError(
+                    f"refusing to bind {addr!r} without CURVE keys: without keys the broker "
+                    "binds to loopback only. Create keys with `evobus keys DIR` and set "
+                    "[workers] keys = \"DIR\", or pass --insecure (insecure=True) to accept "
+                    "unauthenticated, unencrypted peers on that interface")
+        self.keys = keys
+        self.insecure = insecure
+        self.receivers = None if receivers is None else {r.encode() for r in receivers}
+        self.label = label
+        self.routes: dict[bytes, bytes] = {}
+        self.owned: dict[bytes, set[bytes]] = {}
+        self.addresses: list[str] = []
+        self.socket: zmq.Socket | None = None
+        self.pings = 0
+        self._auth = None
+        self._broker = None
+        self.stats = BusStats()
+
+    # -- called by the Broker (bus/zmq_bus.py) on its thread ------------------------------
+
+    def open(self, broker) -> None:
+        self._broker = broker
+        self.stats = broker.stats
+        if self.keys is not None:
+            self._auth = start_authenticator(broker.ctx, self.keys)
+        sock = broker.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
+        if self.keys is not None:
+            secure_server(sock, self.keys)
+        self.socket = sock
+        for addr in self.binds:
+            sock.bind(addr)
+            self.addresses.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+
+    def close(self) -> None:
+        if self.socket is not None:
+            self.socket.close(0)
+            self.socket = None
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+
+    def drain(self, codec: Codec) -> None:
+        if self.socket is None:
+            return
+        for _ in range(1024):
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.on_frames(codec, frames)
+
+    # -- the policy --------------------------------------------------------------------
+
+    def _reject(self, ident: bytes, why: str) -> None:
+        self.stats.reject(f"{self.label}-peer:{ident.hex()[:20]}", why)
+
+    def on_frames(self, codec: Codec, frames: list[bytes]) -> None:
+        ident = frames[0]
+        kind = frames[1] if len(frames) > 1 else b""
+        names = self.owned.get(ident)
+        if kind == b"M" and len(frames) == 5:
+            _, _, sender, receiver, body = frames
+            if names is None or sender not in names:
+                self._reject(ident, f"a message sent as {sender[:64]!r}, a name this peer has "
+                                    "not registered (unregistered peer)")
+                return
+            if self.receivers is not None and receiver not in self.receivers:
+                self._reject(ident, f"a message to {receiver[:64]!r}: peers may only write to "
+                                    f"{sorted(r.decode() for r in self.receivers)}")
+                return
+            if len(body) > MAX_FRAME_BYTES:
+                self._reject(ident, f"a body of {len(body)} bytes (limit {MAX_FRAME_BYTES})")
+                return
+            try:
+                codec.decode(body)
+            except msgspec.DecodeError as exc:
+                self._reject(ident, f"does not decode: {exc}")
+                return
+            self._broker.forward(codec, sender, receiver, body)
+        elif kind == b"P" and len(frames) == 2:
+            if names is None:
+                self._reject(ident, "a ping from an unregistered peer")
+                return
+            self.pings += 1
+            self._send(ident, [b"p"])
+        elif kind == b"A" and len(frames) == 3:
+            self._attach(ident, frames[2], names)
+        elif kind == b"D" and len(frames) == 3:
+            name = frames[2]
+            if names is None or name not in names:
+                self._reject(ident, f"forgetting {name[:64]!r}, a name this peer does not hold")
+                return
+            names.discard(name)
+            self.routes.pop(name, None)
+            if not names:
+                del self.owned[ident]
+        else:
+            self._reject(ident, f"malformed envelope ({len(frames)} frames, kind {kind[:8]!r})")
+
+    def _attach(self, ident: bytes, name: bytes, names: set[bytes] | None) -> None:
+        if not _NAME.fullmatch(name):
+            self._reject(ident, f"registering {name[:64]!r}: a name is 1-128 characters of "
+                                "letters, digits and _.:@+-")
+            return
+        if self._broker.is_local(name):
+            self._reject(ident, f"registering {name.decode()!r}, the name of a coordinator actor")
+            return
+        if names is not None and name not in names and len(names) >= MAX_NAMES_PER_PEER:
+            self._reject(ident, f"registering more than {MAX_NAMES_PER_PEER} names")
+            return
+        if name not in self.routes and len(self.routes) >= MAX_PEER_ROUTES:
+            self._reject(ident, f"registering a name past the port's {MAX_PEER_ROUTES} routes")
+            return
+        previous = self.routes.get(name)
+        if previous is not None and previous != ident:
+            # The same worker reconnected with a new socket (Paranoid Pirate): move it.
+            held = self.owned.get(previous)
+            if held is not None:
+                held.discard(name)
+                if not held:
+                    del self.owned[previous]
+        self.routes[name] = ident
+        self.owned.setdefault(ident, set()).add(name)
+        self._send(ident, [b"a", name])
+
+    def _send(self, ident: bytes, frames: list[bytes]) -> None:
+        try:
+            self.socket.send_multipart([ident, *frames], zmq.NOBLOCK)
+        except zmq.ZMQError:  # the peer left or stopped reading: nothing to answer
+            self.stats.unroutable += 1
+
+
+class RemoteEndpoint:
+    """A worker process's door to a broker's :class:`PeerPort` (tcp:// or ipc://).
+
+    One DEALER carries both directions and is owned by the I/O thread; :meth:`send` may
+    be called from any thread (frames are queued and the I/O thread is woken).
+    Deliveries run on the I/O thread: handlers must hand long work to other threads."""
+
+    def __init__(self, address: str, *, keys: ClientKeys | None = None,
+                 ping_interval: float = 1.0, broker_timeout: float = 5.0,
+                 backoff: float = 0.25, backoff_max: float = 8.0,
+                 on_reconnect: Callable[[], None] | None = None,
+                 name: str = "worker") -> None:
+        if broker_timeout <= ping_interval:
+            raise ValueError(f"broker_timeout ({broker_timeout}) must exceed ping_interval "
+                             f"({ping_interval}): the broker answers each ping")
+        self.address = address
+        self.keys = keys
+        self.ping_interval = ping_interval
+        self.broker_timeout = broker_timeout
+        self.backoff0 = backoff
+        self.backoff_max = backoff_max
+        self.on_reconnect = on_reconnect
+        self.stats = BusStats()
+        self.ctx = zmq.Context()
+        self.reconnects = 0
+        self.auth_error: str | None = None
+        self.last_heard = time.monotonic()
+        self._flush_s = 0.0
+        self.heard = threading.Event()  # the broker has answered at least once
+        self._handlers: dict[str, Deliver] = {}
+        self._acks: dict[str, threading.Event] = {}
+        self._out: collections.deque[list] = collections.deque()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._thread = threading.Thread(target=self._run, name=f"evobus-remote-io-{name}",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- any thread ----------------------------------------------------------------------
+
+    def attach(self, name: str, deliver: Deliver, timeout: float = ATTACH_DEADLINE_S) -> None:
+        """Register ``name`` at the broker; raises TimeoutError (naming a refused key,
+        if that is what happened) when no acknowledgement comes within ``timeout``."""
+        ack = threading.Event()
+        with self._lock:
+            self._handlers[name] = deliver
+            self._acks[name] = ack
+        self._enqueue([b"A", name.encode()])
+        if not ack.wait(timeout):
+            why = (f"the broker refused this worker's key ({self.auth_error}): ask the "
+                   "coordinator's operator to authorise its public key (evobus keys DIR "
+                   "--client NAME), or check --server-key" if self.auth_error else
+                   "is the coordinator running, and are the address and keys right?")
+            raise TimeoutError(f"no answer from the broker at {self.address} within "
+                               f"{timeout:g} s; {why}")
+
+    def send(self, sender: str, receiver: str, msg: Message) -> None:
+        if self._stop.is_set():
+            self.stats.after_close += 1
+            return
+        self._enqueue(("M", sender, receiver, msg))
+
+    def send_frames(self, frames: list[bytes]) -> None:
+        """Raw frames (tests: a misbehaving peer)."""
+        self._enqueue(list(frames))
+
+    def close(self, flush: float = 0.0) -> None:
+        """Stop the I/O thread; with ``flush`` > 0, queued frames get that many seconds
+        to leave first (a worker's last answer, its refusal)."""
+        self._flush_s = flush
+        self._stop.set()
+        self._wakeup()
+        self._thread.join(timeout=5)
+        self.ctx.destroy(linger=0)
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _enqueue(self, item) -> None:
+        self._out.append(item)
+        self._wakeup()
+
+    def _wakeup(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):  # the pipe is full (a wake-up is pending) or closed
+            pass
+
+    # -- the I/O thread --------------------------------------------------------------------
+
+    def _connect(self) -> tuple[zmq.Socket, zmq.Socket]:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IDENTITY, f"rw-{uuid.uuid4().hex[:12]}".encode())
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
+        if self.keys is not None:
+            secure_client(sock, self.keys)
+        monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                                          | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                          | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        sock.connect(self.address)
+        with self._lock:
+            names = list(self._handlers)
+        for name in names:  # register again (first connect: attach() queued them already)
+            if self.reconnects:
+                sock.send_multipart([b"A", name.encode()])
+        return sock, monitor
+
+    def _poller(self, sock: zmq.Socket, monitor: zmq.Socket) -> zmq.Poller:
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        return poller
+
+    def _close_socket(self, sock: zmq.Socket, monitor: zmq.Socket, linger: int = 0) -> None:
+        try:
+            sock.disable_monitor()
+        except zmq.ZMQError:  # already gone
+            pass
+        monitor.close(0)
+        sock.close(linger)
+
+    def _run(self) -> None:
+        codec = Codec()
+        sock, monitor = self._connect()
+        poller = self._poller(sock, monitor)
+        backoff = self.backoff0
+        next_ping = time.monotonic()
+        self.last_heard = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                wait = min(next_ping, self.last_heard + self.broker_timeout) - now
+                events = dict(poller.poll(max(0, int(wait * 1000)) + 1))
+                if self._stop.is_set():
+                    break
+                if self._wake_r.fileno() in events or self._wake_r in events:
+                    self._drain_wake()
+                self._flush(sock, codec)
+                if sock in events:
+                    self._receive(sock, codec)
+                    backoff = self.backoff0
+                if monitor in events:
+                    self._on_monitor(monitor)
+                now = time.monotonic()
+                if now >= next_ping:
+                    if self._handlers:
+                        self._send_now(sock, [b"P"])
+                    next_ping = now + self.ping_interval
+                if now - self.last_heard > self.broker_timeout:
+                    # Paranoid Pirate: the broker went quiet; a new socket after a backoff.
+                    log.warning("remote endpoint: nothing from %s for %.1f s; reconnecting "
+                                "in %.2f s", self.address, now - self.last_heard, backoff)
+                    self._close_socket(sock, monitor)
+                    if self._stop.wait(backoff):
+                        return
+                    backoff = min(backoff * 2, self.backoff_max)
+                    self.reconnects += 1
+                    sock, monitor = self._connect()
+                    poller = self._poller(sock, monitor)
+                    self.last_heard = time.monotonic()
+                    next_ping = self.last_heard
+                    if self.on_reconnect is not None:
+                        try:
+                            self.on_reconnect()
+                        except Exception:  # a callback bug must not kill the I/O thread
+                            log.exception("remote endpoint: on_reconnect failed")
+        finally:
+            linger = 0
+            if self._flush_s > 0:
+                self._flush(sock, codec)
+                linger = int(self._flush_s * 1000)
+            self._close_socket(sock, monitor, linger)
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):  # drained
+            pass
+
+    def _send_now(self, sock: zmq.Socket, frames: list[bytes]) -> bool:
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK)
+            return True
+        except zmq.Again:  # the pipe is full: keep it for later
+            return False
+
+    def _flush(self, sock: zmq.Socket, codec: Codec) -> None:
+        while self._out:
+            item = self._out[0]
+            if isinstance(item, tuple):
+                _, sender, receiver, msg = item
+                frames = [b"M", sender.encode(), receiver.encode(), codec.encode(msg)]
+            else:
+                frames = item
+            if not self._send_now(sock, frames):
+                return
+            self._out.popleft()
+
+    def _receive(self, sock: zmq.Socket, codec: Codec) -> None:
+        for _ in range(1024):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.last_heard = time.monotonic()
+            self.heard.set()
+            kind = frames[0] if frames else b""
+            if kind == b"M" and len(frames) == 5:
+                self._deliver(codec, frames)
+            elif kind == b"a" and len(frames) == 2:
+                ack = self._acks.get(frames[1].decode("utf-8", "replace"))
+                if ack is not None:
+                    ack.set()
+            elif kind == b"p" and len(frames) == 1:
+                pass
+            else:
+                self.stats.reject("broker", f"malformed frame ({len(frames)} parts)")
+
+    def _deliver(self, codec: Codec, frames: list[bytes]) -> None:
+        _, seq, sender, receiver, body = frames
+        name = receiver.decode("utf-8", "replace")
+        deliver = self._handlers.get(name)
+        if deliver is None:
+            self.stats.unroutable += 1
+            return
+        try:
+            msg = codec.decode(body)
+        except msgspec.DecodeError as exc:
+            self.stats.reject(sender.decode("utf-8", "replace"), f"does not decode: {exc}")
+            return
+        self.stats.delivered += 1
+        try:
+            deliver(Delivery(_SEQ.unpack(seq)[0], sender.decode(), name, msg))
+        except Exception:  # a handler bug must not kill the I/O thread; logged here
+            log.exception("remote endpoint: delivering %s to %r failed", type(msg).__name__, name)
+
+    def _on_monitor(self, monitor: zmq.Socket) -> None:
+        while monitor.poll(0):
+            event = recv_monitor_message(monitor)
+            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self.auth_error = f"CURVE handshake refused, status {event['value']}"
+                log.error("remote endpoint: %s by %s", self.auth_error, self.address)
+            elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                self.auth_error = "the security handshake failed (keys or CURVE settings differ)"
+                log.error("remote endpoint: %s with %s", self.auth_error, self.address)
+            elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.auth_error = None
