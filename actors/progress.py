@@ -131,7 +131,11 @@ class RunProgress:
         if self.quiet:
             return
         if self.live:
-            self._console.print(self._round_line_rich(record, prev))
+            # One line per round, whatever the terminal's width: the tail gives way.
+            self._console.print(self._round_line_rich(record, prev), no_wrap=True,
+                                overflow="ellipsis")
+            if self._live is not None:
+                self._live.refresh()  # the panel shows this round now, not at the next tick
         else:
             self._print(self._round_line(record))
 
@@ -163,9 +167,9 @@ class RunProgress:
         from rich.text import Text
 
         t = Text()
-        t.append(f"{(r.elapsed or time.monotonic() - self.t0):8.2f}s  ", style="dim")
+        t.append(f"{(r.elapsed or time.monotonic() - self.t0):7.2f}s  ", style="dim")
         t.append(f"{self.word} {r.round:<3} ", style="bold")
-        t.append(f"v{r.version:<3} ", style="cyan")
+        t.append(f"v{r.version:<3}", style="cyan")
         t.append("held-out ")
         t.append(f"{r.heldout_reward:.3f}", style="bold green" if r.committed else "bold")
         if prev is not None and r.heldout_reward != prev:
@@ -176,7 +180,7 @@ class RunProgress:
         t.append("  ")
         t.append("committed" if r.committed else "kept     ",
                  style="green" if r.committed else "dim")
-        t.append(f"  {r.rollouts:>4} rollouts  {r.proposals:>3} proposals")
+        t.append(f" {r.rollouts:>4} rollouts {r.proposals:>3} proposals")
         if r.proposals or r.reasons:
             t.append(f": {outcome_text(dict(r.reasons))}", style="dim")
         return t
@@ -215,25 +219,25 @@ class RunProgress:
             rollouts, commits, best = self.rollouts, self.commits, self.best
         s = self.scenario
         grid = Table.grid(padding=(0, 2))
-        grid.add_column(style="dim", justify="right")
-        grid.add_column()
-        grid.add_column(style="dim", justify="right")
+        grid.add_column(style="dim", justify="right", no_wrap=True)
         grid.add_column()
         width = 24
         filled = int(width * done / s.rounds) if s.rounds else 0
         bar = Text("━" * filled, style="green")
         bar.append("━" * (width - filled), style="grey30")
         bar.append(f"  {done}/{s.rounds} {self.word}s")
+        bar.append(f"  ·  {_clock(elapsed)}", style="dim")
         reward = Text("-" if last is None else f"{last.heldout_reward:.3f}", style="bold")
         if last is not None:
             reward.append(f"  (v{last.version}, best {best:.3f})", style="dim")
         alive = getattr(last, "workers_alive", None) if last is not None else None
         workers = self._workers_text() if alive is None else f"{alive} alive"
-        grid.add_row("progress", bar, "elapsed", _clock(elapsed))
-        grid.add_row("held-out", reward, "rollouts",
-                     f"{rollouts:,}  ({_rate(rollouts, elapsed)})")
-        grid.add_row("commits", f"{commits} of {done} {self.word}s", "workers", workers)
-        grid.add_row("budget left", Text(" · ".join(self.budget_left(elapsed))), "", "")
+        grid.add_row("progress", bar)
+        grid.add_row("held-out", reward)
+        grid.add_row("commits", f"{commits} of {done} {self.word}s")
+        grid.add_row("rollouts", f"{rollouts:,}  ({_rate(rollouts, elapsed)})")
+        grid.add_row("workers", workers)
+        grid.add_row("budget left", Text(" · ".join(self.budget_left(elapsed))))
         title = Text(f" evobus run {self.source} ", style="bold")
         return Panel(grid, title=title, title_align="left", border_style="blue",
                      subtitle=Text(" Ctrl-C stops cleanly ", style="dim"),
