@@ -101,10 +101,10 @@ class Runtime:
 
     def spawn(self, name: str, machine) -> None:
         self.machines[name] = machine
-        self.refs.append(ControlActor.start(self.bus, name, machine, self._on_crash))
+        self.refs.append(ControlActor.spawn(self.bus, name, machine, self._on_crash))
 
     def spawn_worker(self, core: WorkerCore) -> None:
-        self.refs.append(WorkerActor.start(self.bus, core, self._on_crash))
+        self.refs.append(WorkerActor.spawn(self.bus, core, self._on_crash))
 
     def start_actor(self, actor_class, *args, **kwargs) -> pykka.ActorRef:
         """Start any other actor on this runtime's bus; the runtime owns it (close stops it).

@@ -8,6 +8,7 @@ leaving an ask or a driver waiting forever.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Callable
 
 import pykka
@@ -32,13 +33,20 @@ class ControlActor(pykka.ThreadingActor):
         self.machine = machine
         self.on_crash = on_crash
 
+    @classmethod
+    def spawn(cls, bus: Bus, name: str, machine, on_crash: Crash) -> pykka.ActorRef:
+        """Start the actor and route its name to it *before* returning: ``start()``
+        runs ``on_start`` on the actor's own thread later, so attaching there would
+        let a message sent right after (a worker's Hello) find nobody. Messages that
+        arrive before ``on_start`` wait in the actor's inbox."""
+        ref = cls.start(bus, name, machine, on_crash)
+        bus.attach(name, ref.tell)
+        return ref
+
     def on_start(self) -> None:
         self._thread_name()
-        self.bus.attach(self.name, self.actor_ref.tell)
 
     def _thread_name(self) -> None:
-        import threading
-
         threading.current_thread().name = f"evobus-{self.name}"
 
     def on_receive(self, message: Delivery) -> None:
@@ -63,12 +71,17 @@ class WorkerActor(pykka.ThreadingActor):
         self.slots = slots
         self.cancelled: set[str] = set()
 
-    def on_start(self) -> None:
-        import threading
+    @classmethod
+    def spawn(cls, bus: Bus, core: WorkerCore, on_crash: Crash, slots: int = 1) -> pykka.ActorRef:
+        """Start the worker, route its name, and only then say Hello: the Scheduler's
+        first lease must find the worker's name routed (see ControlActor.spawn)."""
+        ref = cls.start(bus, core, on_crash, slots)
+        bus.attach(core.name, ref.tell)
+        bus.send(core.name, SCHEDULER, Hello(worker=core.name, slots=slots))
+        return ref
 
+    def on_start(self) -> None:
         threading.current_thread().name = f"evobus-{self.core.name}"
-        self.bus.attach(self.core.name, self.actor_ref.tell)
-        self.bus.send(self.core.name, SCHEDULER, Hello(worker=self.core.name, slots=self.slots))
 
     def on_receive(self, message: Delivery) -> None:
         match message.msg:
