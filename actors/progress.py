@@ -73,6 +73,7 @@ class RunProgress:
         self.best = None
         self.since_commit = 0
         self._lock = threading.Lock()
+        self._closed_pipe = False
         self._console = None
         self._live = None
         if quiet:
@@ -106,8 +107,9 @@ class RunProgress:
                               redirect_stdout=False, redirect_stderr=True)
             self._live.start()
         elif not self.quiet:
+            limit = f", up to {self.scenario.rounds} rounds" if self.word == "round" else ""
             self._print(f"{self.scenario.name}: running {self.source} with "
-                        f"{self._workers_text()}, up to {self.scenario.rounds} {self.word}s")
+                        f"{self._workers_text()}{limit}")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -142,7 +144,19 @@ class RunProgress:
     # -- lines ----------------------------------------------------------------------------
 
     def _print(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        if self._closed_pipe:
+            return
+        try:
+            print(text, file=self.stream, flush=True)
+        except BrokenPipeError:
+            # The reader went away (`evobus run ... | head`): the run goes on, silently;
+            # later writes (and the one at exit) go to /dev/null instead of failing.
+            self._closed_pipe = True
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self.stream.fileno())
+            except (OSError, ValueError, AttributeError):  # not a real file: nothing to do
+                pass
 
     def _workers_text(self) -> str:
         w = self.scenario.workers
@@ -192,7 +206,7 @@ class RunProgress:
         s = self.scenario
         b = s.budgets
         done = len(self.records)
-        out = [f"{max(0, s.rounds - done)} of {s.rounds} {self.word}s"]
+        out = [f"{max(0, s.rounds - done)} of {s.rounds} rounds"] if self.word == "round" else []
         if b.max_rollouts is not None:
             out.append(f"{max(0, b.max_rollouts - self.rollouts):,} of {b.max_rollouts:,} rollouts")
         if b.max_seconds is not None:
@@ -222,10 +236,14 @@ class RunProgress:
         grid.add_column(style="dim", justify="right", no_wrap=True)
         grid.add_column()
         width = 24
-        filled = int(width * done / s.rounds) if s.rounds else 0
+        if self.word == "round":
+            part, whole, what = done, s.rounds, "rounds"
+        else:  # async: no rounds; measure against the rollout budget, if any
+            part, whole, what = rollouts, s.budgets.max_rollouts, "rollouts"
+        filled = min(width, int(width * part / whole)) if whole else 0
         bar = Text("━" * filled, style="green")
         bar.append("━" * (width - filled), style="grey30")
-        bar.append(f"  {done}/{s.rounds} {self.word}s")
+        bar.append(f"  {part:,}/{whole:,} {what}" if whole else f"  {done} merges")
         bar.append(f"  ·  {_clock(elapsed)}", style="dim")
         reward = Text("-" if last is None else f"{last.heldout_reward:.3f}", style="bold")
         if last is not None:

@@ -95,6 +95,19 @@ def test_json_keeps_stdout_to_one_json_object(root, tmp_path, env):
     assert "round" in out.stderr  # the progress went to stderr
 
 
+def test_a_reader_that_goes_away_does_not_fail_the_run(root, tmp_path, env):
+    log = tmp_path / "r.evolog"
+    out = subprocess.run(["bash", "-c", "set -o pipefail; " + " ".join(
+        [sys.executable, "-m", "actors.cli", "run", str(root / "scenarios" / "router.toml"),
+         "--log", str(log), "| head -1"])], cwd=tmp_path, env=env, capture_output=True,
+        text=True, timeout=50)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == "" and out.stdout.startswith("router: running")
+    from bus.log import read_log
+
+    assert read_log(log).records  # the run went on to the end
+
+
 def read_until(fd: int, needle: bytes, deadline: float) -> bytes:
     data = b""
     while needle not in data and time.monotonic() < deadline:
