@@ -75,6 +75,7 @@ class RunAnalysis:
     baseline: tuple[float, float] | None = None  # (t, held-out reward of version 0)
     rounds: list[RoundRow] = field(default_factory=list)
     candidates: list[tuple[float, float]] = field(default_factory=list)  # (t, score)
+    other_evals: int = 0  # scored on other tasks than the held-out set (re-verification)
     spans: list[LeaseSpan] = field(default_factory=list)
     workers: list[str] = field(default_factory=list)
     lifetimes: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -113,6 +114,8 @@ def analyse(path: str | Path) -> RunAnalysis:
     first_seen: dict[str, float] = {}
     last_seen: dict[str, float] = {}
     rollouts_by_round: Counter = Counter()
+    heldout: frozenset = frozenset()
+    heldout_evals: dict[str, bool] = {}
     merges = 0
     for rec in contents.records:
         try:
@@ -132,8 +135,16 @@ def analyse(path: str | Path) -> RunAnalysis:
             a.mode = "async" if getattr(msg, "asynchronous", False) else "sync"
         elif kind == "Baseline":
             a.baseline = (rec.t, msg.heldout_reward)
+        elif kind == "Open":
+            heldout = frozenset(msg.heldout_ids)
+        elif kind == "EvalRequest":
+            # Held-out scoring of a candidate, or (async) a re-verification on other tasks.
+            heldout_evals[msg.eval_id] = frozenset(msg.task_ids) == heldout
         elif kind == "EvalDone":
-            a.candidates.append((rec.t, msg.score))
+            if heldout_evals.pop(msg.eval_id, True):
+                a.candidates.append((rec.t, msg.score))
+            else:
+                a.other_evals += 1
         elif kind == "Settled":
             rollouts_by_round[msg.round] += len(msg.scores)
         elif kind == "RoundClosed":
@@ -474,14 +485,19 @@ def render_html(a: RunAnalysis, pngs: dict[str, bytes]) -> str:
     parts += ["<h2>Held-out reward over time</h2>",
               "<p class=note>The head's held-out score after each "
               f"{word}; green: a new version was committed; grey dots: every candidate the "
-              "merger scored on the held-out tasks.</p>",
+              "merger scored on the held-out tasks"
+              + (f" ({a.other_evals} re-verifications on a proposal's own task are not "
+                 "drawn)" if a.other_evals else "") + ".</p>",
               _img(pngs, "reward", "held-out reward over time"),
               "<h2>Workers over time</h2>",
               "<p class=note><b>busy</b>: holding a lease (rollouts, held-out evals, group "
-              "branches). <b>starved</b>: free while other workers still held leases (waiting "
-              "at the barrier on stragglers, or held back by max_concurrency). <b>idle</b>: "
-              "free while no lease was out anywhere (the merger or planner deciding). Dotted "
-              f"lines: {word} closes. Red marks: a lease dispatched again.</p>",
+              "branches). <b>starved</b>: free while other workers still held leases ("
+              + ("waiting at the barrier on stragglers, or held back by max_concurrency"
+                 if a.mode == "sync" else "no work for it: the wave ran dry, or backpressure "
+                 "held new leases back") +
+              "). <b>idle</b>: free while no lease was out anywhere (the merger or planner "
+              f"deciding). Dotted lines: {word} closes. Red marks: a lease dispatched "
+              "again.</p>",
               _img(pngs, "timeline", "per-worker timeline")]
     if len(a.workers) > MAX_TIMELINE_WORKERS:
         parts.append(f"<p class=note>The chart shows the first {MAX_TIMELINE_WORKERS} of "

@@ -16,8 +16,8 @@ import pytest
 from actors.cli import main
 from actors.report import analyse
 from bus.log import FORMAT_VERSION, LogHeader, LogWriter
-from protocol import (Baseline, Hello, Lease, LeaseDone, RoundClosed, RunDone, Settled,
-                      encode)
+from protocol import (Baseline, EvalDone, EvalRequest, Hello, Lease, LeaseDone, Open,
+                      RoundClosed, RunDone, Settled, encode)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,6 +89,19 @@ def test_busy_starved_and_idle_time_per_worker(hand_log):
                                                        "starved": 2.0})
     # worker-0 lives 0-6: idle 0-1, busy 1-6 (its lease is only answered at 6).
     assert a.worker_time("worker-0") == pytest.approx({"idle": 1.0, "busy": 5.0})
+
+
+def test_only_held_out_scores_are_candidates(tmp_path):
+    log = write_log(tmp_path / "evals.evolog", [
+        (0.0, "planner", "merger", Open(heldout_ids=["h1", "h2"])),
+        (1.0, "merger", "scheduler", EvalRequest(eval_id="e1", state={}, task_ids=["h2", "h1"])),
+        (2.0, "scheduler", "merger", EvalDone(eval_id="e1", score=0.5)),
+        (3.0, "merger", "scheduler", EvalRequest(eval_id="e2", state={}, task_ids=["a"])),
+        (4.0, "scheduler", "merger", EvalDone(eval_id="e2", score=1.0)),
+    ])
+    a = analyse(log)
+    assert a.candidates == [(2.0, 0.5)]
+    assert a.other_evals == 1
 
 
 def test_a_log_cut_short_has_no_result_but_still_reports(tmp_path):
