@@ -5,8 +5,9 @@
 
 Types, defaults, bounds, choices and table descriptions come from the JSON Schema that
 `evobus schema` prints (``protocol.scenario.json_schema()``, generated from the msgspec
-types); the one-line notes per field are below. tests/test_docs.py checks the page is
-current, so a new field shows up here the moment the schema has it.
+types); the one-line notes per field live in protocol/scenario_notes.py (they are also
+the schema's property descriptions). tests/test_docs.py checks the page is current, so
+a new field shows up here the moment the schema has it.
 """
 
 from __future__ import annotations
@@ -20,89 +21,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from protocol import scenario as sc  # noqa: E402
+from protocol.scenario_notes import NOTES  # noqa: E402
 
 OUT = ROOT / "docs" / "scenarios.md"
-
-#: One line per field ("Table.field"). A field without one shows a dash.
-NOTES = {
-    "Scenario.name": "Shown in progress lines and reports.",
-    "Scenario.mode": "`sync`: rounds closed by a barrier; `async`: no barrier, merges "
-                     "whenever proposals are waiting ([async.md](async.md)).",
-    "Scenario.rounds": "At most this many rounds (sync mode).",
-    "Scenario.seed": "Seeds the train/held-out split and every strategy; same seed, same "
-                     "plan.",
-    "Scenario.held_out_frac": "Share of the tasks kept out of training and used to score "
-                              "candidates.",
-    "Scenario.log": "Write the message log here (relative to the current directory); "
-                    "`evobus run --log` overrides it.",
-    "Scenario.async_ratio": "Async mode: how many versions a worker may lag behind the "
-                            "head, and the staleness tolerance.",
-    "Scenario.staleness": "Async mode: what happens to a proposal made on an old version "
-                          "([async.md](async.md)).",
-    "Scenario.domain": "The tasks, the reward and the agent.",
-    "Scenario.strategy": "How the artifact is stored and how a proposal becomes an edit.",
-    "Scenario.parallel": "How one round's tasks are split across workers "
-                         "([parallelism.md](parallelism.md)).",
-    "Scenario.workers": "Where rollouts run.",
-    "Scenario.budgets": "When to stop early.",
-    "Scenario.groups": "Bounded parallel groups ([groups.md](groups.md)).",
-    "Domain.tasks": "A list of `Task`s, or a function returning one.",
-    "Domain.reward": "`reward(task, output) -> float` in [0, 1].",
-    "Domain.agent": "An object with `solve(rendered, task)` and `propose(rendered, task, "
-                    "output, reward)`; a class is instantiated (with `kwargs`).",
-    "Domain.run": "`run(rendered, task) -> output`, instead of an agent.",
-    "Domain.propose": "`propose(rendered, task, output, reward)` returning a str or None, with `run`.",
-    "KeyedRulesSpec.categories": "The artifact's keys; a proposal `\"category: text\"` "
-                                 "rewrites one category.",
-    "KeyedRulesSpec.title": "First line of the rendered artifact.",
-    "AppendRulesSpec.title": "First line of the rendered artifact.",
-    "SingleSlotSpec.initial_value": "The artifact's starting text.",
-    "SingleSlotSpec.key": "The one key the artifact's state uses.",
-    "TensorParallelSpec.n_sections": "Number of sections the artifact's keys are cut into; "
-                                     "worker i edits section i mod n_sections.",
-    "TensorParallelSpec.keys": "The key space to cut (default: the strategy's categories).",
-    "TensorParallelSpec.route": "`route(task_id) -> key`: send each task to the section "
-                                "its edits land in.",
-    "ClusterParallelSpec.cluster_of": "`cluster_of(task_id) -> cluster`; whole clusters are "
-                                      "leased by UCB.",
-    "ClusterParallelSpec.c": "UCB exploration constant.",
-    "CustomParallelSpec.ref": "An object with `plan(n_workers, round_index, keys)`.",
-    "Workers.local": "Worker threads in this process.",
-    "Workers.processes": "Worker processes started on this machine.",
-    "Workers.remote": "Workers expected to connect from elsewhere "
-                      "([remote.md](remote.md)).",
-    "Workers.bind": "Address the broker listens on for remote workers, e.g. "
-                    "`tcp://0.0.0.0:5555`.",
-    "Workers.wait_seconds": "How long to wait for remote workers to join.",
-    "Workers.max_concurrency": "At most this many leases out at once (default: one per "
-                               "worker).",
-    "Workers.allow": "Module prefixes a worker may resolve references from.",
-    "Workers.heartbeat": "Seconds between heartbeats of a worker in another process.",
-    "Workers.deadline": "A worker silent this long is presumed lost and its leases are "
-                        "re-dispatched (must exceed `heartbeat`).",
-    "Workers.max_tries": "Dispatch one lease at most this many times.",
-    "Workers.keys": "Directory of CURVE keys made by `evobus keys DIR` "
-                    "([remote.md](remote.md)).",
-    "Workers.insecure": "Allow remote workers without CURVE keys (trusted networks only).",
-    "Workers.env": "Names of environment variables workers need (names only, never "
-                   "values).",
-    "Budgets.max_rollouts": "Stop after this many rollouts.",
-    "Budgets.max_calls": "Stop after this many backend calls (solve + propose).",
-    "Budgets.max_seconds": "Stop after this much wall time.",
-    "Budgets.target_reward": "Stop once the held-out reward reaches this.",
-    "Budgets.patience": "Stop after this many rounds in a row without a commit.",
-    "GroupSpec.name": "The group's name in progress lines and results.",
-    "GroupSpec.target": "The function run once per item.",
-    "GroupSpec.items": "The items: a list, or a reference returning one.",
-    "GroupSpec.max_concurrency": "At most this many branches at once.",
-    "GroupSpec.max_items": "Refuse more items than this.",
-    "GroupSpec.checkpoint": "Where a paused group writes its checkpoint.",
-    "GroupSpec.approvers": "Who may approve a branch's actions ([groups.md](groups.md)).",
-    "RefSpec.ref": "`package.module:attribute`.",
-    "RefSpec.args": "Positional arguments (JSON values) to call it with.",
-    "RefSpec.kwargs": "Keyword arguments (JSON values) to call it with.",
-    "RefSpec.call": "Call it? Default: yes when args/kwargs are given or it is a class.",
-}
 
 #: Sections of the page: (heading, TOML form, schema definition or union property).
 TABLES = [
@@ -117,7 +38,7 @@ INTRO = """\
 # Scenario files: reference
 
 <!-- Generated by docs/gen_scenario_reference.py from the scenario schema. Do not edit:
-     change protocol/scenario.py (or the notes in the script) and run
+     change protocol/scenario.py (or protocol/scenario_notes.py) and run
      python docs/gen_scenario_reference.py -->
 
 A scenario is a TOML file that declares a whole run: the domain (tasks, reward,

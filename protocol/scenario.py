@@ -186,5 +186,8 @@ def parse_scenario(data: bytes | str, source: str = "<scenario>") -> Scenario:
 
 
 def json_schema() -> dict:
-    """The JSON Schema of scenario files (for editors and `evobus schema`)."""
-    return msgspec.json.schema(Scenario)
+    """The JSON Schema of scenario files (for editors and `evobus schema`): msgspec's,
+    with a one-line description per field (protocol/scenario_notes.py)."""
+    from protocol.scenario_notes import annotate
+
+    return annotate(msgspec.json.schema(Scenario))
