@@ -142,8 +142,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
     problems = check_refs(scenario, args.scenario)
     if problems:
         return [_err(p) for p in problems][0]
-    print(f"{args.scenario}: ok ({scenario.mode}, {scenario.rounds} rounds, "
-          f"{type(scenario.strategy).__name__[:-4]}, {type(scenario.parallel).__name__[:-4]})")
+    parts = []
+    if scenario.domain is not None:
+        parts = [scenario.mode] + ([f"{scenario.rounds} rounds"] if scenario.mode == "sync"
+                                   else []) + [type(scenario.strategy).__name__[:-4],
+                                               type(scenario.parallel).__name__[:-4]]
+    if scenario.groups:
+        names = ", ".join(g.name for g in scenario.groups)
+        parts.append(f"{len(scenario.groups)} parallel group"
+                     f"{'s' if len(scenario.groups) > 1 else ''}: {names}")
+    print(f"{args.scenario}: ok ({', '.join(parts)})")
     return 0
 
 
