@@ -23,10 +23,6 @@ def _err(message: str) -> int:
     return 2
 
 
-def _fmt_outcomes(outcomes: dict[str, int]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) or "none"
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from actors.errors import ConfigError
     from actors.launch import run_scenario
