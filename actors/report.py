@@ -88,14 +88,30 @@ class RunAnalysis:
     rollouts: int | None = None
     stats: dict[str, float] = field(default_factory=dict)
     mode: str = "sync"
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def evolves(self) -> bool:
+        """Whether the log holds an evolve run (rounds, a baseline), not only groups."""
+        return bool(self.rounds or self.baseline or self.candidates or self.kinds["Start"])
+
+    @property
+    def complete(self) -> bool:
+        """The log reaches its run's end (a result, or every group ended or paused)."""
+        if self.evolves:
+            return self.stop_reason is not None
+        return bool(self.groups) and all(g["status"] != "running"
+                                         for g in self.groups.values())
 
     def worker_time(self, worker: str) -> dict[str, float]:
         """Seconds busy / starved / idle over the worker's lifetime."""
         return _states(self, worker)[1]
 
 
-def _is_worker(name: str) -> bool:
-    return name.startswith("worker")
+#: Messages that show their sender (or, for leases, their receiver) is a worker.
+_FROM_WORKER = ("Hello", "Heartbeat", "LeaseDone", "BranchDone", "BranchFailed", "Interaction")
+_TO_WORKER = ("Lease", "Branch")
+_LEASE_END = ("LeaseDone", "BranchDone", "BranchFailed")
 
 
 def analyse(path: str | Path) -> RunAnalysis:
@@ -112,6 +128,7 @@ def analyse(path: str | Path) -> RunAnalysis:
     dispatched: set[str] = set()
     answered: set[str] = set()
     first_seen: dict[str, float] = {}
+    workers: set[str] = set()
     last_seen: dict[str, float] = {}
     rollouts_by_round: Counter = Counter()
     heldout: frozenset = frozenset()
@@ -127,9 +144,15 @@ def analyse(path: str | Path) -> RunAnalysis:
         a.kinds[kind] += 1
         a.duration = max(a.duration, rec.t)
         for name in (rec.sender, rec.receiver):
-            if _is_worker(name):
-                first_seen.setdefault(name, rec.t)
-                last_seen[name] = rec.t
+            first_seen.setdefault(name, rec.t)
+            last_seen[name] = rec.t
+        # A worker's own message (the Scheduler forwards LeaseDone to the Merger: that copy
+        # names the worker in `worker`, not as its sender).
+        from_worker = kind in _FROM_WORKER and getattr(msg, "worker", "") in ("", rec.sender)
+        if from_worker:
+            workers.add(rec.sender)
+        elif kind in _TO_WORKER:
+            workers.add(rec.receiver)
         lease_id = getattr(msg, "lease_id", None)
         if kind == "Start":
             a.mode = "async" if getattr(msg, "asynchronous", False) else "sync"
@@ -152,6 +175,18 @@ def analyse(path: str | Path) -> RunAnalysis:
             a.rounds.append(RoundRow(round=msg.round, t=rec.t, version=msg.version,
                                      committed=msg.committed, heldout=msg.heldout_reward,
                                      proposals=msg.proposals, outcomes=dict(msg.outcomes)))
+        elif kind == "GroupStart":
+            a.groups[msg.group_id] = {"items": len(msg.items), "bound": msg.max_concurrency,
+                                      "status": "running", "finished": 0, "failed": 0,
+                                      "waiting": 0}
+        elif kind in ("GroupResult", "GroupSuspended"):
+            g = a.groups.setdefault(msg.group_id, {"items": 0, "bound": 0, "status": "",
+                                                   "finished": 0, "failed": 0, "waiting": 0})
+            g["status"] = msg.status
+            done = msg.finished or {}
+            g["finished"] = max(len(done), len(getattr(msg, "results", []) or []))
+            g["failed"] = len(getattr(msg, "failed", []) or [])
+            g["waiting"] = len(getattr(msg, "pending", []) or [])
         elif kind == "RunDone":
             a.stop_reason = msg.stop_reason
             a.final_reward = msg.final_reward
@@ -159,7 +194,7 @@ def analyse(path: str | Path) -> RunAnalysis:
             a.rollouts = msg.rollouts
             a.outcomes = dict(msg.outcomes)
             a.stats = dict(getattr(msg, "stats", {}) or {})
-        if lease_id is not None and _is_worker(rec.receiver) and kind in ("Lease", "Branch"):
+        if lease_id is not None and kind in _TO_WORKER:
             lease_kind = getattr(msg, "kind", "branch") if kind == "Lease" else "branch"
             span = LeaseSpan(lease_id, rec.receiver, lease_kind, rec.t,
                              redispatch=lease_id in dispatched)
@@ -170,8 +205,16 @@ def analyse(path: str | Path) -> RunAnalysis:
                 previous.end = rec.t
             open_spans[f"{rec.receiver}\0{lease_id}"] = span
             a.spans.append(span)
-        elif lease_id is not None and _is_worker(rec.sender) and kind in (
-                "LeaseDone", "BranchDone", "BranchFailed"):
+        elif lease_id is not None and from_worker and kind == "Interaction":
+            # The branch stopped to ask a person; the worker holds the lease, waiting.
+            key = f"{rec.sender}\0{lease_id}"
+            span = open_spans.get(key)
+            if span is not None:
+                span.end = rec.t
+                waiting = LeaseSpan(lease_id, rec.sender, "waiting", rec.t)
+                open_spans[key] = waiting
+                a.spans.append(waiting)
+        elif lease_id is not None and from_worker and kind in _LEASE_END:
             span = open_spans.pop(f"{rec.sender}\0{lease_id}", None)
             if span is not None:
                 span.end = rec.t
@@ -187,7 +230,7 @@ def analyse(path: str | Path) -> RunAnalysis:
         for row in a.rounds:
             total.update(row.outcomes)
         a.outcomes = dict(total)
-    a.workers = sorted(first_seen, key=_natural)
+    a.workers = sorted(workers, key=_natural)
     a.lifetimes = {w: (first_seen[w], max(last_seen[w], first_seen[w])) for w in a.workers}
     if a.initial_reward is None and a.baseline is not None:
         a.initial_reward = a.baseline[1]
@@ -248,6 +291,7 @@ def _free(t0: float, t1: float, others: list[tuple[float, float]]) -> list[tuple
 
 COLOURS = {
     "busy-rollout": "#2b7bba", "busy-eval": "#7fb3d5", "busy-branch": "#8e6bbf",
+    "busy-waiting": "#d6c4ec",
     "starved": "#f0a04b", "idle": "#e3e3e3", "redispatch": "#d62728",
     "committed": "#2ca02c", "kept": "#9e9e9e", "head": "#1f4e79", "candidate": "#b0b0b0",
 }
@@ -276,15 +320,18 @@ def _png(fig) -> bytes:
 
 
 def charts(a: RunAnalysis) -> dict[str, bytes]:
-    """PNG bytes per chart: ``reward``, ``timeline``, ``outcomes``."""
+    """PNG bytes per chart: ``timeline``, and for an evolve run ``reward`` and
+    ``outcomes`` (a log of parallel groups alone has neither)."""
     plt = _matplotlib()
     out: dict[str, bytes] = {}
     plt.rcParams.update({"font.size": 9, "axes.spines.top": False,
                          "axes.spines.right": False})
     try:
-        out["reward"] = _reward_chart(plt, a)
+        if a.evolves:
+            out["reward"] = _reward_chart(plt, a)
         out["timeline"] = _timeline_chart(plt, a)
-        out["outcomes"] = _outcome_chart(plt, a)
+        if a.evolves:
+            out["outcomes"] = _outcome_chart(plt, a)
     finally:
         plt.close("all")
     return out
@@ -365,7 +412,9 @@ def _timeline_chart(plt, a: RunAnalysis) -> bytes:
     ax.set_yticks(range(len(workers)))
     ax.set_yticklabels(workers)
     ax.set_ylim(n - 0.5, -0.5)
-    ax.set_xlim(0, max(a.duration, 1e-6))
+    start = min((a.lifetimes[w][0] for w in workers), default=0.0)
+    span = max(a.duration - start, 1e-6)
+    ax.set_xlim(max(0.0, start - 0.02 * span), start + 1.01 * span)
     ax.set_xlabel("seconds since the run started")
     if not workers:
         ax.text(0.5, 0.5, "no worker held a lease in this log", ha="center", va="center",
@@ -373,7 +422,9 @@ def _timeline_chart(plt, a: RunAnalysis) -> bytes:
     for r in a.rounds if len(a.rounds) <= 60 else []:
         ax.axvline(r.t, color="#333333", lw=0.8, ls=":", alpha=0.7, zorder=2)
     labels = {"busy-rollout": "busy: rollout", "busy-eval": "busy: held-out eval",
-              "busy-branch": "busy: group branch", "starved": "starved (others busy)",
+              "busy-branch": "busy: group branch",
+              "busy-waiting": "holding a branch, waiting on a person",
+              "starved": "starved (others busy)",
               "idle": "idle (no lease out)", "redispatch": "re-dispatched lease"}
     handles = [Patch(color=COLOURS[k], label=v) for k, v in labels.items() if k in used]
     if handles:
@@ -422,6 +473,14 @@ code{background:#f4f4f4;padding:1px 4px;border-radius:3px}
 """
 
 
+def _secs(v: float) -> str:
+    if v >= 10:
+        return f"{v:,.1f} s"
+    if v >= 0.1 or v == 0:
+        return f"{v:.2f} s"
+    return f"{v * 1000:.1f} ms"
+
+
 def _number(v: Any) -> str:
     if isinstance(v, (int, float)) and float(v).is_integer():
         return f"{int(v):,}"
@@ -450,18 +509,28 @@ def render_html(a: RunAnalysis, pngs: dict[str, bytes]) -> str:
     if a.initial_reward is not None and a.final_reward is not None:
         reward = f"{a.initial_reward:.3f} → {a.final_reward:.3f}"
     commits = sum(r.committed for r in a.rounds)
-    cards = [
-        _card(reward, "held-out reward", "good" if (a.final_reward or 0) >
-              (a.initial_reward or 0) else ""),
-        _card(f"{commits} / {len(a.rounds)}", f"{word}s committed"),
-        _card(f"{a.rollouts if a.rollouts is not None else sum(r.rollouts for r in a.rounds):,}",
-              "rollouts"),
-        _card(f"{a.duration:.2f} s", "duration"),
+    cards = []
+    if a.evolves:
+        rollouts = a.rollouts if a.rollouts is not None else sum(r.rollouts for r in a.rounds)
+        cards += [
+            _card(reward, "held-out reward", "good" if (a.final_reward or 0) >
+                  (a.initial_reward or 0) else ""),
+            _card(f"{commits} / {len(a.rounds)}", f"{word}s committed"),
+            _card(f"{rollouts:,}", "rollouts")]
+    if a.groups:
+        items = sum(g["items"] for g in a.groups.values())
+        finished = sum(g["finished"] for g in a.groups.values())
+        waiting = sum(g["waiting"] for g in a.groups.values())
+        cards += [_card(f"{finished} / {items}", "group items finished"),
+                  _card(str(waiting), "waiting on a person", "warn" if waiting else "")]
+    stop = a.stop_reason or ", ".join(sorted({g["status"] for g in a.groups.values()}))
+    cards += [
+        _card(_secs(a.duration), "duration"),
         _card(str(len(a.workers)), "workers"),
         _card(str(a.redispatches), "re-dispatches", "warn" if a.redispatches else ""),
         _card(str(a.late_answers), "late answers dropped", "warn" if a.late_answers else ""),
-        _card(a.stop_reason or "did not finish", "stop reason",
-              "" if a.stop_reason else "warn"),
+        _card(stop if a.complete else "did not finish",
+              "stop reason" if a.evolves else "group status", "" if a.complete else "warn"),
     ]
     parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8>"
              f"<meta name=viewport content='width=device-width,initial-scale=1'>"
@@ -472,7 +541,7 @@ def render_html(a: RunAnalysis, pngs: dict[str, bytes]) -> str:
              f" · {a.records:,} messages · {a.mode} mode</p>",
              f"<div class=cards>{''.join(cards)}</div>"]
     warn = []
-    if a.stop_reason is None:
+    if not a.complete:
         warn.append("The log ends before the run's result (interrupted or crashed): what is "
                     "shown is the run up to its last message.")
     if a.dropped_tail:
@@ -482,22 +551,36 @@ def render_html(a: RunAnalysis, pngs: dict[str, bytes]) -> str:
                     "evobus?) and are left out.")
     for w in warn:
         parts.append(f"<p class=note>⚠ {e(w)}</p>")
-    parts += ["<h2>Held-out reward over time</h2>",
-              "<p class=note>The head's held-out score after each "
-              f"{word}; green: a new version was committed; grey dots: every candidate the "
-              "merger scored on the held-out tasks"
-              + (f" ({a.other_evals} re-verifications on a proposal's own task are not "
-                 "drawn)" if a.other_evals else "") + ".</p>",
-              _img(pngs, "reward", "held-out reward over time"),
-              "<h2>Workers over time</h2>",
+    if a.evolves:
+        parts += ["<h2>Held-out reward over time</h2>",
+                  "<p class=note>The head's held-out score after each "
+                  f"{word}; green: a new version was committed; grey dots: every candidate "
+                  "the merger scored on the held-out tasks"
+                  + (f" ({a.other_evals} re-verifications on a proposal's own task are not "
+                     "drawn)" if a.other_evals else "") + ".</p>",
+                  _img(pngs, "reward", "held-out reward over time")]
+    if a.groups:
+        parts.append("<h2>Parallel groups</h2><table><tr><th>group</th><th>items</th>"
+                     "<th>at most at once</th><th class=l>status</th><th>finished</th>"
+                     "<th>failed</th><th>waiting on a person</th></tr>")
+        for gid, g in a.groups.items():
+            parts.append(f"<tr><td>{e(gid)}</td><td>{g['items']}</td><td>{g['bound']}</td>"
+                         f"<td class=l>{e(g['status'])}</td><td>{g['finished']}</td>"
+                         f"<td>{g['failed']}</td><td>{g['waiting']}</td></tr>")
+        parts.append("</table>")
+    if a.mode == "async":
+        starved = "no work for it: the wave ran dry, or backpressure held new leases back"
+    elif a.evolves:
+        starved = "waiting at the barrier on stragglers, or held back by max_concurrency"
+    else:
+        starved = "the group's bound was reached, or no item was left to start"
+    parts += ["<h2>Workers over time</h2>",
               "<p class=note><b>busy</b>: holding a lease (rollouts, held-out evals, group "
-              "branches). <b>starved</b>: free while other workers still held leases ("
-              + ("waiting at the barrier on stragglers, or held back by max_concurrency"
-                 if a.mode == "sync" else "no work for it: the wave ran dry, or backpressure "
-                 "held new leases back") +
-              "). <b>idle</b>: free while no lease was out anywhere (the merger or planner "
-              f"deciding). Dotted lines: {word} closes. Red marks: a lease dispatched "
-              "again.</p>",
+              f"branches). <b>starved</b>: free while other workers still held leases "
+              f"({starved}). <b>idle</b>: free while no lease was out anywhere (the "
+              "control actors deciding)." + (f" Dotted lines: {word} closes." if a.rounds
+                                             else "")
+              + " Red marks: a lease dispatched again.</p>",
               _img(pngs, "timeline", "per-worker timeline")]
     if len(a.workers) > MAX_TIMELINE_WORKERS:
         parts.append(f"<p class=note>The chart shows the first {MAX_TIMELINE_WORKERS} of "
@@ -507,17 +590,20 @@ def render_html(a: RunAnalysis, pngs: dict[str, bytes]) -> str:
     for w in a.workers:
         t = a.worker_time(w)
         life = max(1e-9, sum(t.values()))
-        leases = sum(1 for s in a.spans if s.worker == w)
+        leases = len({s.lease_id for s in a.spans if s.worker == w})
         redo = sum(1 for s in a.spans if s.worker == w and s.redispatch)
         parts.append(f"<tr><td>{e(w)}</td><td>{leases}</td><td>{redo}</td>" + "".join(
-            f"<td>{t.get(k, 0.0):.2f} s ({100 * t.get(k, 0.0) / life:.0f}%)</td>"
+            f"<td>{_secs(t.get(k, 0.0))} ({100 * t.get(k, 0.0) / life:.0f}%)</td>"
             for k in ("busy", "starved", "idle")) + "</tr>")
     parts.append("</table>")
-    parts += ["<h2>Outcomes</h2>",
-              "<p class=note>What became of every proposal: committed, or discarded as a "
-              "duplicate, unchanged, the loser of a conflict, below the held-out threshold, "
-              "outside its section; rollout-error counts failed rollouts.</p>",
-              _img(pngs, "outcomes", "outcome counts")]
+    if a.evolves:
+        parts += ["<h2>Outcomes</h2>",
+                  "<p class=note>What became of every proposal: committed, or discarded as "
+                  "a duplicate, unchanged, the loser of a conflict, below the held-out "
+                  "threshold, outside its section; rollout-error counts failed rollouts.</p>",
+                  _img(pngs, "outcomes", "outcome counts")]
+    else:
+        parts.append("<h2>Leases</h2>")
     parts.append("<table><tr><th>outcome</th><th>count</th></tr>" + "".join(
         f"<tr><td>{e(k)}</td><td>{v:,}</td></tr>"
         for k, v in sorted(a.outcomes.items(), key=lambda kv: (-kv[1], kv[0])))
@@ -527,16 +613,17 @@ def render_html(a: RunAnalysis, pngs: dict[str, bytes]) -> str:
         parts.append("<h2>Run statistics</h2><table><tr><th>statistic</th><th>value</th></tr>"
                      + "".join(f"<tr><td>{e(k)}</td><td>{_number(v)}</td></tr>"
                                for k, v in sorted(a.stats.items())) + "</table>")
-    parts.append(f"<h2>{word.capitalize()}s</h2><table><tr><th>{word}</th><th>closed at</th>"
-                 "<th>version</th><th>committed</th><th>held-out</th><th>rollouts</th>"
-                 "<th>proposals</th><th class=l>outcomes</th></tr>")
-    for r in a.rounds:
-        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(r.outcomes.items())) or "-"
-        parts.append(f"<tr><td>{r.round}</td><td>{r.t:.2f} s</td><td>v{r.version}</td>"
-                     f"<td>{'yes' if r.committed else 'no'}</td><td>{r.heldout:.3f}</td>"
-                     f"<td>{r.rollouts}</td><td>{r.proposals}</td>"
-                     f"<td class=l>{e(outcomes)}</td></tr>")
-    parts.append("</table>")
+    if a.rounds:
+        parts.append(f"<h2>{word.capitalize()}s</h2><table><tr><th>{word}</th>"
+                     "<th>closed at</th><th>version</th><th>committed</th><th>held-out</th>"
+                     "<th>rollouts</th><th>proposals</th><th class=l>outcomes</th></tr>")
+        for r in a.rounds:
+            outcomes = ", ".join(f"{k} {v}" for k, v in sorted(r.outcomes.items())) or "-"
+            parts.append(f"<tr><td>{r.round}</td><td>{r.t:.2f} s</td><td>v{r.version}</td>"
+                         f"<td>{'yes' if r.committed else 'no'}</td><td>{r.heldout:.3f}</td>"
+                         f"<td>{r.rollouts}</td><td>{r.proposals}</td>"
+                         f"<td class=l>{e(outcomes)}</td></tr>")
+        parts.append("</table>")
     parts.append("<h2>Messages</h2><p class=note>" + e(", ".join(
         f"{k} {v:,}" for k, v in a.kinds.most_common())) + "</p>")
     parts.append(f"<p class=note>Made by <code>evobus report {e(a.path)}</code>. Inspect "

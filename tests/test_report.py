@@ -16,8 +16,9 @@ import pytest
 from actors.cli import main
 from actors.report import analyse
 from bus.log import FORMAT_VERSION, LogHeader, LogWriter
-from protocol import (Baseline, EvalDone, EvalRequest, Hello, Lease, LeaseDone, Open,
-                      RoundClosed, RunDone, Settled, encode)
+from protocol import (Baseline, Branch, BranchDone, EvalDone, EvalRequest, GroupStart,
+                      GroupSuspended, Hello, Interaction, Lease, LeaseDone, Open,
+                      PendingInteraction, RoundClosed, RunDone, Settled, encode)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -102,6 +103,45 @@ def test_only_held_out_scores_are_candidates(tmp_path):
     a = analyse(log)
     assert a.candidates == [(2.0, 0.5)]
     assert a.other_evals == 1
+
+
+@pytest.fixture
+def group_log(tmp_path):
+    pending = PendingInteraction(id="q1", branch=1, kind="approve", prompt="refund?")
+    return write_log(tmp_path / "group.evolog", [
+        (0.0, "driver", "collector.g", GroupStart(group_id="g", items=[1, 2], workers=[
+            "branch-worker.g.0", "branch-worker.g.1"], max_concurrency=2, max_items=8)),
+        (1.0, "collector.g", "branch-worker.g.0", Branch(group_id="g", lease_id="g.0",
+                                                          indices=[0], items=[1])),
+        (1.0, "collector.g", "branch-worker.g.1", Branch(group_id="g", lease_id="g.1",
+                                                          indices=[1], items=[2])),
+        (2.0, "branch-worker.g.1", "collector.g", Interaction(group_id="g", lease_id="g.1",
+                                                              index=1, pending=pending)),
+        (3.0, "branch-worker.g.0", "collector.g", BranchDone(group_id="g", lease_id="g.0",
+                                                             indices=[0], values=["ok"])),
+        (4.0, "collector.g", "driver", GroupSuspended(group_id="g", status="approval_pending",
+                                                      pending=[pending], finished={0: "ok"})),
+    ])
+
+
+def test_a_parallel_group_log_shows_branches_and_waiting(group_log):
+    a = analyse(group_log)
+    assert a.workers == ["branch-worker.g.0", "branch-worker.g.1"]
+    assert not a.evolves and a.complete
+    assert a.groups == {"g": {"items": 2, "bound": 2, "status": "approval_pending",
+                              "finished": 1, "failed": 0, "waiting": 1}}
+    assert [(s.worker, s.kind, s.start, s.end) for s in a.spans] == [
+        ("branch-worker.g.0", "branch", 1.0, 3.0), ("branch-worker.g.1", "branch", 1.0, 2.0),
+        ("branch-worker.g.1", "waiting", 2.0, 4.0)]
+
+
+@needs_matplotlib
+def test_the_page_of_a_group_log_has_no_reward_chart(group_log):
+    assert main(["report", str(group_log)]) == 0
+    page = (group_log.with_name("group-report") / "index.html").read_text()
+    assert "Parallel groups" in page and "approval_pending" in page
+    assert "Held-out reward" not in page and "did not finish" not in page
+    assert page.count("data:image/png") == 1
 
 
 def test_a_log_cut_short_has_no_result_but_still_reports(tmp_path):
