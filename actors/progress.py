@@ -310,6 +310,8 @@ class RunProgress:
         if not log_path:
             return (f"{what}; no log was written (set `log` in the scenario or pass --log), "
                     "so this run cannot be resumed")
+        if not os.path.exists(log_path):
+            return f"{what}, before the run started: nothing was logged, nothing to resume"
         held = ""
         try:
             from bus.log import LogCorrupt, read_log
