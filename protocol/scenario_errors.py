@@ -181,8 +181,13 @@ def _explain(message: str, raw: Any, root: type) -> str:
 
     if (x := re.match(r"Expected `([^`]+)`, got `([^`]+)`", body)):
         want, got = x[1], x[2]
-        return (f"at `{path}`: expected `{want}` ({_describe(_type_at(segs, raw, root))}), found "
-                f"`{got}` {_show(found)}; fix: {_type_fix(want, key, found, item)}")
+        t = _type_at(segs, raw, root)
+        fix = _type_fix(want, key, found, item)
+        if any(isinstance(o, mi.ListType) and isinstance(o.item_type, mi.StructType)
+               for o in _options(t)):  # a list of tables: TOML's [[key]] entries
+            fix = f"write each entry as a [[{key}]] table with key = value lines"
+        return (f"at `{path}`: expected `{want}` ({_describe(t)}), found "
+                f"`{got}` {_show(found)}; fix: {fix}")
 
     return f"at `{path}`: {body}; fix: see `evobus schema` for the expected shape"
 

@@ -86,6 +86,9 @@ CASES = [
     ("group-missing-max-items", DOMAIN + '[[groups]]\nname = "g"\n'
      'target = "scenarios.router:run"\nitems = [1]\nmax_concurrency = 1\n',
      "`$.groups[0].max_items`", "add max_items = 1"),
+    ("groups-not-tables", 'groups = "x"\n' + DOMAIN, "`$.groups`", "[[groups]] table"),
+    ("strategy-as-array-of-tables", '[[strategy]]\nkind = "AppendRules"\n' + DOMAIN,
+     "`$.strategy`", "a [strategy] header"),
     ("toml-key-twice", "rounds = 3\nrounds = 4\n" + DOMAIN, "line 2", "given twice"),
     ("toml-value-missing", "rounds =\n" + DOMAIN, "line 1", "give the key a value"),
     ("toml-string-unclosed", 'name = "router\n' + DOMAIN, "line 1", "close the string"),
