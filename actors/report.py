@@ -266,7 +266,8 @@ def _states(a: RunAnalysis, worker: str) -> tuple[list[tuple[str, float, float]]
     return pieces, dict(totals)
 
 
-def _free(t0: float, t1: float, others: list[tuple[float, float]]) -> list[tuple[str, float, float]]:
+def _free(t0: float, t1: float,
+          others: list[tuple[float, float]]) -> list[tuple[str, float, float]]:
     """Split a free interval into starved (someone else busy) and idle (nobody busy)."""
     cover = sorted((max(t0, s), min(t1, e)) for s, e in others if e > t0 and s < t1)
     merged: list[list[float]] = []

@@ -162,7 +162,7 @@ def _explain(message: str, raw: Any, root: type) -> str:
         return (f"at `{path}.{name}`: expected `{name}`{want} in {_table(segs)}, found no "
                 f"such key; fix: add {name} = {example} under {_table(segs)}")
 
-    if (e := re.match(r"Invalid (enum )?value (.+)", body)):
+    if re.match(r"Invalid (enum )?value (.+)", body):
         t = _type_at(segs, raw, root)
         values = [str(v) for o in _options(t) if isinstance(o, mi.LiteralType)
                   for v in o.values]

@@ -41,7 +41,8 @@ NOTES = {
     "Domain.agent": "An object with `solve(rendered, task)` and `propose(rendered, task, "
                     "output, reward)`; a class is instantiated (with `kwargs`).",
     "Domain.run": "`run(rendered, task) -> output`, instead of an agent.",
-    "Domain.propose": "`propose(rendered, task, output, reward)` returning a str or None, with `run`.",
+    "Domain.propose": "`propose(rendered, task, output, reward)` returning a str or None, "
+                      "with `run`.",
     "KeyedRulesSpec.categories": "The artifact's keys; a proposal `\"category: text\"` "
                                  "rewrites one category.",
     "KeyedRulesSpec.title": "First line of the rendered artifact.",

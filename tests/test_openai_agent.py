@@ -280,7 +280,13 @@ rounds = 6
 [domain]
 tasks = "scenarios.router:tasks"
 reward = "scenarios.router:reward"
-agent = {{ref = "actors.openai_agent:OpenAIAgent", kwargs = {{base_url = "{server.url}", model = "fake-router", api_key_env = "{KEY_ENV}", edit_format = "Write it as category: keywords."}}}}
+[domain.agent]
+ref = "actors.openai_agent:OpenAIAgent"
+[domain.agent.kwargs]
+base_url = "{server.url}"
+model = "fake-router"
+api_key_env = "{KEY_ENV}"
+edit_format = "Write it as category: keywords."
 [strategy]
 kind = "KeyedRules"
 categories = ["billing", "shipping", "technical", "account"]
