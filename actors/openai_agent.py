@@ -193,6 +193,8 @@ class OpenAIAgent:
         headers = {"Content-Type": "application/json"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
+        # One client for every worker thread of this process: httpx documents Client as
+        # shareable between threads, and its pool keeps connections alive across calls.
         self._client = httpx.Client(
             headers=headers, timeout=httpx.Timeout(self.timeout, connect=float(connect_timeout)))
         self._httpx = httpx
