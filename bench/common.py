@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 import time
 from typing import Callable
 
@@ -35,3 +36,57 @@ def table(rows: list[tuple], header: tuple) -> str:
     for r in rows:
         lines.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
     return "\n".join(lines)
+
+
+# -- the suite's rows (python -m bench) ---------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One line of the suite's table (``python -m bench``).
+
+    A bench module joins the suite by defining ``suite(quick: bool) -> list[Row]``.
+    ``evobus``, ``base`` and ``agentdescent`` are the figures of each repeat (medians,
+    min and max are printed); ``None`` means not measured, and ``note`` says why (a
+    missing module, agentdescent not installed, a failure). ``higher_is_better`` picks
+    the ratio's direction: the ratio printed is always "how many times better evobus
+    is" (> 1: evobus ahead). ``target`` is the issue's target in words and ``met``
+    whether the medians of this run reach it (None: no target)."""
+
+    workload: str
+    unit: str
+    evobus: list[float] | None = None
+    baseline: str = ""
+    base: list[float] | None = None
+    agentdescent: list[float] | None = None
+    higher_is_better: bool = True
+    target: str = ""
+    met: bool | None = None
+    note: str = ""
+
+
+def median(values: list[float] | None) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def ratio(ours: list[float] | None, theirs: list[float] | None,
+          higher_is_better: bool = True) -> float | None:
+    """How many times better ``ours`` is than ``theirs`` (medians)."""
+    a, b = median(ours), median(theirs)
+    if a is None or b is None or a <= 0 or b <= 0:
+        return None
+    return a / b if higher_is_better else b / a
+
+
+def figure(values: list[float] | None, digits: int | None = None) -> str:
+    """``median [min-max]`` with a precision that suits the magnitude."""
+    if not values:
+        return "-"
+    lo, med, hi = stats(values)
+    if digits is None:
+        big = max(abs(lo), abs(hi))
+        digits = 0 if big >= 100 else 1 if big >= 10 else 2 if big >= 1 else 3
+    f = f"{{:,.{digits}f}}"
+    if len(values) == 1 or lo == hi:
+        return f.format(med)
+    return f"{f.format(med)} [{f.format(lo)}-{f.format(hi)}]"

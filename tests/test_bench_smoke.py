@@ -1,0 +1,33 @@
+"""`python -m bench --quick` runs every benchmark and prints one table (a smoke test:
+no figure is checked, the machine is shared and noisy)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_python_m_bench_quick_prints_one_table(root, clean_env):
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick"], cwd=root, env=clean_env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    header = next(line for line in out.splitlines() if line.startswith("workload"))
+    for column in ("evobus", "baseline", "ratio", "agentdescent", "target"):
+        assert column in header, header
+    for workload in ("(1) no-op rollouts", "(2) a proposal every rollout", "(3) lognormal",
+                     "(4) router", "(8) peak RSS"):
+        assert workload in out, f"no {workload!r} row in:\n{out}"
+    # A benchmark that fails is a row saying so, never a crash; none should fail here.
+    assert "failed:" not in out, out
+
+
+def test_a_missing_bench_module_is_a_row_not_a_crash():
+    from bench.__main__ import run_section
+
+    rows = run_section("nothing", "bench.no_such_module", "(9) nothing", quick=True)
+    assert len(rows) == 1 and "not present" in rows[0].note
