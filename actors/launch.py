@@ -53,7 +53,7 @@ def evolve_kwargs(scenario: sc.Scenario, source: str = "") -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(
         tasks=list(tasks), reward=_resolve(d.reward, "$.domain.reward"),
         strategy=build_strategy(scenario.strategy), parallel=build_parallel(scenario.parallel),
-        rounds=scenario.rounds, n_workers=_n_workers(scenario.workers),
+        n_workers=_n_workers(scenario.workers),
         max_concurrency=scenario.workers.max_concurrency, held_out_frac=scenario.held_out_frac,
         seed=scenario.seed, log=scenario.log,
         log_meta={"scenario": source or scenario.name},
@@ -71,6 +71,11 @@ def evolve_kwargs(scenario: sc.Scenario, source: str = "") -> dict[str, Any]:
         kwargs["refs"] = {k: v for k, v in (("tasks", d.tasks), ("reward", d.reward),
                                             ("agent", d.agent), ("run", d.run),
                                             ("propose", d.propose)) if v is not None}
+    if scenario.mode == "async":
+        kwargs.update(asynchronous=True, async_ratio=scenario.async_ratio,
+                      staleness=scenario.staleness)
+    else:
+        kwargs["rounds"] = scenario.rounds
     b = scenario.budgets
     kwargs.update(max_rollouts=b.max_rollouts, max_calls=b.max_calls,
                   max_seconds=b.max_seconds, target_reward=b.target_reward,

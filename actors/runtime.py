@@ -208,6 +208,9 @@ class EvolveResult:
     #: starved_seconds (worker-seconds held back by backpressure), held_back,
     #: refreshes, cancelled_leases, max_eta_kept.
     stats: dict[str, float] = field(default_factory=dict)
+    #: Token usage of the agent, when it keeps one (``agent.usage.as_dict()``, e.g.
+    #: actors.openai_agent.OpenAIAgent); None otherwise.
+    usage: dict[str, int] | None = None
     _outcomes: dict[str, int] = field(default_factory=dict, repr=False)
 
     def outcomes(self) -> dict[str, int]:
@@ -420,10 +423,18 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                         initial_reward=done.initial_reward, stop_reason=done.stop_reason,
                         history=history, rollouts=done.rollouts, calls=done.calls,
                         error=done.error, log_path=log, elapsed=time.monotonic() - t0,
-                        bus=bus_stats, stats=stats,
+                        bus=bus_stats, stats=stats, usage=_usage_of(agent),
                         _outcomes={**done.outcomes, **({"infrastructure-failure":
                                                         scheduler.given_up}
                                                        if scheduler.given_up else {})})
+
+
+def _usage_of(agent) -> dict[str, int] | None:
+    usage = getattr(agent, "usage", None)
+    if usage is None:
+        return None
+    as_dict = getattr(usage, "as_dict", None)
+    return dict(as_dict()) if callable(as_dict) else dict(usage)
 
 
 def _with_elapsed(record: RoundRecord, elapsed: float) -> RoundRecord:

@@ -7,6 +7,7 @@ the field path, what was expected and what was found.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -114,6 +115,7 @@ class GroupSpec(_Section, frozen=True):
     max_concurrency: Annotated[int, msgspec.Meta(ge=1)]
     max_items: Annotated[int, msgspec.Meta(ge=1)]
     checkpoint: str | None = None
+    approvers: list[str] | None = None
 
 
 Strategy = KeyedRulesSpec | AppendRulesSpec | SingleSlotSpec
@@ -172,6 +174,17 @@ def parse_scenario(data: bytes | str, source: str = "<scenario>") -> Scenario:
     if d is not None and d.agent is not None and (d.run is not None or d.propose is not None):
         raise ScenarioError(f"{source}: at `$.domain`: expected `agent` or `run`/`propose`, "
                             "found both; fix: keep one of them")
+    if scenario.mode == "async" and d is not None:
+        b = scenario.budgets
+        if all(v is None for v in (b.max_rollouts, b.max_calls, b.max_seconds,
+                                   b.target_reward, b.patience)):
+            raise ScenarioError(f"{source}: at `$.budgets`: expected a stop condition for "
+                                "mode = \"async\", found none; fix: set max_rollouts, "
+                                "max_calls, max_seconds, target_reward or patience under "
+                                "[budgets] (async mode has no rounds and no default time limit)")
+        if "rounds" in raw_toml(data):
+            warnings.warn(f"{source}: `rounds` has no meaning in async mode and is ignored; "
+                          "stop with a [budgets] entry", RuntimeWarning, stacklevel=2)
     w = scenario.workers
     if w.local + w.processes + w.remote < 1 and scenario.domain is not None:
         raise ScenarioError(f"{source}: at `$.workers`: expected at least one worker, found "

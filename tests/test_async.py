@@ -212,3 +212,22 @@ def test_the_scheduler_refreshes_a_worker_whose_snapshot_lags_past_the_budget():
     assert out[1][1].version == 3
     out = s.handle(Refresh())
     assert out == []  # already at the head
+
+
+def test_an_async_scenario_file_runs_async(tmp_path):
+    from actors.launch import run_scenario
+    from protocol.scenario import load_scenario
+
+    result = run_scenario(load_scenario("scenarios/router_async.toml"),
+                          log=str(tmp_path / "a.evolog"))
+    assert result.stop_reason == "target_reward" and result.final_reward == 1.0
+    kinds = {type(decode(r.body)).__name__ for r in read_log(tmp_path / "a.evolog").records}
+    assert "NeedWork" in kinds and "Barrier" not in kinds
+
+
+def test_an_async_scenario_without_a_budget_is_refused():
+    from protocol.scenario import ScenarioError, parse_scenario
+
+    text = open("scenarios/router_async.toml").read().split("[budgets]")[0]
+    with pytest.raises(ScenarioError, match="expected a stop condition"):
+        parse_scenario(text, "x.toml")

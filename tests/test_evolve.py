@@ -134,3 +134,19 @@ def test_a_reward_outside_zero_one_is_raised_naming_the_task(router_kwargs):
 
     with pytest.raises(ConfigError, match=r"reward\(task='.*'.*returned 1.5.*\[0, 1\]"):
         evolve(**{**router_kwargs, "reward": bad_reward}, rounds=2)
+
+
+def test_an_agents_token_usage_reaches_the_result(router_kwargs):
+    class Counting(router.RouterAgent):
+        def __init__(self):
+            self.usage = {"total_tokens": 0}
+
+        def solve(self, rendered, task):
+            self.usage["total_tokens"] += 3
+            return super().solve(rendered, task)
+
+    kw = dict(router_kwargs)
+    del kw["run"], kw["propose"]
+    agent = Counting()
+    result = evolve(**kw, agent=agent, rounds=1)
+    assert result.usage == {"total_tokens": agent.usage["total_tokens"]} and result.usage["total_tokens"] > 0
