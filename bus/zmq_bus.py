@@ -2,8 +2,10 @@
 
 Frames (after the ROUTER's identity frame):
 
-- ``[b"M", sender, receiver, body]``: a message; the broker decodes ``body`` with the
-  typed decoder (a frame that does not decode is counted and dropped), stamps a
+- ``[b"m" + u16 len(sender) + u16 len(receiver) + sender + receiver + body]`` (one
+  frame; what endpoints send: multipart frames cost pyzmq far more per frame than the
+  bytes they carry), or ``[b"M", sender, receiver, body]`` (the same, in four frames):
+  a message; the broker decodes ``body`` with the typed decoder (a frame that does not decode is counted and dropped), stamps a
   sequence number, appends it to the log, and forwards
   ``[b"M", seq(8 bytes), sender, receiver, body]`` to the endpoint that attached
   ``receiver``;
@@ -32,6 +34,40 @@ from protocol import Codec, Message
 log = logging.getLogger(__name__)
 
 _SEQ = struct.Struct("<Q")
+#: The single-frame message envelope: kind b"m", len(sender), len(receiver).
+_HEAD = struct.Struct("<cHH")
+# Plain ints: pyzmq's enum flags cost an enum operation per frame.
+_MORE, _NOBLOCK, _RCVMORE = int(zmq.SNDMORE), int(zmq.NOBLOCK), int(zmq.RCVMORE)
+
+
+def _envelope(sender: bytes, receiver: bytes, body: bytes) -> bytes:
+    return b"".join((_HEAD.pack(b"m", len(sender), len(receiver)), sender, receiver, body))
+
+
+def _open(frame: bytes) -> tuple[bytes, bytes, bytes] | None:
+    """(sender, receiver, body) of a single-frame envelope, or None if malformed."""
+    if len(frame) < _HEAD.size:
+        return None
+    _, ls, lr = _HEAD.unpack_from(frame)
+    start = _HEAD.size + ls + lr
+    if len(frame) < start:
+        return None
+    return frame[_HEAD.size:_HEAD.size + ls], frame[_HEAD.size + ls:start], frame[start:]
+
+
+def _recv_frames(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
+    """recv_multipart without pyzmq's per-frame enum arithmetic."""
+    frames = [sock.recv(flags)]
+    while sock.getsockopt(_RCVMORE):
+        frames.append(sock.recv())
+    return frames
+
+
+def _send_frames(sock: zmq.Socket, frames: list[bytes], flags: int = 0) -> None:
+    """send_multipart without pyzmq's per-frame enum arithmetic and checks."""
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        sock.send(frame, flags | _MORE if i < last else flags)
 #: How long attach() waits for the broker's acknowledgement.
 ATTACH_DEADLINE_S = 10.0
 #: Poll period of the bus threads: bounds how long a stop request can go unseen.
@@ -136,7 +172,7 @@ class Broker:
                 # Drain what is there before polling again: fewer syscalls under load.
                 for _ in range(1024):
                     try:
-                        frames = router.recv_multipart(zmq.NOBLOCK)
+                        frames = _recv_frames(router, _NOBLOCK)
                     except zmq.Again:
                         break
                     self._on_frames(router, codec, frames)
@@ -153,8 +189,16 @@ class Broker:
     def _on_frames(self, router: zmq.Socket, codec: Codec, frames: list[bytes]) -> None:
         ident = frames[0]
         kind = frames[1] if len(frames) > 1 else b""
-        if kind == b"M" and len(frames) == 5:
-            _, _, sender, receiver, body = frames
+        single = len(frames) == 2 and kind[:1] == b"m"
+        if single or kind == b"M" and len(frames) == 5:
+            if single:
+                opened = _open(kind)
+                if opened is None:
+                    self.stats.reject(repr(ident), "malformed single-frame envelope")
+                    return
+                sender, receiver, body = opened
+            else:
+                _, _, sender, receiver, body = frames
             try:
                 msg = codec.decode(body)
             except msgspec.DecodeError as exc:
@@ -204,8 +248,8 @@ class Broker:
             return
         self._seq += 1
         try:
-            sock.send_multipart([dest, b"M", _SEQ.pack(self._seq), sender, receiver, body],
-                                flags)
+            _send_frames(sock, [dest, b"M", _SEQ.pack(self._seq), sender, receiver, body],
+                         int(flags))
         except zmq.ZMQError:  # the endpoint went away (or a stuck peer is full): counted
             self._seq -= 1
             self.stats.unroutable += 1
@@ -321,7 +365,7 @@ class Endpoint:
                     continue
                 for _ in range(1024):
                     try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                        frames = _recv_frames(sock, _NOBLOCK)
                     except zmq.Again:
                         break
                     self._on_frames(codec, frames)
@@ -381,14 +425,14 @@ class Endpoint:
             self.stats.after_close += 1
             return
         sock, codec = self._sender()
-        sock.send_multipart([b"M", sender.encode(), receiver.encode(), codec.encode(msg)])
+        sock.send(_envelope(sender.encode(), receiver.encode(), codec.encode(msg)))
 
     def send_frame(self, sender: str, receiver: str, body: bytes) -> None:
         if self._stop.is_set():
             self.stats.after_close += 1
             return
         sock, _ = self._sender()
-        sock.send_multipart([b"M", sender.encode(), receiver.encode(), body])
+        sock.send(_envelope(sender.encode(), receiver.encode(), bytes(body)))
 
     def close(self) -> None:
         self._stop.set()
