@@ -6,6 +6,9 @@ from actors.parallel import (ClusterParallel, DataParallel, ParallelConfigError,
                              ParallelStrategy, PipelineChain, PipelineParallel, SectionViolation,
                              StageRecord, TensorParallel, TensorParallelMerge,
                              assign_key_sections, section_of, shard_round_robin)
+from actors.groups import (BranchCancelled, BranchContext, BudgetExhausted, Budgets,
+                           GroupFailed, GroupOutcome, GroupPaused, HostLimits,
+                           ResumeRefused, Store, parallel, resume_group, run_group)
 from actors.runtime import EvolveResult, Runtime, evolve
 from actors.sampling import DifficultyWeighted, RoundRobin, TaskSampler
 from protocol import Diff, Task, WorkUnit
@@ -15,4 +18,7 @@ __all__ = ["AppendRules", "ArtifactStrategy", "ClusterParallel", "ConfigError", 
            "ParallelConfigError", "ParallelStrategy", "PipelineChain", "PipelineParallel",
            "RoundRobin", "Runtime", "RunFailed", "SectionViolation", "SingleSlot", "StageRecord",
            "Task", "TaskSampler", "TensorParallel", "TensorParallelMerge", "WorkUnit",
-           "assign_key_sections", "evolve", "section_of", "shard_round_robin"]
+           "assign_key_sections", "evolve", "section_of", "shard_round_robin",
+           "BranchCancelled", "BranchContext", "BudgetExhausted", "Budgets", "GroupFailed",
+           "GroupOutcome", "GroupPaused", "HostLimits", "ResumeRefused", "Store", "parallel",
+           "resume_group", "run_group"]

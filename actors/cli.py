@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 #: Modules adding verbs (replay, resume, worker, keys, report, ...): each defines
 #: ``register(subparsers)`` which adds its parser and sets ``func``.
-VERB_MODULES: list[str] = ["actors.cli_report"]
+VERB_MODULES: list[str] = ["actors.cli_report", "actors.cli_groups"]
 VERB_MODULES.append("actors.cli_remote")  # issue 6: `evobus worker`, `evobus keys`
 
 
@@ -32,16 +32,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         scenario = load_scenario(args.scenario)
     except ScenarioError as exc:
         return _err(str(exc))
-    if scenario.domain is None:
-        return _err(f"{args.scenario}: this scenario declares only [[groups]]; run them "
-                    "with `evobus run` once groups are supported")
-
     from actors.progress import RunProgress, interrupt_guard
     from actors.scenario_check import check_refs
 
     problems = check_refs(scenario, args.scenario)
     if problems:
         return [_err(p) for p in problems][0]
+    if scenario.domain is None:  # only [[groups]]: actors.cli_groups runs them
+        from actors.cli_groups import run_groups
+
+        return run_groups(scenario, args.scenario, quiet=args.quiet, json_out=args.json,
+                          log_path=args.log if args.log is not None else scenario.log)
     # Live progress on a terminal, plain lines otherwise; with --json on stderr, so
     # stdout holds only the JSON summary.
     log_path = args.log if args.log is not None else scenario.log
@@ -71,7 +72,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             "log": result.log_path, "state": result.state, "bus": result.bus}))
     else:
         progress.summary(result)
-    return 1 if result.error and result.rollouts == 0 else 0
+    code = 1 if result.error and result.rollouts == 0 else 0
+    if scenario.groups:  # a domain and [[groups]]: the groups run after evolve
+        from actors.cli_groups import run_groups
+
+        group_code = run_groups(scenario, args.scenario, quiet=args.quiet, json_out=args.json,
+                                log_path=log_path)
+        code = code or group_code
+    return code
 
 
 def _summary_of(msg) -> str:

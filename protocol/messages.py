@@ -347,6 +347,9 @@ class GroupStart(Msg, frozen=True):
     chunk: int = 0
     chunk_factor: int = 2
     max_chunk: int = 4096
+    prefetch: int = 1
+    min_lease_seconds: float = 0.0
+    announce: bool = False
     max_seconds: float | None = None
     cancel_deadline: float = 5.0
     max_result_bytes: int = 0
@@ -362,8 +365,8 @@ class GroupStart(Msg, frozen=True):
 class Branch(Msg, frozen=True):
     """Collector -> worker: a lease of one or more branches, run one after the other.
 
-    A worker runs one branch at a time and holds one lease at a time, so running branches
-    never outnumber the leases out, which never exceed the group's bound."""
+    A worker runs one branch at a time (leases queued behind it wait), and a group uses
+    at most ``max_concurrency`` workers: running branches never exceed the bound."""
 
     group_id: str
     lease_id: str
@@ -431,6 +434,14 @@ class Interaction(Msg, frozen=True):
 class Hold(Msg, frozen=True):
     """Collector -> worker: the group is pausing; start nothing more from this lease
     (what runs finishes or reaches its own suspension)."""
+
+    lease_id: str
+
+
+class Revoke(Msg, frozen=True):
+    """Collector -> worker: give this lease back if it has not started (another worker is
+    idle and the lease waits behind a long branch); answered by a ``BranchDone`` with
+    every branch ``unstarted``, or not at all if it had started."""
 
     lease_id: str
 
@@ -551,7 +562,7 @@ Message = (
     | Settled | Barrier | EvalRequest | EvalDone | Commit | RoundClosed | Progress | RunDone
     | Hello | Heartbeat | Cancel | Stop | NeedWork | Merged | Refresh | Drain | Flush
     | GroupStart | Branch | BranchDone | BranchFailed | Interaction | Hold | UserInputs
-    | GroupCancel | GroupResult | GroupSuspended
+    | GroupCancel | GroupResult | GroupSuspended | Revoke
     | Join | Spec | Refused  # issue 6: workers in other processes
 )
 
@@ -562,6 +573,6 @@ __all__ = [
     "Diff", "RolloutResult",
     "JournalEntry", "PendingInteraction", "GroupStart", "Branch", "BranchDone",
     "BranchFailed", "Interaction", "Hold", "UserInputs", "GroupCancel", "GroupResult",
-    "GroupSuspended",
+    "GroupSuspended", "Revoke",
     "CodeRef", "Join", "Spec", "Refused",
 ]

@@ -53,6 +53,33 @@ EXAMPLES = {
                           inline_tasks=[protocol.Task("t1", "p", {"k": 1})], env=["API_KEY"],
                           fingerprints={"m": "ab12"}, heartbeat=0.2),
     "Refused": protocol.Refused(worker="w-1", reason="module 'x' is not allowed"),
+    # issue 5: bounded parallel groups
+    "GroupStart": protocol.GroupStart(
+        group_id="g", items=[1, "two", {"k": [3]}, b"\x00"], workers=["w0"], max_concurrency=1,
+        max_items=4, finished={0: "r0"}, pending=[protocol.PendingInteraction(
+            id="g.1.0", branch=1, kind="ask", prompt="?", item="two")],
+        journals={1: [protocol.JournalEntry(kind="effect", key="send", value=[1])]},
+        effects=[(1, "send")], approvers=["lead"], resume=True),
+    "Branch": protocol.Branch(group_id="g", lease_id="g.0", indices=[0, 2], items=[1, None]),
+    "BranchDone": protocol.BranchDone(group_id="g", lease_id="g.0", indices=[0], values=[{"a": 1}],
+                                      unstarted=[2], nbytes=4, elapsed=0.5),
+    "BranchFailed": protocol.BranchFailed(group_id="g", lease_id="g.0", index=0, error="boom",
+                                          error_type="ValueError", after_stop=True),
+    "Interaction": protocol.Interaction(
+        group_id="g", lease_id="g.0", index=1, journal=[protocol.JournalEntry(kind="ask", key="q",
+                                                                              value="a", id="i")],
+        pending=protocol.PendingInteraction(id="g.1.1", branch=1, kind="approve", prompt="ship")),
+    "Hold": protocol.Hold(lease_id="g.0"),
+    "Revoke": protocol.Revoke(lease_id="g.1"),
+    "UserInputs": protocol.UserInputs(group_id="g", answers={"g.1.0": "x"},
+                                      approvals={"g.2.0": True}, principal="lead"),
+    "GroupCancel": protocol.GroupCancel(group_id="g", reason="parent cancelled"),
+    "GroupResult": protocol.GroupResult(group_id="g", status="failed", error="boom",
+                                        error_branch=0, finished={1: 1}, never_started=[2]),
+    "GroupSuspended": protocol.GroupSuspended(
+        group_id="g", status="user_input_pending",
+        pending=[protocol.PendingInteraction(id="g.1.0", branch=1, kind="ask")],
+        not_started=[2]),
 }
 
 

@@ -1,0 +1,174 @@
+"""Bounded parallel groups beside the standard library, in the same process (read the
+ratios: the machine is shared and noisy).
+
+    python -m bench.group [--repeats 5] [--bus zmq|memory|both]
+
+Two workloads, each through ``parallel()``, ``ThreadPoolExecutor.map`` and
+``asyncio.gather`` under a semaphore:
+
+- no-op: 20,000 items returning themselves, bound 4 (``ThreadPoolExecutor(max_workers=4)``,
+  ``asyncio.Semaphore(4)``); the figure is items per second, the target ratio
+  ``parallel / ThreadPoolExecutor >= 1.0``;
+- latency-bound: 2,000 items that sleep 5 ms, bound 32; the figure is the efficiency
+  ``ideal / elapsed`` where ``ideal = 2,000 x 5 ms / 32 = 0.3125 s``, the target
+  ``>= 0.95`` for ``parallel``. (asyncio awaits ``asyncio.sleep``: its natural form.)
+
+Each ``parallel()`` call starts and stops its own runtime (bus, Collector, workers):
+that cost is in the figures. ``--bus`` picks the bus of that runtime: ``zmq`` (the
+default of ``parallel()``), ``memory``, or ``both`` side by side (default here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import logging
+import statistics
+import time
+
+from actors import parallel
+from bench.common import stats, table
+
+N_NOOP = 20_000
+N_SLEEP = 2_000
+SLEEP_S = 0.005
+NOOP_BOUND = 4
+SLEEP_BOUND = 32
+
+
+def noop(x):
+    return x
+
+
+def nap(x):
+    time.sleep(SLEEP_S)
+    return x
+
+
+async def anap(x):
+    await asyncio.sleep(SLEEP_S)
+    return x
+
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    out = fn()
+    elapsed = time.perf_counter() - t
+    assert len(out) in (N_NOOP, N_SLEEP)
+    return elapsed
+
+
+def run_parallel(target, items, bound: int, bus: str):
+    return parallel(target, items, max_concurrency=bound, max_items=len(items), bus=bus)
+
+
+def run_threads(target, items, bound: int):
+    with concurrent.futures.ThreadPoolExecutor(max_workers=bound) as pool:
+        return list(pool.map(target, items))
+
+
+def run_asyncio(target, items, bound: int, is_async: bool):
+    async def main():
+        sem = asyncio.Semaphore(bound)
+
+        async def one(x):
+            async with sem:
+                return await target(x) if is_async else target(x)
+
+        return await asyncio.gather(*(one(x) for x in items))
+
+    return asyncio.run(main())
+
+
+def _measure_sleep() -> float:
+    """Mean duration of ``time.sleep(SLEEP_S)`` with 32 threads sleeping at once."""
+    import threading
+
+    spans: list[float] = []
+    lock = threading.Lock()
+
+    def sleeper():
+        for _ in range(20):
+            t = time.perf_counter()
+            time.sleep(SLEEP_S)
+            with lock:
+                spans.append(time.perf_counter() - t)
+
+    threads = [threading.Thread(target=sleeper) for _ in range(SLEEP_BOUND)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return statistics.mean(spans)
+
+
+def fmt3(values: list[float], scale: float = 1.0, digits: int = 0) -> str:
+    lo, med, hi = stats([v * scale for v in values])
+    f = f"{{:,.{digits}f}}"
+    return f"{f.format(med)} ({f.format(lo)}-{f.format(hi)})"
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--bus", default="both", choices=["zmq", "memory", "both"],
+                   help="the bus of the runtime each parallel() call starts (default: both)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    buses = ["zmq", "memory"] if args.bus == "both" else [args.bus]
+    noop_items = list(range(N_NOOP))
+    sleep_items = list(range(N_SLEEP))
+    ideal = N_SLEEP * SLEEP_S / SLEEP_BOUND
+
+    rates: dict[str, list[float]] = {}
+    effs: dict[str, list[float]] = {}
+    contenders = [(f"parallel(), bus={bus}", bus) for bus in buses] + [
+        ("ThreadPoolExecutor.map", "threads"), ("asyncio.gather + Semaphore", "asyncio")]
+    # Interleaved, so a burst of load on the machine hits every contender alike.
+    for _ in range(args.repeats):
+        for label, kind in contenders:
+            if kind == "threads":
+                n = timed(lambda: run_threads(noop, noop_items, NOOP_BOUND))
+                s_ = timed(lambda: run_threads(nap, sleep_items, SLEEP_BOUND))
+            elif kind == "asyncio":
+                n = timed(lambda: run_asyncio(noop, noop_items, NOOP_BOUND, False))
+                s_ = timed(lambda: run_asyncio(anap, sleep_items, SLEEP_BOUND, True))
+            else:
+                n = timed(lambda k=kind: run_parallel(noop, noop_items, NOOP_BOUND, k))
+                s_ = timed(lambda k=kind: run_parallel(nap, sleep_items, SLEEP_BOUND, k))
+            rates.setdefault(label, []).append(N_NOOP / n)
+            effs.setdefault(label, []).append(ideal / s_)
+
+    base = stats(rates["ThreadPoolExecutor.map"])[1]
+    rows = []
+    for label, _ in contenders:
+        bound = f"({NOOP_BOUND})" if "parallel" not in label else f" max_concurrency={NOOP_BOUND}"
+        rows.append(("no-op x 20,000", label + bound, fmt3(rates[label]) + " items/s",
+                     f"{stats(rates[label])[1] / base:.2f}x ThreadPoolExecutor(4)"))
+    for label, _ in contenders:
+        bound = f"({SLEEP_BOUND})" if "parallel" not in label else f" max_concurrency={SLEEP_BOUND}"
+        rows.append(("sleep 5 ms x 2,000", label + bound, fmt3(effs[label], 1, 3),
+                     "efficiency (ideal / elapsed)"))
+    slept = statistics.median(_measure_sleep() for _ in range(3))
+    print(f"bounded parallel groups, {args.repeats} repeats, median (min-max); ideal for the "
+          f"sleep workload {ideal:.4f} s")
+    print(f"time.sleep({SLEEP_S * 1000:g} ms) takes {slept * 1000:.3f} ms here (32 threads): "
+          f"no runner can exceed an efficiency of {SLEEP_S / slept:.3f} on this machine")
+    print(table(rows, ("workload", "runner", "figure", "read as")))
+    print()
+    verdict = {}
+    for bus in buses:
+        label = f"parallel(), bus={bus}"
+        ratio = stats(rates[label])[1] / base
+        eff = stats(effs[label])[1]
+        verdict[bus] = (ratio, eff)
+        print(f"{label}: no-op throughput {ratio:.2f}x ThreadPoolExecutor(4) (target >= 1.0: "
+              f"{'met' if ratio >= 1.0 else 'NOT met'}); latency-bound efficiency {eff:.3f} "
+              f"(target >= 0.95: {'met' if eff >= 0.95 else 'NOT met'}; "
+              f"ThreadPoolExecutor(32) {stats(effs['ThreadPoolExecutor.map'])[1]:.3f} here)")
+    return {"noop": rates, "sleep": effs, "verdict": verdict}
+
+
+if __name__ == "__main__":
+    main()
