@@ -119,7 +119,7 @@ class RemoteWorker:
 
     def __init__(self, connect: str, *, worker_id: str | None = None, slots: int = 1,
                  allow: list[str] | tuple[str, ...] = (), keys: ClientKeys | None = None,
-                 broker_timeout: float = 5.0, give_up: float = 60.0) -> None:
+                 broker_timeout: float = 5.0, give_up: float = 60.0, ctx=None) -> None:
         if slots < 1:
             raise ConfigError(f"--slots must be >= 1, got {slots}")
         self.connect = connect
@@ -129,6 +129,7 @@ class RemoteWorker:
         self.keys = keys
         self.broker_timeout = broker_timeout
         self.give_up = give_up
+        self.ctx = ctx  # a zmq.Context to share (many workers in one process), or None
         self.ep: RemoteEndpoint | None = None
         self.spec: Spec | None = None
         self.resolved: Resolved | None = None
@@ -149,7 +150,8 @@ class RemoteWorker:
         """Serve until Stop (0), a lost broker (1) or a refused spec (2)."""
         self.ep = RemoteEndpoint(self.connect, keys=self.keys, ping_interval=1.0,
                                  broker_timeout=self.broker_timeout,
-                                 on_reconnect=self._on_reconnect, name=self.name)
+                                 on_reconnect=self._on_reconnect, name=self.name,
+                                 ctx=self.ctx)
         try:
             try:
                 self.ep.attach(self.name, self._on_delivery, timeout=self.give_up)

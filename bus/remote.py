@@ -46,6 +46,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from bus.base import MAX_FRAME_BYTES, BusStats, Deliver, Delivery
+from bus.frames import NOBLOCK, recv_frames, send_frames
 from bus.security import ClientKeys, ServerKeys, secure_client, secure_server, start_authenticator
 from protocol import Codec, Message
 
@@ -131,7 +132,7 @@ class PeerPort:
             return
         for _ in range(1024):
             try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+                frames = recv_frames(self.socket, NOBLOCK)
             except zmq.Again:
                 return
             self.on_frames(codec, frames)
@@ -212,7 +213,7 @@ class PeerPort:
 
     def _send(self, ident: bytes, frames: list[bytes]) -> None:
         try:
-            self.socket.send_multipart([ident, *frames], zmq.NOBLOCK)
+            send_frames(self.socket, [ident, *frames], NOBLOCK)
         except zmq.ZMQError:  # the peer left or stopped reading: nothing to answer
             self.stats.unroutable += 1
 
@@ -228,7 +229,7 @@ class RemoteEndpoint:
                  ping_interval: float = 1.0, broker_timeout: float = 5.0,
                  backoff: float = 0.25, backoff_max: float = 8.0,
                  on_reconnect: Callable[[], None] | None = None,
-                 name: str = "worker") -> None:
+                 name: str = "worker", ctx: zmq.Context | None = None) -> None:
         if broker_timeout <= ping_interval:
             raise ValueError(f"broker_timeout ({broker_timeout}) must exceed ping_interval "
                              f"({ping_interval}): the broker answers each ping")
@@ -240,7 +241,9 @@ class RemoteEndpoint:
         self.backoff_max = backoff_max
         self.on_reconnect = on_reconnect
         self.stats = BusStats()
-        self.ctx = zmq.Context()
+        # Many endpoints in one process (a benchmark's workers) may share a context.
+        self._own_ctx = ctx is None
+        self.ctx = ctx if ctx is not None else zmq.Context()
         self.reconnects = 0
         self.auth_error: str | None = None
         self.last_heard = time.monotonic()
@@ -293,7 +296,8 @@ class RemoteEndpoint:
         self._stop.set()
         self._wakeup()
         self._thread.join(timeout=5)
-        self.ctx.destroy(linger=0)
+        if self._own_ctx:
+            self.ctx.destroy(linger=0)
         self._wake_r.close()
         self._wake_w.close()
 
@@ -366,9 +370,12 @@ class RemoteEndpoint:
                     self._on_monitor(monitor)
                 now = time.monotonic()
                 if now >= next_ping:
-                    if self._handlers:
+                    # Ping only a quiet line: any frame from the broker proves it is there.
+                    self._flush(sock, codec)  # a queued registration goes before the ping
+                    if self._handlers and not self._out \
+                            and now - self.last_heard >= self.ping_interval:
                         self._send_now(sock, [b"P"])
-                    next_ping = now + self.ping_interval
+                    next_ping = max(now, self.last_heard) + self.ping_interval
                 if now - self.last_heard > self.broker_timeout:
                     # Paranoid Pirate: the broker went quiet; a new socket after a backoff.
                     log.warning("remote endpoint: nothing from %s for %.1f s; reconnecting "
@@ -403,7 +410,7 @@ class RemoteEndpoint:
 
     def _send_now(self, sock: zmq.Socket, frames: list[bytes]) -> bool:
         try:
-            sock.send_multipart(frames, zmq.NOBLOCK)
+            send_frames(sock, frames, NOBLOCK)
             return True
         except zmq.Again:  # the pipe is full: keep it for later
             return False
@@ -423,7 +430,7 @@ class RemoteEndpoint:
     def _receive(self, sock: zmq.Socket, codec: Codec) -> None:
         for _ in range(1024):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = recv_frames(sock, NOBLOCK)
             except zmq.Again:
                 return
             self.last_heard = time.monotonic()

@@ -627,3 +627,19 @@ def test_a_worker_reconnects_after_the_broker_restarts_and_registers_again():
             second.close()
     finally:
         ep.close()
+
+
+# -- docs/remote.md ----------------------------------------------------------------------------
+
+
+def test_the_python_example_of_the_remote_page_runs(tmp_path):
+    text = (ROOT / "docs" / "remote.md").read_text()
+    examples = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+    assert examples, "docs/remote.md has no python example"
+    for i, code in enumerate(examples):
+        script = tmp_path / f"example_{i}.py"
+        script.write_text(code)
+        out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env_with(),
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.split()[-1] == "2"  # both process workers joined
