@@ -681,7 +681,7 @@ class _CollectorActor(ControlActor):
     and detaches (see :class:`GroupWorker`)."""
 
     def on_start(self) -> None:
-        self._thread_name()
+        threading.current_thread().name = f"evobus-{self.name}"
 
     def on_stop(self) -> None:
         pass
