@@ -126,6 +126,10 @@ class Broker:
         self.addresses: list[str] = []
         self._binds = binds
         self._ctl_addr = f"inproc://evobus-broker-ctl-{uuid.uuid4().hex}"
+        #: Where this process's endpoint pushes messages (a PULL socket): one frame, one
+        #: recv per message, where the ROUTER costs two recvs and two RCVMORE queries
+        #: (~6.5 us against ~1.5 us). Attach, detach and other processes use the ROUTER.
+        self.intake_addr = f"inproc://evobus-intake-{uuid.uuid4().hex}"
         self._thread = threading.Thread(target=self._run, name="evobus-broker", daemon=True)
 
     def start(self) -> None:
@@ -158,9 +162,13 @@ class Broker:
         self._router = router
         ctl = self.ctx.socket(zmq.PAIR)
         ctl.bind(self._ctl_addr)
+        intake = self.ctx.socket(zmq.PULL)
+        intake.setsockopt(zmq.LINGER, 0)
+        intake.bind(self.intake_addr)
         self._ready.set()
         codec = Codec()
         poller = zmq.Poller()
+        poller.register(intake, zmq.POLLIN)
         poller.register(router, zmq.POLLIN)
         poller.register(ctl, zmq.POLLIN)
         for port in self._peers:  # issue 6
@@ -172,6 +180,12 @@ class Broker:
                 # Drain what is there before polling again: fewer syscalls under load.
                 for _ in range(1024):
                     try:
+                        frame = intake.recv(_NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._on_intake(codec, frame)
+                for _ in range(1024):
+                    try:
                         frames = _recv_frames(router, _NOBLOCK)
                     except zmq.Again:
                         break
@@ -180,6 +194,7 @@ class Broker:
                     port.drain(codec)
         finally:
             router.close(0)
+            intake.close(0)
             ctl.close(0)
             for port in self._peers:
                 port.close()
@@ -215,6 +230,20 @@ class Broker:
             self._routes.pop(frames[2], None)
         else:
             self.stats.reject(repr(ident), f"malformed envelope ({len(frames)} frames, kind {kind!r})")
+
+    def _on_intake(self, codec: Codec, frame: bytes) -> None:
+        """A single-frame message pushed by an endpoint of this process."""
+        opened = _open(frame) if frame[:1] == b"m" else None
+        if opened is None:
+            self.stats.reject("intake", f"malformed envelope ({len(frame)} bytes)")
+            return
+        sender, receiver, body = opened
+        try:
+            msg = codec.decode(body)
+        except msgspec.DecodeError as exc:
+            self.stats.reject(sender.decode("utf-8", "replace"), f"does not decode: {exc}")
+            return
+        self.forward(codec, sender, receiver, body, msg)
 
     def forward(self, codec: Codec, sender: bytes, receiver: bytes, body: bytes,
                 msg: Message | None = None) -> None:
@@ -329,9 +358,11 @@ class Endpoint:
     """
 
     def __init__(self, ctx: zmq.Context, broker_addr: str, *, stats: BusStats | None = None,
-                 name: str = "local") -> None:
+                 name: str = "local", intake: str | None = None) -> None:
         self.ctx = ctx
         self.broker_addr = broker_addr
+        # The broker's intake (same process only): messages go there, one frame each.
+        self.intake = intake
         self.stats = stats or BusStats()
         self.identity = f"ep-{name}-{uuid.uuid4().hex[:8]}".encode()
         self._handlers: dict[str, Deliver] = {}
@@ -404,6 +435,23 @@ class Endpoint:
             pair = self._local.pair = (sock, Codec())
         return pair
 
+    def _pusher(self) -> tuple[zmq.Socket, Codec]:
+        """This thread's socket for messages: a PUSH to the broker's intake when the
+        broker is in this process, else the thread's DEALER."""
+        push = getattr(self._local, "push", None)
+        if push is None:
+            if self.intake is None:
+                push = self._sender()
+            else:
+                sock = self.ctx.socket(zmq.PUSH)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect(self.intake)
+                with self._senders_lock:
+                    self._senders.append(sock)
+                push = (sock, Codec())
+            self._local.push = push
+        return push
+
     def attach(self, name: str, deliver: Deliver) -> None:
         self._handlers[name] = deliver
         sock, _ = self._sender()
@@ -424,14 +472,14 @@ class Endpoint:
         if self._stop.is_set():
             self.stats.after_close += 1
             return
-        sock, codec = self._sender()
+        sock, codec = self._pusher()
         sock.send(_envelope(sender.encode(), receiver.encode(), codec.encode(msg)))
 
     def send_frame(self, sender: str, receiver: str, body: bytes) -> None:
         if self._stop.is_set():
             self.stats.after_close += 1
             return
-        sock, _ = self._sender()
+        sock, _ = self._pusher()
         sock.send(_envelope(sender.encode(), receiver.encode(), bytes(body)))
 
     def close(self) -> None:
@@ -469,7 +517,8 @@ class ZmqBus:
                              stats=self.stats, clock=self.clock, peers=tuple(peers))
         self.broker.start()
         self.address = inproc
-        self.endpoint = Endpoint(self.ctx, inproc, stats=self.stats)
+        self.endpoint = Endpoint(self.ctx, inproc, stats=self.stats,
+                                 intake=self.broker.intake_addr)
         self._codec = Codec()  # used on the broker thread only (see send)
         self._closed = False
 
