@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 #: Modules adding verbs (replay, resume, worker, keys, report, ...): each defines
 #: ``register(subparsers)`` which adds its parser and sets ``func``.
-VERB_MODULES: list[str] = ["actors.cli_report", "actors.cli_groups"]
+VERB_MODULES: list[str] = ["actors.cli_replay", "actors.cli_report", "actors.cli_groups"]
 VERB_MODULES.append("actors.cli_remote")  # issue 6: `evobus worker`, `evobus keys`
 
 
@@ -112,6 +112,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
           f"started {h.started_at or '-'}")
     counts: Counter[str] = Counter()
     shown = 0
+    selected = []  # (record, message) pairs for --summary
     for rec in contents.records:
         msg = decode(rec.body)
         kind = type(msg).__name__
@@ -122,10 +123,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if args.round is not None and getattr(msg, "round", None) != args.round:
             continue
         counts[kind] += 1
+        if args.summary:
+            selected.append((rec, msg))
         if not args.summary and (args.limit is None or shown < args.limit):
             print(f"{rec.seq:>7} {rec.t:9.4f}s {rec.sender:>11} -> {rec.receiver:<11} "
                   f"{kind:<12} {_summary_of(msg)}")
             shown += 1
+    if args.summary:
+        from actors.cli_replay import format_summary, summarize
+
+        print("\n" + format_summary(summarize(selected)))
     total = sum(counts.values())
     print(f"\n{total} messages: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
     if contents.dropped_tail:
@@ -187,7 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--actor", action="append", help="only messages from/to this actor")
     i.add_argument("--type", action="append", help="only this message type (e.g. Commit)")
     i.add_argument("--round", type=int, help="only messages of this round")
-    i.add_argument("--summary", action="store_true", help="counts only")
+    i.add_argument("--summary", action="store_true",
+                   help="no message lines: a table of rounds (leases, rollouts, proposals, "
+                        "commit, discards), totals of commits, re-dispatches and discards, "
+                        "and counts per type")
     i.add_argument("--limit", type=int, help="print at most this many lines")
     i.set_defaults(func=cmd_inspect)
     v = sub.add_parser("validate", help="check a scenario file against the schema")

@@ -1,0 +1,645 @@
+"""Replay: the message log as the test oracle (DESIGN sections 3 and 5).
+
+Each control actor (Planner, Scheduler, Merger) is a pure state machine, so feeding a
+fresh one every message the log recorded it *receiving*, in sequence order, must make
+it send, message for message, what the log recorded it *sending*. :func:`replay_log`
+does that for every control actor of a log in one pass and reports the first
+divergence: the sequence number, the actor, the expected and the actual message and
+a field-level difference (``lease_id: 'r1.u0' != 'r1.u1'``).
+
+How outputs are matched (one actor at a time; the actors are independent here, each
+is fed the recorded inputs, never another machine's outputs):
+
+- An actor sends from one thread through one socket, so the messages the log
+  recorded from it are in the order it produced them. Each produced message is
+  compared with the next recorded one: same receiver and same bytes (the same
+  message decoded, when the bytes differ).
+- A message recorded at seq ``t`` was produced by an input with a smaller seq, so
+  when the replay reaches an input past ``t`` and has not produced it, that is a
+  divergence at ``t`` (the log holds a message the machine no longer sends).
+- A produced message with no recorded counterpart *and no later recorded message from
+  the same actor to the same receiver* is "unrecorded": the receiver had left (a
+  worker stopped at shutdown) or the log ended (a crash). It is listed in the report,
+  never silently dropped, and ``strict=True`` turns it into a divergence.
+
+A log written by ``evobus resume`` names the log it continues (``resumed_from`` in
+its header meta); replaying it replays the whole chain, applying at each junction what
+resume did (:mod:`actors.resume`): the rebuilt actors first send the messages the
+crashed run had produced but never delivered (so those must head their outputs in the
+next log), and the Scheduler re-issues the leases that were in flight
+(:func:`actors.resume.reopen`).
+
+Building the machines: from the scenario text the header carries (``evobus run``
+records it), or from the arguments (``planner=``, ``parallel=``, ...) for a log of
+:func:`actors.evolve` called from Python. The Planner, Scheduler and Merger need
+nothing else: every other parameter is in the log's ``Start`` message.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import msgspec
+
+from actors.addresses import DRIVER, MERGER, PLANNER, SCHEDULER
+from actors.errors import ConfigError
+from bus.log import LogContents, Record, read_log
+from protocol import Message, Start, decode, encode
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CONTROL_ACTORS", "Divergence", "ReplayReport", "Unrecorded",
+           "build_machines", "field_diff", "log_chain", "replay_contents", "replay_log",
+           "replay_many"]
+
+#: The actors a replay checks, in the order reports list them.
+CONTROL_ACTORS = (PLANNER, SCHEDULER, MERGER)
+
+#: Header meta keys written by evolve()/resume and read here.
+META_SCENARIO_TOML = "scenario_toml"
+META_RESUMED_FROM = "resumed_from"
+META_RESUMED_AFTER = "resumed_after_seq"
+META_PARALLEL = "parallel"
+META_SAMPLER = "task_sampler"
+META_MACHINE_ARGS = "machine_args"
+
+_DIFF_LINES = 20
+
+
+# ---------------------------------------------------------------------------
+# Reports
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first place where a control actor stopped reproducing the log.
+
+    ``expected`` and ``actual`` are ``(receiver, message)``; one of them is None when
+    the log holds a message the machine did not produce, or the reverse (strict mode).
+    ``input_seq`` is the input whose handling produced ``actual`` (or the input the
+    replay had reached)."""
+
+    log: Path
+    seq: int
+    actor: str
+    expected: tuple[str, Message] | None
+    actual: tuple[str, Message] | None
+    input_seq: int | None
+    diff: tuple[str, ...]
+    reason: str
+
+    def format(self) -> str:
+        lines = [f"first divergence at seq {self.seq} ({self.log}): {self.actor} {self.reason}"]
+        if self.input_seq is not None:
+            lines[0] += f" (while handling the input at seq {self.input_seq})"
+        lines.append(f"  expected: {_show(self.expected)}")
+        lines.append(f"  actual:   {_show(self.actual)}")
+        if self.diff:
+            lines.append("  difference:")
+            lines.extend(f"    {d}" for d in self.diff)
+        return "\n".join(lines)
+
+    __str__ = format
+
+
+@dataclass(frozen=True)
+class Unrecorded:
+    """A message the replay produced that the log does not hold (see module docstring)."""
+
+    log: Path
+    actor: str
+    input_seq: int
+    receiver: str
+    msg: Message
+
+
+@dataclass
+class ActorReport:
+    inputs: int = 0
+    matched: int = 0
+    unrecorded: int = 0
+
+
+@dataclass
+class ReplayReport:
+    """What one replay found. ``ok`` when no control actor diverged."""
+
+    path: Path
+    segments: list[Path]
+    records: int
+    actors: dict[str, ActorReport]
+    divergence: Divergence | None = None
+    other_divergences: list[Divergence] = field(default_factory=list)
+    unrecorded: list[Unrecorded] = field(default_factory=list)
+    resent: list[Unrecorded] = field(default_factory=list)  # lost in a crash, sent on resume
+    notes: list[str] = field(default_factory=list)
+    elapsed: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None
+
+    def summary_line(self) -> str:
+        compared = sum(a.matched for a in self.actors.values())
+        inputs = sum(a.inputs for a in self.actors.values())
+        chain = f" (chain of {len(self.segments)} logs)" if len(self.segments) > 1 else ""
+        status = "ok" if self.ok else f"DIVERGED at seq {self.divergence.seq}"
+        line = (f"{status:<8} {self.path}{chain}: {self.records} records, {inputs} inputs "
+                f"replayed, {compared} outputs identical")
+        if self.resent:
+            line += f", {len(self.resent)} re-sent on resume"
+        if self.unrecorded:
+            line += f", {len(self.unrecorded)} unrecorded"
+        return line
+
+    def format(self, verbose: bool = False) -> str:
+        lines = [self.summary_line()]
+        per = ", ".join(f"{name} {a.inputs} in / {a.matched} out"
+                        for name, a in self.actors.items())
+        if per:
+            lines.append(f"  actors: {per}")
+        if self.divergence is not None:
+            lines.extend("  " + line for line in self.divergence.format().splitlines())
+            for d in self.other_divergences:
+                lines.append(f"  also: {d.actor} diverges at seq {d.seq} ({d.reason})")
+        if self.unrecorded:
+            shown = self.unrecorded if verbose else self.unrecorded[:5]
+            lines.append(f"  {len(self.unrecorded)} produced message(s) not in the log "
+                         "(receiver had left, or the log ended):")
+            for u in shown:
+                lines.append(f"    {u.actor} -> {u.receiver} {type(u.msg).__name__} "
+                             f"(input seq {u.input_seq})")
+            if len(shown) < len(self.unrecorded):
+                lines.append(f"    ... {len(self.unrecorded) - len(shown)} more (--verbose)")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+    __str__ = format
+
+
+def _show(item: tuple[str, Message] | None, limit: int = 400) -> str:
+    if item is None:
+        return "(nothing)"
+    receiver, msg = item
+    text = f"-> {receiver} {msg!r}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def field_diff(expected: Any, actual: Any, path: str = "") -> list[str]:
+    """Readable field-level differences: ``leases[0].lease_id: 'r1.u0' != 'r1.u1'``."""
+    out: list[str] = []
+    _diff(expected, actual, path, out)
+    return out
+
+
+def _diff(e: Any, a: Any, path: str, out: list[str]) -> None:
+    if len(out) > _DIFF_LINES:
+        return
+    where = path or "message"
+    if isinstance(e, msgspec.Struct) or isinstance(a, msgspec.Struct):
+        if type(e) is not type(a):
+            out.append(f"{where}: {type(e).__name__} != {type(a).__name__}")
+            return
+        for name in e.__struct_fields__:
+            _diff(getattr(e, name), getattr(a, name), f"{path}.{name}" if path else name, out)
+        return
+    if isinstance(e, dict) and isinstance(a, dict):
+        for k in list(e) + [k for k in a if k not in e]:
+            sub = f"{path}[{k!r}]"
+            if k not in a:
+                out.append(f"{sub}: {_short(e[k])} != (missing)")
+            elif k not in e:
+                out.append(f"{sub}: (missing) != {_short(a[k])}")
+            else:
+                _diff(e[k], a[k], sub, out)
+        if not out and list(e) != list(a):
+            out.append(f"{where}: same items, different order")
+        return
+    if isinstance(e, (list, tuple)) and isinstance(a, (list, tuple)):
+        for i, (x, y) in enumerate(zip(e, a)):
+            _diff(x, y, f"{path}[{i}]", out)
+        if len(e) != len(a):
+            out.append(f"{where}: {len(e)} items != {len(a)} items")
+        return
+    if e != a or type(e) is not type(a):
+        out.append(f"{where}: {_short(e)} != {_short(a)}")
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+# ---------------------------------------------------------------------------
+# Building the machines
+
+
+def log_chain(path: str | Path) -> list[Path]:
+    """The logs a (possibly resumed) log continues, oldest first, ending with ``path``."""
+    from bus.log import read_header
+
+    chain = [Path(path)]
+    seen = {chain[0].resolve()}
+    while True:
+        header = read_header(chain[0])
+        previous = header.meta.get(META_RESUMED_FROM)
+        if not previous:
+            return chain
+        prev = Path(previous)
+        if not prev.is_absolute():
+            prev = chain[0].parent / prev
+        if not prev.exists():
+            raise ConfigError(f"{chain[0]}: it resumes {previous!r}, which does not exist "
+                              f"(looked at {prev}); keep the logs of a resumed run together")
+        if prev.resolve() in seen:
+            raise ConfigError(f"{chain[0]}: the resume chain loops back to {prev}")
+        seen.add(prev.resolve())
+        chain.insert(0, prev)
+
+
+MachineSpec = Any  # an instance with handle(), a class, or a callable (Start) -> machine
+
+
+def build_machines(header_meta: dict[str, str], start: Start, *, planner: MachineSpec = None,
+                   scheduler: MachineSpec = None, merger: MachineSpec = None,
+                   parallel: Any = None, strategy: Any = None,
+                   task_sampler: Any = None) -> dict[str, Any]:
+    """Fresh Planner, Scheduler and Merger for a log whose first message is ``start``.
+
+    Each of ``planner``/``scheduler``/``merger`` may be a ready machine (anything with
+    ``handle``), a class (built with the arguments the runtime would use), or a
+    callable taking the ``Start`` message. The Planner's parallelism strategy comes
+    from ``parallel``/``strategy`` when given, else from the scenario text in the
+    header, else (a Python run that used the default) ``DataParallel``.
+    """
+    from actors.merger import Merger
+    from actors.planner import Planner
+    from actors.scheduler import Scheduler
+
+    extra = _machine_args(header_meta)
+
+    def make(name: str, spec: MachineSpec, default_cls: type, args: Callable[[], tuple],
+             kwargs: dict[str, Any]):
+        if spec is not None and hasattr(spec, "handle") and not isinstance(spec, type):
+            return spec
+        if spec is not None and not isinstance(spec, type):
+            return spec(start)
+        cls = spec or default_cls
+        return cls(*args(), **_accepted(cls, {**kwargs, **extra.get(name, {})}))
+
+    def planner_args() -> tuple:
+        return _planner_strategy(header_meta, start, parallel, strategy, task_sampler)
+
+    # The same arguments evolve() passes, from the Start message (a parameter a class
+    # does not take is left out, so older and newer machines both build).
+    return {
+        PLANNER: make(PLANNER, planner, Planner, planner_args, {}),
+        SCHEDULER: make(SCHEDULER, scheduler, Scheduler, lambda: (start.max_concurrency,),
+                        dict(asynchronous=start.asynchronous, async_ratio=start.async_ratio,
+                             n_workers=start.n_workers)),
+        MERGER: make(MERGER, merger, Merger, lambda: (),
+                     dict(asynchronous=start.asynchronous, alpha=start.async_ratio,
+                          staleness=start.staleness)),
+    }
+
+
+def _machine_args(meta: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Constructor arguments a run's control actors took that its ``Start`` does not
+    carry, recorded by evolve() as JSON in the header meta ``machine_args``
+    (``{"scheduler": {"deadline": 5.0}, ...}``)."""
+    text = meta.get(META_MACHINE_ARGS)
+    if not text:
+        return {}
+    try:
+        value = msgspec.json.decode(text, type=dict[str, dict[str, Any]])
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"the log header's {META_MACHINE_ARGS} is not a JSON object of "
+                          f"objects ({exc})") from None
+    return value
+
+
+def _accepted(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
+    import inspect
+
+    params = inspect.signature(cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def _planner_strategy(meta: dict[str, str], start: Start, parallel, strategy, task_sampler):
+    from actors.runtime import prepare_parallel
+
+    sampler = task_sampler
+    if parallel is None and strategy is None and META_SCENARIO_TOML in meta:
+        from actors.launch import build_parallel, build_strategy
+        from protocol.scenario import ScenarioError, parse_scenario
+
+        try:
+            scenario = parse_scenario(meta[META_SCENARIO_TOML], "the log's scenario")
+        except ScenarioError as exc:
+            raise ConfigError(f"cannot rebuild the planner from the scenario in the log "
+                              f"header: {exc}") from None
+        parallel = build_parallel(scenario.parallel)
+        strategy = build_strategy(scenario.strategy)
+    elif parallel is None:
+        recorded = meta.get(META_PARALLEL, "")
+        if recorded and recorded != "DataParallel()":
+            raise ConfigError(
+                f"the log was written by evolve() with parallel={recorded} and carries no "
+                "scenario text, so replay cannot rebuild its planner: pass the same "
+                "strategy (replay(path, parallel=..., strategy=...)) or a planner=")
+    if sampler is None and meta.get(META_SAMPLER):
+        raise ConfigError(
+            f"the log was written with task_sampler={meta[META_SAMPLER]}: pass the same "
+            "sampler (replay(path, task_sampler=...)) so the planner orders tasks as it did")
+    if strategy is None:
+        from actors.artifacts import KeyedRules
+
+        strategy = KeyedRules(categories=[])
+    plan_with, sections = prepare_parallel(parallel, strategy, list(start.task_ids),
+                                           start.n_workers)
+    if sections != start.sections:
+        raise ConfigError(
+            f"the rebuilt parallelism strategy ({plan_with!r}) maps artifact keys to "
+            f"sections as {sections}, but the run used {start.sections}: pass the "
+            "strategy and artifact strategy the run used")
+    return plan_with, sampler
+
+
+# ---------------------------------------------------------------------------
+# The engine
+
+
+class _Track:
+    """One control actor under replay."""
+
+    __slots__ = ("name", "machine", "recorded", "produced", "report", "divergence",
+                 "last_to", "inputs", "matched")
+
+    def __init__(self, name: str, machine: Any) -> None:
+        self.name = name
+        self.machine = machine
+        self.recorded: collections.deque[Record] = collections.deque()
+        # (input seq, receiver, message, its bytes as produced)
+        self.produced: collections.deque[tuple[int, str, Message, bytes]] = collections.deque()
+        self.report = ActorReport()
+        self.divergence: Divergence | None = None
+        self.last_to: dict[str, int] = {}
+        self.inputs = 0  # counted here on the hot path, copied into report at the end
+        self.matched = 0
+
+
+class _Replay:
+    def __init__(self, machines: dict[str, Any], strict: bool) -> None:
+        self.tracks = {name: _Track(name, m) for name, m in machines.items()}
+        self.strict = strict
+        self.unrecorded: list[Unrecorded] = []
+        self.divergences: list[Divergence] = []
+        self.path = Path()
+        # Messages produced but never delivered, to control actors or the driver, as
+        # (sender, receiver, message): what a resume re-sends.
+        self.pending: list[tuple[str, str, Message]] = []
+
+    def machines(self) -> dict[str, Any]:
+        return {name: t.machine for name, t in self.tracks.items()}
+
+    def resend(self, lost: list[Unrecorded]) -> None:
+        """At a resume junction: each actor's undelivered messages are produced again,
+        first, so the next log's first messages from that actor must be these."""
+        for u in lost:
+            t = self.tracks[u.actor]
+            if t.divergence is None:
+                t.produced.append((u.input_seq, u.receiver, u.msg, encode(u.msg)))
+
+    # -- one segment (one log file) ---------------------------------------------------
+
+    def segment(self, path: Path, records: list[Record]) -> None:
+        self.path = path
+        tracks = self.tracks
+        for t in tracks.values():
+            t.last_to = {}
+            t.recorded.clear()
+        for rec in records:  # where each actor -> receiver stream ends in this log
+            t = tracks.get(rec.sender)
+            if t is not None:
+                t.last_to[rec.receiver] = rec.seq
+        settle = self._settle
+        dec = decode
+        enc = encode
+        for rec in records:
+            t = tracks.get(rec.sender)
+            if t is not None and t.divergence is None:
+                produced = t.produced
+                if produced and not t.recorded:
+                    # The common case, inline: the next message this actor produced.
+                    first = produced[0]
+                    if first[1] == rec.receiver and first[3] == rec.body:
+                        produced.popleft()
+                        t.matched += 1
+                    else:
+                        t.recorded.append(rec)
+                        settle(t, None)
+                else:
+                    t.recorded.append(rec)
+                    if produced:
+                        settle(t, None)
+            t = tracks.get(rec.receiver)
+            if t is None or t.divergence is not None:
+                continue
+            if t.recorded:
+                settle(t, rec.seq)
+                if t.divergence is not None:
+                    continue
+            t.inputs += 1
+            seq = rec.seq
+            append = t.produced.append
+            for receiver, out in t.machine.handle(dec(rec.body)):
+                append((seq, receiver, out, enc(out)))
+        for t in tracks.values():
+            if t.divergence is None:
+                self._settle(t, None, final=True)
+            t.report.inputs, t.report.matched = t.inputs, t.matched
+
+    def _settle(self, t: _Track, next_input: int | None, final: bool = False) -> None:
+        recorded, produced = t.recorded, t.produced
+        while recorded and produced:
+            rec = recorded[0]
+            input_seq, receiver, msg, body = produced[0]
+            if receiver == rec.receiver and (body == rec.body or decode(rec.body) == msg):
+                recorded.popleft()
+                produced.popleft()
+                t.matched += 1
+                continue
+            if t.last_to.get(receiver, -1) < rec.seq and not self.strict:
+                produced.popleft()
+                self._unrecorded(t, input_seq, receiver, msg)
+                continue
+            expected = decode(rec.body)
+            diff = field_diff(expected, msg)
+            if receiver != rec.receiver:
+                diff.insert(0, f"receiver: {rec.receiver!r} != {receiver!r}")
+            self._diverge(t, Divergence(
+                log=self.path, seq=rec.seq, actor=t.name, expected=(rec.receiver, expected),
+                actual=(receiver, msg), input_seq=input_seq, diff=tuple(_cap(diff)),
+                reason="sent a different message than the log records"))
+            return
+        if recorded and (final or next_input is not None):
+            rec = recorded[0]
+            where = "by the end of the log" if final else f"before its input at seq {next_input}"
+            self._diverge(t, Divergence(
+                log=self.path, seq=rec.seq, actor=t.name,
+                expected=(rec.receiver, decode(rec.body)), actual=None,
+                input_seq=next_input, diff=(),
+                reason=f"did not produce a message the log records ({where})"))
+            return
+        if final:
+            while produced:
+                input_seq, receiver, msg, _ = produced.popleft()
+                if self.strict:
+                    self._diverge(t, Divergence(
+                        log=self.path, seq=input_seq, actor=t.name, expected=None,
+                        actual=(receiver, msg), input_seq=input_seq, diff=(),
+                        reason="produced a message the log does not hold (strict)"))
+                    return
+                self._unrecorded(t, input_seq, receiver, msg)
+
+    def _unrecorded(self, t: _Track, input_seq: int, receiver: str, msg: Message) -> None:
+        t.report.unrecorded += 1
+        self.unrecorded.append(Unrecorded(self.path, t.name, input_seq, receiver, msg))
+
+    def _diverge(self, t: _Track, d: Divergence) -> None:
+        t.divergence = d
+        t.recorded.clear()
+        t.produced.clear()
+        self.divergences.append(d)
+
+
+def _cap(lines: list[str]) -> list[str]:
+    if len(lines) <= _DIFF_LINES:
+        return lines
+    return lines[:_DIFF_LINES] + [f"... {len(lines) - _DIFF_LINES} more differences"]
+
+
+def _find_start(contents: list[LogContents]) -> tuple[int, Start] | None:
+    for i, c in enumerate(contents):
+        for rec in c.records:
+            if rec.receiver == PLANNER and rec.sender == DRIVER:
+                msg = decode(rec.body)
+                if isinstance(msg, Start):
+                    return i, msg
+    return None
+
+
+def replay_log(path: str | Path, *, strict: bool = False, planner: MachineSpec = None,
+               scheduler: MachineSpec = None, merger: MachineSpec = None,
+               parallel: Any = None, strategy: Any = None, task_sampler: Any = None,
+               machines: dict[str, Any] | None = None, chain: bool = True) -> ReplayReport:
+    """Replay every control actor of the log at ``path`` (and of the logs it resumes).
+
+    Returns a :class:`ReplayReport`; raises ``bus.log.LogCorrupt`` for a damaged log
+    and :class:`~actors.errors.ConfigError` when the machines cannot be rebuilt.
+    ``machines`` replaces the built machines entirely (name -> machine)."""
+    t0 = time.perf_counter()
+    path = Path(path)
+    paths = log_chain(path) if chain else [path]
+    contents = [read_log(p) for p in paths]
+    report, _ = _run(paths, contents, strict=strict, machines=machines,
+                     specs=dict(planner=planner, scheduler=scheduler, merger=merger,
+                                parallel=parallel, strategy=strategy,
+                                task_sampler=task_sampler))
+    report.elapsed = time.perf_counter() - t0
+    return report
+
+
+def replay_contents(contents: list[LogContents], *, strict: bool = False,
+                    machines: dict[str, Any] | None = None, **specs: Any) -> ReplayReport:
+    """:func:`replay_log` on logs already read (a chain, oldest first): no file I/O."""
+    t0 = time.perf_counter()
+    report, _ = _run([c.path for c in contents], contents, strict=strict, machines=machines,
+                     specs=specs)
+    report.elapsed = time.perf_counter() - t0
+    return report
+
+
+def _run(paths: list[Path], contents: list[LogContents], *, strict: bool,
+         machines: dict[str, Any] | None, specs: dict[str, Any]
+         ) -> tuple[ReplayReport, _Replay | None]:
+    """The engine behind replay and resume: returns the report and the replay (whose
+    machines hold the rebuilt state), or None when the chain holds no ``Start``."""
+    from actors.resume import reopen
+
+    path = paths[-1]
+    report = ReplayReport(path=path, segments=list(paths),
+                          records=sum(len(c.records) for c in contents), actors={})
+    for c in contents:
+        if c.dropped_tail:
+            report.notes.append(f"{c.path}: a torn tail of {c.dropped_tail} bytes "
+                                f"(about {c.dropped_records} records) was cut off")
+    found = _find_start(contents)
+    if found is None:
+        report.notes.append("the log holds no Start message: the run never began, "
+                            "nothing to replay")
+        return report, None
+    first, start = found
+    if first > 0:
+        report.notes.append(f"{paths[first]}: the chain's earlier logs hold no Start and "
+                            "were not replayed (the run was restarted, not resumed)")
+    meta = dict(contents[first].header.meta)
+    if machines is None:
+        machines = build_machines(meta, start, **specs)
+    engine = _Replay(machines, strict)
+    pending: list[Unrecorded] = []
+    resent: list[Unrecorded] = []
+    for i in range(first, len(contents)):
+        c = contents[i]
+        if i > first:
+            # What resume did here: the rebuilt actors first send what the crash left
+            # undelivered (so it heads their outputs in the new log), and the Scheduler
+            # re-issues the leases that were in flight.
+            engine.resend(pending)
+            resent += pending
+            reopen(engine.machines())
+        before = len(engine.unrecorded)
+        engine.segment(c.path, c.records)
+        # Undelivered, in the order they were produced (by input seq; stable per actor).
+        lost = sorted(engine.unrecorded[before:], key=lambda u: u.input_seq)
+        pending = [u for u in lost if _resend_to(u.receiver)]
+        if engine.divergences:
+            break
+    report.actors = {name: t.report for name, t in engine.tracks.items()}
+    was_resent = {id(u) for u in resent}
+    report.unrecorded = [u for u in engine.unrecorded if id(u) not in was_resent]
+    report.resent = resent
+    if engine.divergences:
+        ordered = sorted(engine.divergences, key=lambda d: (str(d.log) != str(paths[first]),
+                                                             d.seq))
+        report.divergence = ordered[0]
+        report.other_divergences = ordered[1:]
+    engine.pending = [(u.actor, u.receiver, u.msg) for u in pending]
+    return report, engine
+
+
+def _resend_to(receiver: str) -> bool:
+    """Undelivered messages resume re-sends: to control actors and the driver (workers
+    are new after a resume; what they need comes from the Scheduler again)."""
+    return receiver in CONTROL_ACTORS or receiver == DRIVER
+
+
+def replay_many(paths: Iterable[str | Path], **kwargs: Any) -> list[tuple[Path, ReplayReport | Exception]]:
+    """Batch mode: replay each log; a log that cannot be replayed gives its error."""
+    from bus.log import LogCorrupt
+
+    out: list[tuple[Path, ReplayReport | Exception]] = []
+    for p in paths:
+        p = Path(p)
+        try:
+            out.append((p, replay_log(p, **kwargs)))
+        except (OSError, LogCorrupt, ConfigError) as exc:  # reported per log by the caller
+            out.append((p, exc))
+    return out

@@ -1,0 +1,434 @@
+"""Replay: recorded logs as the test oracle (DESIGN sections 3 and 5, issue 7).
+
+Every ``*.evolog`` in tests/logs/ is replayed (a log added there is picked up without
+touching this file); a control actor changed on purpose is caught at the right
+sequence number; yesterday's bytes decode with today's code.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from actors import KeyedRules, evolve
+from actors.addresses import DRIVER, MERGER, PLANNER, SCHEDULER
+from actors.cli import main as cli_main
+from actors.errors import ConfigError
+from actors.parallel import ClusterParallel, DataParallel, TensorParallel
+from actors.replay import field_diff, replay_log
+from actors.scheduler import Scheduler
+from actors.testing import recorded_logs, replay
+from bus.log import FORMAT_VERSION, LogWriter, TornTailWarning, read_log
+from protocol import (Barrier, Commit, Lease, LeaseBatch, Message, Start, decode,
+                      encode)
+from scenarios import router
+
+pytestmark = pytest.mark.timeout(60)
+
+LOGS = Path(__file__).resolve().parent / "logs"
+RECORDED = recorded_logs(LOGS)
+
+
+def records_of(path: Path):
+    return [(r, decode(r.body)) for r in read_log(path).records]
+
+
+def seq_of(path: Path, sender: str, kind: type, **fields) -> int:
+    """The seq of the first record from ``sender`` holding a ``kind`` with ``fields``."""
+    for rec, msg in records_of(path):
+        if rec.sender == sender and isinstance(msg, kind) and all(
+                getattr(msg, k) == v for k, v in fields.items()):
+            return rec.seq
+    raise AssertionError(f"{path.name} has no {kind.__name__} {fields} from {sender}")
+
+
+def copy_log(src: Path, dst: Path, edit=lambda rec: rec) -> Path:
+    """Rewrite a log record by record; ``edit`` returns a record, or None to drop it."""
+    contents = read_log(src)
+    with LogWriter(dst, contents.header, fsync="never") as w:
+        for rec in contents.records:
+            rec = edit(rec)
+            if rec is not None:
+                w.append(rec.seq, rec.t, rec.sender, rec.receiver, rec.body)
+    return dst
+
+
+# --- the recorded logs -------------------------------------------------------------------
+
+
+def test_the_recorded_logs_cover_the_strategies_named_in_docs_replay_md():
+    names = {p.name for p in RECORDED}
+    assert {"sync_data_parallel.evolog", "tensor_parallel_violations.evolog",
+            "cluster_parallel.evolog", "resumed_after_kill.evolog",
+            "resumed_after_kill.r1.evolog"} <= names
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=[p.name for p in RECORDED])
+def test_every_recorded_log_replays_identically(path):
+    report = replay(path)
+    assert report.records > 0
+    # Every control actor was exercised, and compared something.
+    assert all(a.inputs > 0 and a.matched > 0 for a in report.actors.values()), report
+    # What a replay may not find in a log is only what could not be delivered: messages
+    # to workers that had left (or, for a killed run, what was in flight at the end).
+    killed = "resumed_after_kill.evolog" == path.name
+    for u in report.unrecorded:
+        assert killed or u.receiver.startswith("worker-"), report.format()
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=[p.name for p in RECORDED])
+def test_yesterdays_bytes_decode_with_todays_code(path):
+    """Schema evolution (STYLE): every message of a committed log decodes with today's
+    typed union, every field it carries is still a field of today's message (none was
+    renamed or removed: an unknown field would be skipped silently), and today's
+    encoding of it decodes back to the same message."""
+    contents = read_log(path)
+    assert contents.header.format_version <= FORMAT_VERSION
+    kinds = set()
+    for rec in contents.records:
+        msg = decode(rec.body)
+        kind = type(msg)
+        kinds.add(kind.__name__)
+        raw = msgspec.msgpack.decode(rec.body)
+        assert raw["type"] == kind.__name__
+        dropped = set(raw) - set(kind.__struct_fields__) - {"type"}
+        assert not dropped, (f"{path.name} seq {rec.seq}: {kind.__name__} fields "
+                             f"{sorted(dropped)} are gone from today's code")
+        assert decode(encode(msg)) == msg
+    if "resumed_from" in contents.header.meta:
+        return  # a resumed run's log starts mid-run
+    assert {"Start", "LeaseBatch", "Lease", "LeaseDone", "Settled", "Barrier",
+            "EvalRequest", "EvalDone", "Commit", "RoundClosed", "Hello"} <= kinds
+
+
+def test_the_tensor_parallel_log_holds_section_violations():
+    closed = [m for _, m in records_of(LOGS / "tensor_parallel_violations.evolog")
+              if type(m).__name__ == "RoundClosed"]
+    assert sum(m.outcomes.get("section-violation", 0) for m in closed) > 0
+
+
+def test_the_cluster_parallel_log_plans_whole_clusters():
+    batches = [m for _, m in records_of(LOGS / "cluster_parallel.evolog")
+               if isinstance(m, LeaseBatch)]
+    for lease in batches[0].leases:
+        assert len({router.cluster_of(t) for t in lease.task_ids}) == 1
+
+
+# --- a decision changed on purpose is caught where it happens --------------------------
+
+
+class MisroutingScheduler(Scheduler):
+    """Sends lease r1.u0 to another worker than the real Scheduler did."""
+
+    def handle(self, msg: Message):
+        out = super().handle(msg)
+        return [(self._elsewhere(receiver), m)
+                if isinstance(m, Lease) and m.lease_id == "r1.u0" else (receiver, m)
+                for receiver, m in out]
+
+    def _elsewhere(self, receiver: str) -> str:
+        others = sorted(w for w in self.workers if w != receiver)
+        return others[-1]
+
+
+def test_a_scheduler_that_dispatches_differently_is_caught_at_that_lease():
+    path = LOGS / "sync_data_parallel.evolog"
+    expected_seq = seq_of(path, SCHEDULER, Lease, lease_id="r1.u0")
+    with pytest.raises(AssertionError) as info:
+        replay(path, scheduler=MisroutingScheduler)
+    text = str(info.value)
+    assert f"first divergence at seq {expected_seq}" in text
+    assert "scheduler sent a different message" in text
+    report = replay_log(path, scheduler=MisroutingScheduler)
+    d = report.divergence
+    assert (d.seq, d.actor) == (expected_seq, SCHEDULER)
+    assert d.diff[0].startswith("receiver: 'worker-") and " != 'worker-" in d.diff[0]
+    assert isinstance(d.expected[1], Lease) and d.expected[1] == d.actual[1]
+    # The other actors were fed the recorded inputs and still replay identically.
+    assert report.other_divergences == []
+
+
+class ShiftedDataParallel(DataParallel):
+    """Plans round 1 (and later) with the units' shards shifted by one worker."""
+
+    def plan(self, n_workers, round_index, keys):
+        units = super().plan(n_workers, round_index, keys)
+        if round_index < 1:
+            return units
+        shifted = units[1:] + units[:1]
+        return [msgspec.structs.replace(u, keys=s.keys) for u, s in zip(units, shifted)]
+
+
+def test_a_planner_whose_strategy_plans_differently_is_caught_at_that_round():
+    path = LOGS / "sync_data_parallel.evolog"
+    expected_seq = seq_of(path, PLANNER, LeaseBatch, round=1)
+    report = replay_log(path, parallel=ShiftedDataParallel())
+    d = report.divergence
+    assert (d.seq, d.actor) == (expected_seq, PLANNER), report.format()
+    assert d.diff[0].startswith("leases[0].task_ids[0]: '"), d.diff
+    # The rounds before were planned the same way: matched outputs come first.
+    assert report.actors[PLANNER].matched >= 3
+
+
+def test_the_report_names_seq_actor_expected_actual_and_fields():
+    path = LOGS / "sync_data_parallel.evolog"
+    text = replay_log(path, scheduler=MisroutingScheduler).format()
+    assert "expected: -> worker-" in text and "actual:   -> worker-" in text
+    assert "Lease(lease_id='r1.u0'" in text
+    assert "difference:" in text
+
+
+# --- the engine on hand-made logs ----------------------------------------------------------
+
+
+class Echo:
+    """A toy planner: answers each Barrier(r) with Commit(version=r) to the scheduler, and
+    to the driver too when r is odd."""
+
+    def handle(self, msg):
+        match msg:
+            case Barrier(round=r):
+                out = [(SCHEDULER, Commit(version=r, state={}))]
+                if r % 2:
+                    out.append((DRIVER, Commit(version=r, state={})))
+                return out
+            case _:
+                return []
+
+
+START = Start(run_id="t", seed=0, task_ids=["a", "b", "c", "d"], n_workers=1, rounds=1,
+              held_out_frac=0.5, max_concurrency=1)
+
+
+def hand_made(tmp_path: Path, rows: list[tuple[str, str, Message]]) -> Path:
+    from bus.log import LogHeader
+
+    path = tmp_path / "hand.evolog"
+    with LogWriter(path, LogHeader(format_version=FORMAT_VERSION), fsync="never") as w:
+        for seq, (sender, receiver, msg) in enumerate([(DRIVER, PLANNER, START), *rows], 1):
+            w.append(seq, float(seq), sender, receiver, encode(msg))
+    return path
+
+
+def echo_replay(path: Path, **kw):
+    return replay_log(path, machines={PLANNER: Echo()}, **kw)
+
+
+def commit(r: int) -> Commit:
+    return Commit(version=r, state={})
+
+
+def test_outputs_recorded_after_later_inputs_still_match(tmp_path):
+    # The planner's answers to seq 2 and 3 reach the log only after both inputs.
+    path = hand_made(tmp_path, [(DRIVER, PLANNER, Barrier(round=0)),
+                                (DRIVER, PLANNER, Barrier(round=1)),
+                                (PLANNER, SCHEDULER, commit(0)),
+                                (PLANNER, SCHEDULER, commit(1)),
+                                (PLANNER, DRIVER, commit(1))])
+    report = echo_replay(path)
+    assert report.ok and report.actors[PLANNER].matched == 3 and not report.unrecorded
+
+
+def test_a_recorded_message_the_machine_never_sends_is_a_divergence_at_its_seq(tmp_path):
+    path = hand_made(tmp_path, [(DRIVER, PLANNER, Barrier(round=0)),
+                                (PLANNER, SCHEDULER, commit(0)),
+                                (PLANNER, SCHEDULER, commit(7)),  # seq 4: never produced
+                                (DRIVER, PLANNER, Barrier(round=2)),
+                                (PLANNER, SCHEDULER, commit(2))])
+    d = echo_replay(path).divergence
+    assert d.seq == 4 and d.actual is None and "did not produce" in d.reason
+    assert "before its input at seq 5" in d.reason
+
+
+def test_a_different_message_mid_stream_is_a_divergence_with_a_field_diff(tmp_path):
+    path = hand_made(tmp_path, [(DRIVER, PLANNER, Barrier(round=0)),
+                                (PLANNER, SCHEDULER, commit(5)),
+                                (DRIVER, PLANNER, Barrier(round=2)),
+                                (PLANNER, SCHEDULER, commit(2))])
+    d = echo_replay(path).divergence
+    assert d.seq == 3 and d.input_seq == 2 and d.diff == ("version: 5 != 0",)
+
+
+def test_a_message_to_a_receiver_that_left_is_listed_not_failed_unless_strict(tmp_path):
+    # Barrier(1) makes the planner answer the driver too; the log never got that one
+    # (the driver had gone), and nothing else was sent to the driver afterwards.
+    path = hand_made(tmp_path, [(DRIVER, PLANNER, Barrier(round=1)),
+                                (PLANNER, SCHEDULER, commit(1)),
+                                (DRIVER, PLANNER, Barrier(round=2)),
+                                (PLANNER, SCHEDULER, commit(2))])
+    report = echo_replay(path)
+    assert report.ok
+    assert [(u.actor, u.receiver, u.input_seq) for u in report.unrecorded] == \
+        [(PLANNER, DRIVER, 2)]
+    strict = echo_replay(path, strict=True)
+    assert not strict.ok and strict.divergence.actual == (DRIVER, commit(1))
+
+
+def test_a_missing_message_is_a_divergence_when_the_receiver_hears_from_it_later(tmp_path):
+    path = hand_made(tmp_path, [(DRIVER, PLANNER, Barrier(round=1)),
+                                (PLANNER, SCHEDULER, commit(1)),
+                                (DRIVER, PLANNER, Barrier(round=3)),
+                                (PLANNER, SCHEDULER, commit(3)),
+                                (PLANNER, DRIVER, commit(3))])
+    d = echo_replay(path).divergence
+    # Commit(1) to the driver was produced but is not in the log, while the driver does
+    # hear from the planner later (seq 6): not a receiver that left, a divergence, at
+    # the next message the log holds from the planner.
+    assert d is not None and d.actor == PLANNER and d.seq == 5
+    assert d.expected == (SCHEDULER, commit(3)) and d.actual == (DRIVER, commit(1))
+
+
+def test_a_log_without_start_replays_nothing_and_says_so(tmp_path):
+    from bus.log import LogHeader
+
+    path = tmp_path / "empty.evolog"
+    LogWriter(path, LogHeader(format_version=FORMAT_VERSION)).close()
+    report = replay_log(path)
+    assert report.ok and "no Start" in report.notes[0]
+
+
+def test_a_torn_tail_is_cut_with_a_warning_and_the_rest_replays(tmp_path):
+    path = copy_log(LOGS / "sync_data_parallel.evolog", tmp_path / "torn.evolog")
+    with open(path, "ab") as f:
+        f.write(b"\x10\x00\x00\x00garbage")
+    with pytest.warns(TornTailWarning):
+        report = replay_log(path)
+    assert report.ok and "torn tail" in report.notes[0]
+
+
+# --- building machines ------------------------------------------------------------------
+
+
+def router_kwargs():
+    return dict(tasks=router.tasks(), reward=router.reward, run=router.run,
+                propose=router.propose, strategy=KeyedRules(router.CATEGORIES))
+
+
+def test_a_python_run_with_a_custom_strategy_needs_it_passed_and_then_replays(tmp_path):
+    path = tmp_path / "tp.evolog"
+    evolve(**router_kwargs(), parallel=TensorParallel(4, route=router.route), rounds=2,
+           n_workers=4, bus="memory", log=str(path))
+    with pytest.raises(ConfigError, match=r"parallel=TensorParallel\(4.*pass the same"):
+        replay_log(path)
+    replay(path, parallel=TensorParallel(4, route=router.route),
+           strategy=KeyedRules(router.CATEGORIES))
+
+
+def test_a_stateful_strategy_must_be_fresh_for_replay(tmp_path):
+    path = tmp_path / "cp.evolog"
+    used = ClusterParallel(router.cluster_of)
+    evolve(**router_kwargs(), parallel=used, rounds=3, n_workers=4, bus="memory",
+           log=str(path))
+    replay(path, parallel=ClusterParallel(router.cluster_of))
+    # The instance the run used has learnt from it: it plans round 0 differently.
+    assert not replay_log(path, parallel=used).ok
+
+
+def test_a_python_run_with_the_default_strategy_replays_without_arguments(tmp_path):
+    path = tmp_path / "dp.evolog"
+    evolve(**router_kwargs(), rounds=2, n_workers=3, bus="memory", log=str(path))
+    replay(path)
+
+
+def test_an_asynchronous_run_replays(tmp_path):
+    path = tmp_path / "async.evolog"
+    evolve(**router_kwargs(), asynchronous=True, max_rollouts=200, n_workers=4,
+           log=str(path))
+    report = replay(path)
+    assert not [u for u in report.unrecorded if not u.receiver.startswith("worker-")]
+
+
+# --- field diffs ---------------------------------------------------------------------------
+
+
+def test_field_diff_walks_into_lists_dicts_and_nested_messages():
+    a = LeaseBatch(round=1, leases=[Lease(lease_id="r1.u0", round=1, task_ids=["x"])])
+    b = LeaseBatch(round=1, leases=[Lease(lease_id="r1.u1", round=1, task_ids=["x", "y"])])
+    assert field_diff(a, b) == ["leases[0].lease_id: 'r1.u0' != 'r1.u1'",
+                                "leases[0].task_ids: 1 items != 2 items"]
+    assert field_diff(Commit(version=1, state={"k": "a"}), Commit(version=1, state={})) == \
+        ["state['k']: 'a' != (missing)"]
+    assert field_diff(Barrier(round=1), Commit(version=1, state={})) == \
+        ["message: Barrier != Commit"]
+    assert field_diff(Barrier(round=1), Barrier(round=1)) == []
+
+
+# --- the CLI ---------------------------------------------------------------------------------
+
+
+def test_cli_replay_batch_mode_reports_each_log_and_exits_0(capsys):
+    assert cli_main(["replay", str(LOGS), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    for p in RECORDED:
+        assert f"ok       {p}" in out
+    assert f"{len(RECORDED)} logs: all replay identically" in out
+
+
+def test_cli_replay_exits_1_and_reports_the_divergence_of_a_tampered_log(tmp_path, capsys):
+    src = LOGS / "sync_data_parallel.evolog"
+    target = seq_of(src, SCHEDULER, Lease, lease_id="r1.u2")
+
+    def retarget(rec):
+        if rec.seq != target:
+            return rec
+        lease = decode(rec.body)
+        return msgspec.structs.replace(
+            rec, body=encode(msgspec.structs.replace(lease, lease_id="r1.u9")))
+
+    tampered = copy_log(src, tmp_path / "tampered.evolog", retarget)
+    assert cli_main(["replay", str(src), str(tampered)]) == 1
+    out = capsys.readouterr().out
+    assert f"ok       {src}" in out
+    assert f"DIVERGED at seq {target} {tampered}" in out
+    assert "lease_id: 'r1.u9' != 'r1.u2'" in out
+
+
+def test_cli_replay_exits_2_on_an_unreadable_log(tmp_path, capsys):
+    bad = tmp_path / "bad.evolog"
+    bad.write_bytes(b"not a log")
+    assert cli_main(["replay", str(bad)]) == 2
+    assert "ERROR" in capsys.readouterr().out
+
+
+def test_cli_inspect_summary_tabulates_rounds_commits_redispatches_and_discards(capsys):
+    assert cli_main(["inspect", str(LOGS / "tensor_parallel_violations.evolog"),
+                     "--summary"]) == 0
+    out = capsys.readouterr().out
+    assert "round  leases  rollouts  proposals  result" in out
+    assert "section-violation" in out
+    closed = [m for _, m in records_of(LOGS / "tensor_parallel_violations.evolog")
+              if type(m).__name__ == "RoundClosed"]
+    commits = sum(1 for r, m in records_of(LOGS / "tensor_parallel_violations.evolog")
+                  if isinstance(m, Commit) and r.sender == MERGER)
+    assert f"rounds {len(closed)} closed" in out and f"commits {commits}," in out
+    assert "re-dispatches 0" in out
+
+
+def test_cli_inspect_summary_counts_a_redispatched_lease(tmp_path, capsys):
+    src = LOGS / "sync_data_parallel.evolog"
+    first = seq_of(src, SCHEDULER, Lease, lease_id="r0.u0")
+    contents = read_log(src)
+    again = next(r for r in contents.records if r.seq == first)
+    with LogWriter(tmp_path / "again.evolog", contents.header, fsync="never") as w:
+        for r in contents.records:
+            w.append(r.seq, r.t, r.sender, r.receiver, r.body)
+        w.append(contents.records[-1].seq + 1, 99.0, again.sender, "worker-3", again.body)
+    assert cli_main(["inspect", str(tmp_path / "again.evolog"), "--summary"]) == 0
+    assert "re-dispatches 1" in capsys.readouterr().out
+
+
+def test_cli_inspect_summary_respects_the_round_filter(capsys):
+    assert cli_main(["inspect", str(LOGS / "sync_data_parallel.evolog"), "--summary",
+                     "--round", "1"]) == 0
+    table = capsys.readouterr().out.split("round  leases")[1].split("\n\n")[0]
+    rows = [line.split()[0] for line in table.strip().splitlines()[1:]]
+    assert rows == ["1"]
+
+
+def test_replaying_ignores_warnings_of_a_whole_log():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        replay(LOGS / "cluster_parallel.evolog")
