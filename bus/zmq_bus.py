@@ -38,6 +38,12 @@ _SEQ = struct.Struct("<Q")
 _HEAD = struct.Struct("<cHH")
 # Plain ints: pyzmq's enum flags cost an enum operation per frame.
 _MORE, _NOBLOCK, _RCVMORE = int(zmq.SNDMORE), int(zmq.NOBLOCK), int(zmq.RCVMORE)
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+
+
+def _readable(sock: zmq.Socket) -> bool:
+    """Another message is waiting (~1.6 us; a recv that raises zmq.Again costs ~6 us)."""
+    return bool(sock.getsockopt(_EVENTS) & _POLLIN)
 
 
 def _envelope(sender: bytes, receiver: bytes, body: bytes) -> bytes:
@@ -175,23 +181,25 @@ class Broker:
             poller.register(port.socket, zmq.POLLIN)
         try:
             while not self._stop.is_set():
-                if not poller.poll(_POLL_MS):
+                ready = dict(poller.poll(_POLL_MS))
+                if not ready:
                     continue
-                # Drain what is there before polling again: fewer syscalls under load.
-                for _ in range(1024):
-                    try:
-                        frame = intake.recv(_NOBLOCK)
-                    except zmq.Again:
-                        break
-                    self._on_intake(codec, frame)
-                for _ in range(1024):
-                    try:
-                        frames = _recv_frames(router, _NOBLOCK)
-                    except zmq.Again:
-                        break
-                    self._on_frames(router, codec, frames)
+                # Drain what is there before polling again, reading only the sockets
+                # the poll found readable and asking for more with EVENTS, not with a
+                # recv that fails (zmq.Again costs ~6 us a time, twice a cycle).
+                if intake in ready:
+                    for _ in range(1024):
+                        self._on_intake(codec, intake.recv(_NOBLOCK))
+                        if not _readable(intake):
+                            break
+                if router in ready:
+                    for _ in range(1024):
+                        self._on_frames(router, codec, _recv_frames(router, _NOBLOCK))
+                        if not _readable(router):
+                            break
                 for port in self._peers:  # issue 6: peer frames go through the port's policy
-                    port.drain(codec)
+                    if port.socket is not None and port.socket in ready:
+                        port.drain(codec)
         finally:
             router.close(0)
             intake.close(0)
