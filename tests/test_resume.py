@@ -307,6 +307,8 @@ def test_kill_9_mid_run_then_evobus_resume_gives_the_uninterrupted_artifact(tmp_
 
     new_log = Path(resumed["log"])
     assert new_log.name == "run.r1.evolog"
+    # The repaired old log and the new one number the run's messages without a gap.
+    assert read_log(new_log).records[0].seq == read_log(log).records[-1].seq + 1
     assert not answered_rollouts(log) & set(dispatched_rollouts(new_log))
     report = replay(new_log)  # standalone: the scenario is in the header
     assert len(report.segments) == 2
