@@ -26,6 +26,8 @@ def describe(exc: BaseException, limit: int = 300) -> str:
 
 def check_reward(value: Any, task: Task) -> float:
     """A reward must be a real number in [0, 1]; anything else is the caller's mistake."""
+    if value.__class__ is float and 0.0 <= value <= 1.0:  # the common case, first (NaN fails)
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
             or not 0.0 <= value <= 1.0:
         raise ValueError(
@@ -56,7 +58,7 @@ class WorkerCore:
             self.state = dict(msg.state)
             self.rendered = self.strategy.render(self.state)
 
-    def run_lease(self, lease: Lease, cancelled: Callable[[], bool] = lambda: False) -> LeaseDone:
+    def run_lease(self, lease: Lease, cancelled: Callable[[], bool] | None = None) -> LeaseDone:
         if lease.kind == "eval":
             rendered = self.strategy.render(lease.state or {})
             state, version, may_propose = lease.state or {}, lease.version, False
@@ -66,7 +68,7 @@ class WorkerCore:
         results: list[RolloutResult] = []
         fatal = None
         for task_id in lease.task_ids:
-            if cancelled():
+            if cancelled is not None and cancelled():
                 break
             task = self.tasks.get(task_id)
             if task is None:
