@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 
 #: Exit statuses of the worker process.
 EXIT_STOPPED, EXIT_LOST, EXIT_REFUSED = 0, 1, 2
+#: A Join not answered with a Spec this soon is sent again (the registry may not have
+#: been listening yet, or the frame was lost with a connection).
+JOIN_RETRY_S = 1.0
 
 
 def default_worker_id() -> str:
@@ -143,6 +146,8 @@ class RemoteWorker:
         self.slot_load: list[int] = []
         self.threads: list[threading.Thread] = []
         self.leases_done = 0
+        self.awaiting_spec = False  # a Join is out: the next Spec is answered with Hello
+        self.joined_at = 0.0
 
     # -- the main thread ----------------------------------------------------------------------
 
@@ -160,8 +165,7 @@ class RemoteWorker:
                 log.error("worker %s: %s", self.name, exc)
                 return EXIT_LOST
             log.info("worker %s: connected to %s", self.name, self.connect)
-            self.ep.send(self.name, REGISTRY, Join(worker=self.name, slots=self.slots,
-                                                   package_version=package_version()))
+            self._join()
             return self._serve()
         finally:
             self.done.set()
@@ -172,6 +176,8 @@ class RemoteWorker:
             try:
                 item = self.inbox.get(timeout=0.25)
             except queue.Empty:
+                if self.awaiting_spec and time.monotonic() - self.joined_at > JOIN_RETRY_S:
+                    self._join()
                 if time.monotonic() - self.ep.last_heard > self.give_up:
                     self.stop_reason = f"no word from the broker for {self.give_up:g} s"
                     log.error("worker %s: no word from the broker at %s for %.0f s; giving up",
@@ -193,7 +199,16 @@ class RemoteWorker:
                     log.error("worker %s: the coordinator refused it: %s", self.name, reason)
                     return EXIT_REFUSED
 
+    def _join(self) -> None:
+        self.awaiting_spec = True
+        self.joined_at = time.monotonic()
+        self.ep.send(self.name, REGISTRY, Join(worker=self.name, slots=self.slots,
+                                               package_version=package_version()))
+
     def _on_spec(self, spec: Spec) -> int | None:
+        if not self.awaiting_spec:
+            return None  # the answer to a repeated Join: already registered
+        self.awaiting_spec = False
         if self.resolved is None or spec.run_id != self.spec.run_id:
             try:
                 self.resolved = resolve_spec(spec, self.allow)
@@ -306,8 +321,7 @@ class RemoteWorker:
         # A new connection: the broker (maybe a restarted one) must hear from us again;
         # the registry answers with the spec and we say hello listing what we hold.
         log.warning("worker %s: reconnected to %s; joining again", self.name, self.connect)
-        self.ep.send(self.name, REGISTRY, Join(worker=self.name, slots=self.slots,
-                                               package_version=package_version()))
+        self._join()
 
 
 def process_main(*, address: str, worker_id: str, allow: list[str],

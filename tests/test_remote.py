@@ -8,6 +8,7 @@ rollout writes, the coordinator's progress lines), never on a sleep.
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -45,9 +46,18 @@ HEARTBEAT, DEADLINE = 0.2, 1.0
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the ephemeral range, so no outgoing connection (a worker
+    retrying to connect, say) is handed the same number before the coordinator binds."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # taken: try another
+                continue
+            return port
+    raise AssertionError("no free port found in 20000-32000")
 
 
 def wait_for(predicate, timeout: float, what: str):
@@ -145,12 +155,14 @@ class Topology:
         workers = f'local = 0\nremote = {n_workers}\nbind = "{self.addr}"'
         if keys is not None:
             workers += f'\nkeys = "{keys}"'
-        self.text = scenario_text(workers)
+        self.log = tmp_path / "remote.evolog"
+        self.text = f'log = "{self.log}"\n' + scenario_text(workers)
         self.path = tmp_path / "remote.toml"
         self.path.write_text(self.text)
         self.gate = tmp_path / "gate"
         self.gate.mkdir()
         self.env = env_with(**({"EVOBUS_TEST_GATE": self.gate} if gate else {}))
+        self.tmp = tmp_path
         self.procs: list[subprocess.Popen] = []
         self.keys = keys
         self.workers = [self._worker(i) for i in range(n_workers)]
@@ -159,11 +171,24 @@ class Topology:
         self.out = Lines(self.coordinator.stdout)
         self.err = Lines(self.coordinator.stderr)
 
-    def _spawn(self, argv: list[str]) -> subprocess.Popen:
-        proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+    def _spawn(self, argv: list[str], log_name: str | None = None) -> subprocess.Popen:
+        if log_name is None:  # the coordinator: read live (Lines)
+            out = err = subprocess.PIPE
+        else:  # a worker: to a file, read when something goes wrong
+            out = err = open(self.tmp / log_name, "w")
+        proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=out, stderr=err,
+                                text=True)
+        if log_name is not None:
+            out.close()
         self.procs.append(proc)
         return proc
+
+    def diagnose(self) -> str:
+        """What the coordinator and the workers said (for failure messages)."""
+        parts = [f"coordinator rc={self.coordinator.poll()}:\n{''.join(self.err.lines[-20:])}"]
+        for path in sorted(self.tmp.glob("worker-*.log")):
+            parts.append(f"{path.name}:\n{path.read_text()[-1500:]}")
+        return "\n".join(parts)
 
     def _worker(self, i: int) -> subprocess.Popen:
         argv = [sys.executable, "-m", "actors.cli", "worker", "--connect", self.addr,
@@ -172,12 +197,16 @@ class Topology:
         if self.keys is not None:
             argv += ["--key", str(self.keys / "client.key_secret"),
                      "--server-key", str(self.keys / "server.key")]
-        return self._spawn(argv)
+        return self._spawn(argv, f"worker-{i}.log")
 
     def first_started(self) -> int:
         """The pid of the first worker whose first rollout is waiting at the gate."""
-        found = wait_for(lambda: sorted(self.gate.glob("started-*"), key=os.path.getmtime),
-                         30, "a worker to start its first rollout")
+        try:
+            found = wait_for(lambda: sorted(self.gate.glob("started-*"),
+                                            key=os.path.getmtime), 30,
+                             "a worker to start its first rollout")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.diagnose()}") from None
         return int(found[0].name.split("-", 1)[1])
 
     def release(self) -> None:
@@ -186,7 +215,7 @@ class Topology:
     def result(self, timeout: float = 60) -> dict:
         self.coordinator.wait(timeout)
         text = self.out.text()
-        assert self.coordinator.returncode == 0, self.err.text()
+        assert self.coordinator.returncode == 0, self.diagnose()
         return msgspec.json.decode(text.strip().splitlines()[-1])
 
     def close(self) -> None:
@@ -252,6 +281,10 @@ def test_kill_9_of_a_worker_mid_lease_still_completes_with_the_same_artifact(top
     assert out["bus"]["redispatched"] >= 1
     assert out["bus"]["lost_workers"] == 1
     assert out["error"] is None
+    # Time and heartbeats reached the Scheduler as messages: its log replays exactly.
+    from actors.cli import main
+
+    assert main(["replay", str(t.log)]) == 0
 
 
 def test_a_worker_stopped_past_its_deadline_is_redispatched_and_its_late_answer_dropped(
@@ -643,3 +676,42 @@ def test_the_python_example_of_the_remote_page_runs(tmp_path):
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.split()[-1] == "2"  # both process workers joined
+
+
+def test_a_worker_that_joins_before_the_registry_listens_joins_again():
+    from actors.remote_worker import RemoteWorker
+    from protocol import Stop
+
+    port = PeerPort(["tcp://127.0.0.1:0"], receivers=["scheduler", "registry"])
+    bus = ZmqBus(peers=(port,))
+    worker = RemoteWorker(port.addresses[0], worker_id="w-early", allow=["scenarios"],
+                          give_up=20)
+    codes = []
+    thread = threading.Thread(target=lambda: codes.append(worker.run()), daemon=True)
+    thread.start()
+    try:
+        # Its first Join finds no registry: dropped and counted ...
+        wait_for(lambda: bus.stats.unroutable >= 1, 10, "the first Join to be dropped")
+        hellos = Inbox()
+        spec = _spec(package_version=__import__("actors.runtime").runtime.PACKAGE_VERSION)
+
+        def registry(delivery) -> None:
+            if isinstance(delivery.msg, Join):
+                bus.send("registry", delivery.msg.worker, spec)
+            elif isinstance(delivery.msg, Hello):
+                hellos(delivery)
+
+        bus.attach("registry", registry)
+        bus.attach("scheduler", Inbox())
+        # ... and the worker joins again until the spec comes, then says hello once.
+        assert hellos.event.wait(10)
+        hello = hellos.items[0].msg
+        assert hello.worker == "w-early" and hello.fingerprint == spec.fingerprint
+        assert hello.heartbeat == spec.heartbeat
+        bus.send("scheduler", "w-early", Stop(reason="test over"))
+        thread.join(10)
+        assert codes == [0] and len(hellos.items) == 1
+    finally:
+        worker.done.set()
+        thread.join(5)
+        bus.close()
