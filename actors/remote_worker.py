@@ -160,6 +160,10 @@ class RemoteWorker:
         try:
             try:
                 self.ep.attach(self.name, self._on_delivery, timeout=self.give_up)
+            except ConnectionRefusedError as exc:  # e.g. --id names a coordinator actor
+                self.stop_reason = f"{exc}; start the worker with another --id"
+                log.error("worker %s: %s", self.name, self.stop_reason)
+                return EXIT_REFUSED
             except TimeoutError as exc:
                 self.stop_reason = str(exc)
                 log.error("worker %s: %s", self.name, exc)

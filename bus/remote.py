@@ -6,12 +6,13 @@ by one I/O thread. The broker meets it on a :class:`PeerPort`: a ROUTER of its o
 CURVE when keys are configured, and a stricter frame policy than the in-process
 endpoints get. Frames (after the ROUTER's identity frame)::
 
-    peer -> broker  [b"A", name]                 register a name (answered [b"a", name])
+    peer -> broker  [b"A", name]                 register a name (answered [b"a", name],
+                                                 or [b"e", name, why] when refused)
                     [b"D", name]                 forget a name this peer registered
                     [b"M", sender, receiver, body]  a message, sent as a name it registered
                     [b"P"]                       ping (answered [b"p"])
     broker -> peer  [b"M", seq(8), sender, receiver, body]   a delivery
-                    [b"a", name], [b"p"]
+                    [b"a", name], [b"e", name, why], [b"p"]
 
 Policy at the port (every refusal is counted in ``BusStats.rejected_frames`` with the
 peer's identity): a message or ping from a peer that registered no name, or sent as a
@@ -186,18 +187,19 @@ class PeerPort:
             self._reject(ident, f"malformed envelope ({len(frames)} frames, kind {kind[:8]!r})")
 
     def _attach(self, ident: bytes, name: bytes, names: set[bytes] | None) -> None:
+        why = None
         if not _NAME.fullmatch(name):
-            self._reject(ident, f"registering {name[:64]!r}: a name is 1-128 characters of "
-                                "letters, digits and _.:@+-")
-            return
-        if self._broker.is_local(name):
-            self._reject(ident, f"registering {name.decode()!r}, the name of a coordinator actor")
-            return
-        if names is not None and name not in names and len(names) >= MAX_NAMES_PER_PEER:
-            self._reject(ident, f"registering more than {MAX_NAMES_PER_PEER} names")
-            return
-        if name not in self.routes and len(self.routes) >= MAX_PEER_ROUTES:
-            self._reject(ident, f"registering a name past the port's {MAX_PEER_ROUTES} routes")
+            why = (f"registering {name[:64]!r}: a name is 1-128 characters of letters, "
+                   "digits and _.:@+-")
+        elif self._broker.is_local(name):
+            why = f"registering {name.decode()!r}, the name of a coordinator actor"
+        elif names is not None and name not in names and len(names) >= MAX_NAMES_PER_PEER:
+            why = f"registering more than {MAX_NAMES_PER_PEER} names"
+        elif name not in self.routes and len(self.routes) >= MAX_PEER_ROUTES:
+            why = f"registering a name past the port's {MAX_PEER_ROUTES} routes"
+        if why is not None:
+            self._reject(ident, why)
+            self._send(ident, [b"e", name[:128], why.encode()])  # the peer learns why
             return
         previous = self.routes.get(name)
         if previous is not None and previous != ident:
@@ -246,6 +248,7 @@ class RemoteEndpoint:
         self.ctx = ctx if ctx is not None else zmq.Context()
         self.reconnects = 0
         self.auth_error: str | None = None
+        self.refused: dict[str, str] = {}  # name -> why the broker refused to route it
         self.last_heard = time.monotonic()
         self._flush_s = 0.0
         self.heard = threading.Event()  # the broker has answered at least once
@@ -271,7 +274,13 @@ class RemoteEndpoint:
             self._handlers[name] = deliver
             self._acks[name] = ack
         self._enqueue([b"A", name.encode()])
-        if not ack.wait(timeout):
+        acked = ack.wait(timeout)
+        if name in self.refused:
+            with self._lock:
+                self._handlers.pop(name, None)
+            raise ConnectionRefusedError(f"the broker at {self.address} refused the name "
+                                         f"{name!r}: {self.refused[name]}")
+        if not acked:
             why = (f"the broker refused this worker's key ({self.auth_error}): ask the "
                    "coordinator's operator to authorise its public key (evobus keys DIR "
                    "--client NAME), or check --server-key" if self.auth_error else
@@ -440,6 +449,12 @@ class RemoteEndpoint:
                 self._deliver(codec, frames)
             elif kind == b"a" and len(frames) == 2:
                 ack = self._acks.get(frames[1].decode("utf-8", "replace"))
+                if ack is not None:
+                    ack.set()
+            elif kind == b"e" and len(frames) == 3:  # a registration refused, and why
+                name = frames[1].decode("utf-8", "replace")
+                self.refused[name] = frames[2].decode("utf-8", "replace")
+                ack = self._acks.get(name)
                 if ack is not None:
                     ack.set()
             elif kind == b"p" and len(frames) == 1:
