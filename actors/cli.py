@@ -23,21 +23,31 @@ def _err(message: str) -> int:
     return 2
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from actors.errors import ConfigError
-    from actors.launch import run_scenario
+def _load_checked(path: str):
+    """The scenario at ``path``, validated and with every reference importable (nothing
+    is called: no tasks built, no agent constructed); or the exit code after saying why."""
+    from actors.scenario_check import check_refs
     from protocol.scenario import ScenarioError, load_scenario
 
     try:
-        scenario = load_scenario(args.scenario)
+        scenario = load_scenario(path)
     except ScenarioError as exc:
         return _err(str(exc))
-    from actors.progress import RunProgress, interrupt_guard
-    from actors.scenario_check import check_refs
+    problems = check_refs(scenario, path)
+    for problem in problems:
+        _err(problem)
+    return 2 if problems else scenario
 
-    problems = check_refs(scenario, args.scenario)
-    if problems:
-        return [_err(p) for p in problems][0]
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from actors.errors import ConfigError
+    from actors.launch import run_scenario
+
+    scenario = _load_checked(args.scenario)
+    if isinstance(scenario, int):
+        return scenario
+    from actors.progress import RunProgress, interrupt_guard
+
     if scenario.domain is None:  # only [[groups]]: actors.cli_groups runs them
         from actors.cli_groups import run_groups
 
@@ -141,18 +151,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from protocol.scenario import ScenarioError, load_scenario
-
-    from actors.scenario_check import check_refs
-
-    try:
-        scenario = load_scenario(args.scenario)
-    except ScenarioError as exc:
-        return _err(str(exc))
-    # References must import (nothing is called: no tasks built, no agent constructed).
-    problems = check_refs(scenario, args.scenario)
-    if problems:
-        return [_err(p) for p in problems][0]
+    scenario = _load_checked(args.scenario)
+    if isinstance(scenario, int):
+        return scenario
     parts = []
     if scenario.domain is not None:
         parts = [scenario.mode] + ([f"{scenario.rounds} rounds"] if scenario.mode == "sync"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import threading
 import time
 import uuid
 import warnings
