@@ -398,7 +398,12 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                 case Progress(record=record):
                     elapsed_by_round[record.round] = time.monotonic() - t0
                     if on_progress is not None:
-                        on_progress(_with_elapsed(record, elapsed_by_round[record.round]))
+                        # The Scheduler's registry, read between messages: a count, for
+                        # display only (decisions never depend on it).
+                        alive = len(rt.machines["scheduler"].workers)
+                        on_progress(msgspec.structs.replace(
+                            record, elapsed=round(elapsed_by_round[record.round], 6),
+                            workers_alive=alive))
                 case RunDone() as done:
                     pass
                 case Hello() | Refused() if remote:  # issue 6: late joiners, refusals

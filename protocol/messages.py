@@ -201,6 +201,9 @@ class RoundRecord(msgspec.Struct, frozen=True, kw_only=True):
     proposals: int = 0
     reasons: dict[str, int] = {}
     elapsed: float = 0.0
+    #: Workers registered and not presumed lost when the round closed (filled in by
+    #: the driver from the Scheduler; None when unknown, e.g. in a replayed log).
+    workers_alive: int | None = None
 
 
 class Progress(Msg, frozen=True):

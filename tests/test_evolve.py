@@ -150,3 +150,9 @@ def test_an_agents_token_usage_reaches_the_result(router_kwargs):
     agent = Counting()
     result = evolve(**kw, agent=agent, rounds=1)
     assert result.usage == {"total_tokens": agent.usage["total_tokens"]} and result.usage["total_tokens"] > 0
+
+
+def test_progress_reports_the_workers_alive(router_kwargs):
+    seen = []
+    evolve(**router_kwargs, rounds=2, n_workers=3, on_progress=seen.append)
+    assert [r.workers_alive for r in seen] == [3, 3]
