@@ -88,9 +88,12 @@ class Scheduler:
         self.refreshes = 0
         self.workers: dict[str, _Worker] = {}
         self.queue: collections.deque[Lease] = collections.deque()
+        # Leases not yet answered. An answered (or cancelled) lease leaves this table, and
+        # lease ids are never reused, so an answer for an id not in it is late or a
+        # duplicate: no set of answered ids grows with the run (memory stays bounded by
+        # the work in flight).
         self.leases: dict[str, Lease] = {}
         self.holder: dict[str, str] = {}
-        self.answered: set[str] = set()
         self.open_rounds: dict[int, set[str]] = {}
         self.evals: dict[str, _Eval] = {}
         self.head: Commit | None = None
@@ -219,10 +222,9 @@ class Scheduler:
 
     def _on_done(self, msg: LeaseDone) -> list[Out]:
         lease = self.leases.get(msg.lease_id)
-        if lease is None or msg.lease_id in self.answered:
+        if lease is None:  # answered already (or never ours): late, dropped and counted
             self.duplicates_dropped += 1
             return []
-        self.answered.add(msg.lease_id)
         self._seen_done(msg)  # issue 6: evidence of life; a re-queued copy is withdrawn
         holder = self.holder.pop(msg.lease_id, None)
         if holder is not None and holder in self.workers:
@@ -397,7 +399,7 @@ class Scheduler:
                 del self.holder[lease_id]
                 self.running -= 1
             lease = self.leases.get(lease_id)
-            if lease is None or lease_id in self.answered:
+            if lease is None:  # answered meanwhile
                 continue
             if lost:
                 tries = self.tries[lease_id] = self.tries.get(lease_id, 0) + 1
