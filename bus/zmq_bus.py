@@ -481,14 +481,24 @@ class Endpoint:
             self.stats.after_close += 1
             return
         sock, codec = self._pusher()
-        sock.send(_envelope(sender.encode(), receiver.encode(), codec.encode(msg)))
+        self._push(sock, _envelope(sender.encode(), receiver.encode(), codec.encode(msg)))
 
     def send_frame(self, sender: str, receiver: str, body: bytes) -> None:
         if self._stop.is_set():
             self.stats.after_close += 1
             return
         sock, _ = self._pusher()
-        sock.send(_envelope(sender.encode(), receiver.encode(), bytes(body)))
+        self._push(sock, _envelope(sender.encode(), receiver.encode(), bytes(body)))
+
+    def _push(self, sock: zmq.Socket, frame: bytes) -> None:
+        try:
+            sock.send(frame)
+        except zmq.ZMQError:
+            if not self._stop.is_set():
+                raise
+            # close() closed this thread's socket between the check above and the send:
+            # a straggler of the shutdown, counted like any send after close.
+            self.stats.after_close += 1
 
     def close(self) -> None:
         self._stop.set()
