@@ -11,8 +11,9 @@ Planner, Scheduler and Merger *are* those rebuilt machines. At the junction:
   each actor's messages keep their order;
 - leases the Scheduler had handed to a worker with no ``LeaseDone`` in the log (rollout
   and eval leases alike) go back to the front of its queue and are dispatched again,
-  under their original ids, to the new workers (:func:`reopen`); every rollout whose
-  result is in the log has been fed to the machines and is never run again;
+  under their original ids, to the new workers (:func:`reopen`, which asks the
+  Scheduler: ``Scheduler.reopen``); every rollout whose result is in the log has been
+  fed to the machines and is never run again;
 - counters (rollouts, calls, rounds without commit, the time spent) live in the
   rebuilt Planner, so budgets consumed before the crash stay consumed; the driver's
   clock starts at the time the old logs cover.
@@ -20,7 +21,7 @@ Planner, Scheduler and Merger *are* those rebuilt machines. At the junction:
 The resumed run writes a **new log** (``run.evolog`` -> ``run.r1.evolog``, then
 ``run.r2.evolog``) whose header names the log it continues (``resumed_from``, relative
 to its directory, and ``resumed_after_seq``); its sequence numbers go on after the old
-log's last one. The old log is left as it was, except that a torn tail (what a crash
+log's last one (evolve() starts the bus at ``first_seq = last_seq + 1``). The old log is left as it was, except that a torn tail (what a crash
 leaves) is cut back to its last good record on disk first. ``evobus replay`` of the
 new log replays the whole chain. For the log to hold everything that happened before a
 crash, run with ``EVOBUS_LOG_FSYNC=always`` (see docs/replay.md): with the default
@@ -49,43 +50,19 @@ logger = logging.getLogger(__name__)
 __all__ = ["ResumePoint", "next_log_path", "reopen", "resume", "resume_scenario_log"]
 
 def reopen(machines: dict[str, Any]) -> list[str]:
-    """Turn rebuilt machines into ones a *new* set of workers can join.
-
-    The Scheduler forgets the old workers (new ones register with ``Hello`` and get the
-    head version first) and puts every lease that was with a worker and never answered
-    back into its queue, under its original id: eval leases at the front (a merge waits
-    on them), rollout leases after the evals already queued and before the rollouts
-    not yet dispatched, each group in the order it had been dispatched. Returns those
-    lease ids. A Scheduler that knows how to do this itself (a ``reopen()`` method) is
-    asked to.
-    """
+    """Turn rebuilt machines into ones a *new* set of workers can join: the Scheduler's
+    ``reopen()`` forgets the old workers and re-queues, under their original ids, the
+    leases that were with a worker and never answered (see ``Scheduler.reopen``).
+    Returns those lease ids."""
     scheduler = machines.get("scheduler")
     if scheduler is None:
         return []
     own = getattr(scheduler, "reopen", None)
-    if callable(own):
-        return list(own())
-    try:
-        holder, leases, queue = scheduler.holder, scheduler.leases, scheduler.queue
-        workers = scheduler.workers
-    except AttributeError as exc:
-        raise RunFailed(f"cannot reopen {type(scheduler).__name__} for resume: it has no "
-                        f"{exc.name!r}; give it a reopen() method that re-queues the leases "
-                        "held by workers and forgets the workers") from None
-    in_flight = [lease_id for lease_id in holder if lease_id in leases]
-    again = [leases[lease_id] for lease_id in in_flight]
-    # Keep the queue's discipline: eval leases (a merge waits on them) ahead of rollout
-    # leases, which backpressure may hold back; each group in its dispatch order.
-    waiting = list(queue)
-    split = next((i for i, lease in enumerate(waiting) if lease.kind == "rollout"),
-                 len(waiting))
-    queue.clear()
-    queue.extend([lease for lease in again if lease.kind != "rollout"] + waiting[:split]
-                 + [lease for lease in again if lease.kind == "rollout"] + waiting[split:])
-    holder.clear()
-    workers.clear()
-    scheduler.running = 0
-    return in_flight
+    if not callable(own):
+        raise RunFailed(f"cannot reopen {type(scheduler).__name__} for resume: give it a "
+                        "reopen(leases=None) method that forgets the workers and re-queues "
+                        "the leases they held (actors.scheduler.Scheduler.reopen does)")
+    return list(own())
 
 
 def next_log_path(path: str | Path) -> Path:
@@ -134,8 +111,9 @@ class ResumePoint:
     # -- the evolve() hook ------------------------------------------------------------
 
     def prepare(self, rt, machines: dict[str, Any]) -> None:
-        """Replay the logs into ``machines`` (nothing is sent), reopen them for new
-        workers, and make the new log's sequence numbers follow the old ones."""
+        """Replay the logs into ``machines`` (nothing is sent) and reopen them for new
+        workers. The runtime's bus must have been built with ``first_seq = last_seq +
+        1`` (evolve() does it) so the new log's numbers follow the old ones."""
         report, engine = _run(self.paths, self.contents, strict=False, machines=machines,
                               specs={})
         self.report = report
@@ -153,7 +131,6 @@ class ResumePoint:
             # Instance attribute over the class's method: the actor shell calls
             # machine.handle, and the first call sends these before anything else.
             machines[name].handle = _SendsFirst(machines[name].handle, outs)
-        _continue_numbering(rt.bus, self.last_seq)
         logger.info("resuming %s after seq %d: %d message(s) to re-send, %d lease(s) to "
                     "re-issue %s", self.path, self.last_seq, len(self.pending),
                     len(self.reissued), self.reissued[:8])
@@ -225,17 +202,6 @@ def _first(contents, kind: type, sender: str | None, receiver: str):
                 if isinstance(msg, kind):
                     return msg
     return None
-
-
-def _continue_numbering(bus, last_seq: int) -> None:
-    """The new log's first record gets ``last_seq + 1``. Called before any message
-    flows. The buses take no starting number yet, so this sets their counter."""
-    target = getattr(bus, "broker", bus)  # ZmqBus numbers in its broker, InMemoryBus itself
-    if not hasattr(target, "_seq"):
-        logger.warning("resume: %s has no sequence counter to continue; the new log's "
-                    "numbers start again at 1", type(bus).__name__)
-        return
-    target._seq = last_seq
 
 
 def resume(path: str | Path | ResumePoint, *, log: str | Path | None = None,

@@ -51,7 +51,7 @@ class Runtime:
 
     def __init__(self, *, bus: str = "zmq", log_path: str | None = None,
                  log_meta: dict[str, Any] | None = None, binds: Sequence[str] = (),
-                 fsync: str | None = None, peers: Sequence = ()) -> None:
+                 fsync: str | None = None, peers: Sequence = (), first_seq: int = 1) -> None:
         writer = None
         if log_path is not None:
             from bus.log import LogHeader, LogWriter, FORMAT_VERSION
@@ -75,9 +75,9 @@ class Runtime:
             writer = LogWriter(log_path, header, fsync=fsync)
         if bus == "zmq":
             # issue 6: ``peers`` are bus.remote.PeerPort objects for workers in other processes
-            self.bus = ZmqBus(writer, binds=binds, peers=tuple(peers))
+            self.bus = ZmqBus(writer, binds=binds, peers=tuple(peers), first_seq=first_seq)
         elif bus == "memory":
-            self.bus = InMemoryBus(writer)
+            self.bus = InMemoryBus(writer, first_seq=first_seq)
         else:
             raise ConfigError(f"bus={bus!r}: choose 'zmq' (default) or 'memory'")
         self.log_path = log_path
@@ -351,8 +351,10 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
         meta.setdefault("task_sampler", repr(task_sampler))
     # A resumed run's clock starts at the time its old logs cover (time budgets).
     t0 = time.monotonic() - (resume_from.elapsed if resume_from is not None else 0.0)
+    # A resumed run's log numbers its messages on from the old log's last one.
+    first_seq = resume_from.last_seq + 1 if resume_from is not None else 1
     with Runtime(bus=bus, log_path=log, log_meta=meta, fsync=log_fsync,
-                 peers=remote.ports if remote else ()) as rt:
+                 peers=remote.ports if remote else (), first_seq=first_seq) as rt:
         rt.spawn("planner", Planner(plan_with, task_sampler))
         rt.spawn("scheduler", Scheduler(max_concurrency or n_workers, asynchronous=asynchronous,
                                         async_ratio=async_ratio, n_workers=n_workers,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -142,6 +143,45 @@ class Scheduler:
             case _:
                 log.warning("scheduler: unexpected %s", type(msg).__name__)
                 return []
+
+    # -- resume ---------------------------------------------------------------------------
+
+    def reopen(self, leases: Iterable[str] | None = None) -> list[str]:
+        """Make this Scheduler, rebuilt from a log (actors/resume.py), one that a *new*
+        set of workers can join; nothing is sent.
+
+        It forgets the old workers (new ones register with ``Hello`` and get the head
+        version first) and puts every lease a worker held and never answered back into
+        its queue, under its original id: eval leases at the front (a merge waits on
+        them), rollout leases after the evals already queued and before the rollouts
+        not yet dispatched. ``leases`` orders them (lease ids; default: the order they
+        were dispatched in); a held lease it leaves out follows the named ones (none is
+        ever dropped), and an id no worker holds is refused with ``ValueError``.
+        Returns the re-issued ids in that order."""
+        held = [lease_id for lease_id in self.holder if lease_id in self.leases]
+        order = held
+        if leases is not None:
+            named = list(dict.fromkeys(leases))
+            unknown = [i for i in named if i not in self.holder or i not in self.leases]
+            if unknown:
+                raise ValueError(f"reopen: {unknown} are not leases a worker holds here "
+                                 f"(held: {held}); name only leases in flight")
+            order = named + [i for i in held if i not in set(named)]
+        again = [self.leases[lease_id] for lease_id in order]
+        # Keep the queue's discipline: eval leases (a merge waits on them) ahead of rollout
+        # leases, which backpressure may hold back; each group in its order.
+        waiting = list(self.queue)
+        split = next((i for i, lease in enumerate(waiting) if lease.kind == "rollout"),
+                     len(waiting))
+        self.queue.clear()
+        self.queue.extend([lease for lease in again if lease.kind != "rollout"]
+                          + waiting[:split]
+                          + [lease for lease in again if lease.kind == "rollout"]
+                          + waiting[split:])
+        self.holder.clear()
+        self.workers.clear()
+        self.running = 0
+        return order
 
     # -- inputs -------------------------------------------------------------------------
 

@@ -21,13 +21,18 @@ log = logging.getLogger(__name__)
 
 
 class InMemoryBus:
-    def __init__(self, log_writer=None) -> None:
+    """``first_seq``: the sequence number of the first delivered message (a resumed run's
+    log goes on after the one it continues)."""
+
+    def __init__(self, log_writer=None, *, first_seq: int = 1) -> None:
+        if isinstance(first_seq, bool) or not isinstance(first_seq, int) or first_seq < 1:
+            raise ValueError(f"first_seq must be an integer >= 1, got {first_seq!r}")
         self.stats = BusStats()
         self._routes: dict[str, Deliver] = {}
         self._lock = threading.RLock()
         self._queue: collections.deque[tuple[str, str, bytes]] = collections.deque()
         self._draining = False
-        self._seq = 0
+        self._seq = first_seq - 1  # the last number given
         self._log = log_writer
         self._clock = RunClock()
         self._closed = False

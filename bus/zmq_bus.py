@@ -105,7 +105,9 @@ class Broker:
 
     def __init__(self, ctx: zmq.Context, binds: list[str], *, log_writer=None,
                  stats: BusStats | None = None, clock: RunClock | None = None,
-                 peers: tuple = ()) -> None:
+                 peers: tuple = (), first_seq: int = 1) -> None:
+        if isinstance(first_seq, bool) or not isinstance(first_seq, int) or first_seq < 1:
+            raise ValueError(f"first_seq must be an integer >= 1, got {first_seq!r}")
         self.ctx = ctx
         self.stats = stats or BusStats()
         self._log = log_writer
@@ -124,7 +126,9 @@ class Broker:
         # process workers, with their own frame policy; routed to through _route().
         self._peers = list(peers)
         self._router: zmq.Socket | None = None
-        self._seq = 0
+        # The last sequence number given: the first message gets ``first_seq`` (a resumed
+        # run's log goes on after the one it continues).
+        self._seq = first_seq - 1
         self.closing = False
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -515,10 +519,13 @@ class ZmqBus:
 
     ``binds`` adds ``ipc://`` or ``tcp://`` addresses for actors in other processes.
     A tcp address that is not loopback is refused unless ``insecure=True`` (remote
-    workers over other interfaces must use CURVE keys: docs/remote.md)."""
+    workers over other interfaces must use CURVE keys: docs/remote.md). ``first_seq``
+    is the sequence number of the first delivered message (default 1)."""
 
     def __init__(self, log_writer=None, binds: tuple[str, ...] | list[str] = (), *,
-                 insecure: bool = False, peers: tuple = ()) -> None:
+                 insecure: bool = False, peers: tuple = (), first_seq: int = 1) -> None:
+        if isinstance(first_seq, bool) or not isinstance(first_seq, int) or first_seq < 1:
+            raise ValueError(f"first_seq must be an integer >= 1, got {first_seq!r}")
         for addr in binds:
             if not insecure and not _loopback_only(addr):
                 raise ValueError(
@@ -532,7 +539,8 @@ class ZmqBus:
         # issue 6: ``peers`` are bus.remote.PeerPort objects (remote and process workers:
         # one DEALER per process, CURVE when keys are configured); see docs/remote.md.
         self.broker = Broker(self.ctx, [inproc, *binds], log_writer=log_writer,
-                             stats=self.stats, clock=self.clock, peers=tuple(peers))
+                             stats=self.stats, clock=self.clock, peers=tuple(peers),
+                             first_seq=first_seq)
         self.broker.start()
         self.address = inproc
         self.endpoint = Endpoint(self.ctx, inproc, stats=self.stats,

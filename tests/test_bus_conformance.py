@@ -40,11 +40,12 @@ class Inbox:
 def make_bus(request, tmp_path):
     made = []
 
-    def make(log=False):
+    def make(log=False, first_seq=1):
         writer = None
         if log:
             writer = LogWriter(tmp_path / "bus.evolog", LogHeader(format_version=FORMAT_VERSION))
-        bus = InMemoryBus(writer) if request.param == "memory" else ZmqBus(writer)
+        bus = InMemoryBus(writer, first_seq=first_seq) if request.param == "memory" \
+            else ZmqBus(writer, first_seq=first_seq)
         made.append(bus)
         return bus
 
@@ -133,6 +134,25 @@ def test_every_delivered_message_is_in_the_log_with_its_sequence_number(make_bus
     assert [decode(r.body) for r in records] == [d.msg for d in got]
     assert all(r.sender == "x" and r.receiver == "a" for r in records)
     assert all(b.t >= a.t for a, b in zip(records, records[1:]))
+
+
+def test_numbering_starts_at_first_seq_in_deliveries_and_the_log(make_bus, tmp_path):
+    """A resumed run's log goes on after the one it continues (actors/resume.py)."""
+    bus = make_bus(log=True, first_seq=178)
+    inbox = Inbox()
+    bus.attach("a", inbox)
+    for i in range(5):
+        bus.send("x", "a", Barrier(round=i))
+    got = inbox.wait(5)
+    bus.close()
+    assert [d.seq for d in got] == [178, 179, 180, 181, 182]
+    assert [r.seq for r in read_log(tmp_path / "bus.evolog").records] == [d.seq for d in got]
+
+
+@pytest.mark.parametrize("first_seq", [0, -3, True, 1.5])
+def test_a_first_seq_below_1_or_not_an_integer_is_refused(make_bus, first_seq):
+    with pytest.raises(ValueError, match="first_seq must be an integer >= 1"):
+        make_bus(first_seq=first_seq)
 
 
 def test_detached_names_stop_receiving(make_bus):

@@ -121,6 +121,44 @@ def test_eval_leases_in_flight_are_reissued_under_their_ids(full_run, tmp_path):
     assert lease.lease_id in point.reissued
 
 
+def test_scheduler_reopen_forgets_workers_and_requeues_held_leases_evals_first():
+    from actors.scheduler import Scheduler
+    from protocol import EvalRequest, Hello, LeaseBatch
+
+    s = Scheduler(3)
+    s.handle(Hello(worker="w0"))
+    s.handle(Hello(worker="w1"))
+    s.handle(LeaseBatch(round=0, leases=[Lease(lease_id=f"r0.u{u}", round=0, unit=u,
+                                               task_ids=[f"t{u}"]) for u in range(4)]))
+    s.handle(EvalRequest(eval_id="e1", state={}, task_ids=["h0"]))  # queued: workers busy
+    assert sorted(s.holder) == ["r0.u0", "r0.u1"]
+    assert [q.lease_id for q in s.queue] == ["e1.0", "r0.u2", "r0.u3"]
+    assert s.reopen() == ["r0.u0", "r0.u1"]
+    assert [q.lease_id for q in s.queue] == ["e1.0", "r0.u0", "r0.u1", "r0.u2", "r0.u3"]
+    assert not s.workers and not s.holder and s.running == 0
+    # New workers (one lease each) take them under the same ids, the eval first.
+    out = s.handle(Hello(worker="n0")) + s.handle(Hello(worker="n1"))
+    assert [(to, m.lease_id) for to, m in out if isinstance(m, Lease)] == \
+        [("n0", "e1.0"), ("n1", "r0.u0")]
+
+
+def test_scheduler_reopen_orders_named_leases_first_and_refuses_unknown_ones():
+    from actors.scheduler import Scheduler
+    from protocol import Hello, LeaseBatch
+
+    def busy() -> Scheduler:
+        s = Scheduler(3)
+        for w in ("w0", "w1", "w2"):
+            s.handle(Hello(worker=w))
+        s.handle(LeaseBatch(round=0, leases=[Lease(lease_id=f"r0.u{u}", round=0, unit=u,
+                                                   task_ids=[f"t{u}"]) for u in range(3)]))
+        return s
+
+    assert busy().reopen(["r0.u2"]) == ["r0.u2", "r0.u0", "r0.u1"]
+    with pytest.raises(ValueError, match=r"\['r9.u9'\] are not leases a worker holds"):
+        busy().reopen(["r9.u9"])
+
+
 def test_a_resumed_run_that_crashes_again_resumes_from_the_chain(full_run, tmp_path):
     full_path, full = full_run
     n = len(read_log(full_path).records)
