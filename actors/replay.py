@@ -1,11 +1,12 @@
 """Replay: the message log as the test oracle (DESIGN sections 3 and 5).
 
-Each control actor (Planner, Scheduler, Merger) is a pure state machine, so feeding a
-fresh one every message the log recorded it *receiving*, in sequence order, must make
-it send, message for message, what the log recorded it *sending*. :func:`replay_log`
-does that for every control actor of a log in one pass and reports the first
-divergence: the sequence number, the actor, the expected and the actual message and
-a field-level difference (``lease_id: 'r1.u0' != 'r1.u1'``).
+Each control actor (Planner, Scheduler, Merger, and the Collector of each parallel
+group) is a pure state machine, so feeding a fresh one every message the log recorded
+it *receiving*, in sequence order, must make it send, message for message, what the
+log recorded it *sending*. :func:`replay_log` does that for every control actor of a
+log in one pass and reports the first divergence: the sequence number, the actor, the
+expected and the actual message and a field-level difference (``lease_id: 'r1.u0' !=
+'r1.u1'``).
 
 How outputs are matched (one actor at a time; the actors are independent here, each
 is fed the recorded inputs, never another machine's outputs):
@@ -33,6 +34,15 @@ Building the machines: from the scenario text the header carries (``evobus run``
 records it), or from the arguments (``planner=``, ``parallel=``, ...) for a log of
 :func:`actors.evolve` called from Python. The Planner, Scheduler and Merger need
 nothing else: every other parameter is in the log's ``Start`` message.
+
+Collectors (:mod:`actors.collector`) are found by what they receive: a name that is
+sent a ``GroupStart`` is a Collector, rebuilt as ``Collector(name)`` from that message
+alone (bounds, workers, lease policy, seconds left and, for a resumed group, the
+checkpoint's results, journals, pending interactions and used ids all travel in it).
+Each ``GroupStart`` to a name whose Collector already started begins a new group
+there (a group resumed from its checkpoint keeps its id, so its Collector its name):
+a fresh Collector takes over, as :func:`actors.groups.run_group` builds one per call.
+A log with no ``Start`` (a group run on its own) replays its Collectors only.
 """
 
 from __future__ import annotations
@@ -49,7 +59,7 @@ import msgspec
 from actors.addresses import DRIVER, MERGER, PLANNER, SCHEDULER
 from actors.errors import ConfigError
 from bus.log import LogContents, Record, read_log
-from protocol import Message, Start, decode, encode
+from protocol import GroupStart, Message, Start, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +67,8 @@ __all__ = ["CONTROL_ACTORS", "Divergence", "ReplayReport", "Unrecorded",
            "build_machines", "field_diff", "log_chain", "replay_contents", "replay_log",
            "replay_many"]
 
-#: The actors a replay checks, in the order reports list them.
+#: The control actors of a run, in the order reports list them. Collectors have one
+#: name per group (``collector.<group id>``) and are found in the log (module docstring).
 CONTROL_ACTORS = (PLANNER, SCHEDULER, MERGER)
 
 #: Header meta keys written by evolve()/resume and read here.
@@ -379,15 +390,18 @@ def _planner_strategy(meta: dict[str, str], start: Start, parallel, strategy, ta
 class _Track:
     """One control actor under replay."""
 
-    __slots__ = ("name", "machine", "recorded", "produced", "report", "divergence",
-                 "last_to", "inputs", "matched")
+    __slots__ = ("name", "machine", "handle", "recorded", "produced", "report",
+                 "divergence", "last_to", "inputs", "matched")
 
     def __init__(self, name: str, machine: Any) -> None:
         self.name = name
         self.machine = machine
+        self.handle = machine.handle  # bound once per segment (resume may wrap it between)
         self.recorded: collections.deque[Record] = collections.deque()
-        # (input seq, receiver, message, its bytes as produced)
-        self.produced: collections.deque[tuple[int, str, Message, bytes]] = collections.deque()
+        # (input seq, receiver, message, its bytes as produced, the message again when it
+        # is the very input being handled (forwarded as received), else None)
+        self.produced: collections.deque[tuple[int, str, Message, bytes, Message | None]] = \
+            collections.deque()
         self.report = ActorReport()
         self.divergence: Divergence | None = None
         self.last_to: dict[str, int] = {}
@@ -395,9 +409,31 @@ class _Track:
         self.matched = 0
 
 
+class _Lives:
+    """The Collector at one bus name, across the groups that use the name: each
+    ``GroupStart`` after the first begins a new group there (a group resumed from its
+    checkpoint keeps its id), and a fresh machine takes it, as groups.py builds one per
+    run_group/resume_group call."""
+
+    def __init__(self, name: str, make: Callable[[str], Any]) -> None:
+        self.name = name
+        self.make = make
+        self.machine = make(name)
+        self.started = False
+
+    def handle(self, msg: Message) -> list[tuple[str, Message]]:
+        if type(msg) is GroupStart:
+            if self.started:
+                self.machine = self.make(self.name)
+            self.started = True
+        return self.machine.handle(msg)
+
+
 class _Replay:
-    def __init__(self, machines: dict[str, Any], strict: bool) -> None:
+    def __init__(self, machines: dict[str, Any], strict: bool,
+                 collector: Callable[[str], Any] | None = None) -> None:
         self.tracks = {name: _Track(name, m) for name, m in machines.items()}
+        self.collector = collector
         self.strict = strict
         self.unrecorded: list[Unrecorded] = []
         self.divergences: list[Divergence] = []
@@ -415,7 +451,7 @@ class _Replay:
         for u in lost:
             t = self.tracks[u.actor]
             if t.divergence is None:
-                t.produced.append((u.input_seq, u.receiver, u.msg, encode(u.msg)))
+                t.produced.append((u.input_seq, u.receiver, u.msg, encode(u.msg), None))
 
     # -- one segment (one log file) ---------------------------------------------------
 
@@ -425,14 +461,26 @@ class _Replay:
         for t in tracks.values():
             t.last_to = {}
             t.recorded.clear()
+        # Names never seen before: a Collector's first input is its GroupStart, so one
+        # decode per name finds them (a Collector sends nothing before its GroupStart).
+        looked: set[str] | None = set(tracks) if self.collector is not None else None
         for rec in records:  # where each actor -> receiver stream ends in this log
             t = tracks.get(rec.sender)
             if t is not None:
                 t.last_to[rec.receiver] = rec.seq
+            if looked is not None and rec.receiver not in looked:
+                looked.add(rec.receiver)
+                if type(decode(rec.body)) is GroupStart:
+                    tracks[rec.receiver] = _Track(rec.receiver,
+                                                  _Lives(rec.receiver, self.collector))
         settle = self._settle
-        dec = decode
-        enc = encode
+        # This replay's own codec (the module's functions add a call per message).
+        dec = msgspec.msgpack.Decoder(Message).decode
+        enc = msgspec.msgpack.Encoder().encode
+        for t in tracks.values():
+            t.handle = t.machine.handle
         for rec in records:
+            feed = None
             t = tracks.get(rec.sender)
             if t is not None and t.divergence is None:
                 produced = t.produced
@@ -442,6 +490,11 @@ class _Replay:
                     if first[1] == rec.receiver and first[3] == rec.body:
                         produced.popleft()
                         t.matched += 1
+                        # A message forwarded as received (the Scheduler's LeaseDone to
+                        # the Merger) was decoded from these very bytes: its receiver is
+                        # fed that message instead of decoding them again. Control
+                        # actors never modify a message (they are immutable values).
+                        feed = first[4]
                     else:
                         t.recorded.append(rec)
                         settle(t, None)
@@ -459,8 +512,16 @@ class _Replay:
             t.inputs += 1
             seq = rec.seq
             append = t.produced.append
-            for receiver, out in t.machine.handle(dec(rec.body)):
-                append((seq, receiver, out, enc(out)))
+            body = rec.body
+            msg = dec(body) if feed is None else feed
+            for receiver, out in t.handle(msg):
+                if out is msg:
+                    # Forwarded as received: compared by the bytes it came in (a match
+                    # means the same bytes, so the same message once decoded, which is
+                    # what a re-encoding that differed would be compared by anyway).
+                    append((seq, receiver, out, body, out))
+                else:
+                    append((seq, receiver, out, enc(out), None))
         for t in tracks.values():
             if t.divergence is None:
                 self._settle(t, None, final=True)
@@ -470,7 +531,7 @@ class _Replay:
         recorded, produced = t.recorded, t.produced
         while recorded and produced:
             rec = recorded[0]
-            input_seq, receiver, msg, body = produced[0]
+            input_seq, receiver, msg, body, _ = produced[0]
             if receiver == rec.receiver and (body == rec.body or decode(rec.body) == msg):
                 recorded.popleft()
                 produced.popleft()
@@ -500,7 +561,7 @@ class _Replay:
             return
         if final:
             while produced:
-                input_seq, receiver, msg, _ = produced.popleft()
+                input_seq, receiver, msg, _, _ = produced.popleft()
                 if self.strict:
                     self._diverge(t, Divergence(
                         log=self.path, seq=input_seq, actor=t.name, expected=None,
@@ -538,20 +599,24 @@ def _find_start(contents: list[LogContents]) -> tuple[int, Start] | None:
 
 def replay_log(path: str | Path, *, strict: bool = False, planner: MachineSpec = None,
                scheduler: MachineSpec = None, merger: MachineSpec = None,
+               collector: MachineSpec = None,
                parallel: Any = None, strategy: Any = None, task_sampler: Any = None,
                machines: dict[str, Any] | None = None, chain: bool = True) -> ReplayReport:
     """Replay every control actor of the log at ``path`` (and of the logs it resumes).
 
     Returns a :class:`ReplayReport`; raises ``bus.log.LogCorrupt`` for a damaged log
     and :class:`~actors.errors.ConfigError` when the machines cannot be rebuilt.
-    ``machines`` replaces the built machines entirely (name -> machine)."""
+    ``machines`` replaces the built machines entirely (name -> machine); the
+    Collectors of the log's parallel groups are still found and built (``collector``:
+    a class or a callable taking the Collector's name, default
+    :class:`~actors.collector.Collector`)."""
     t0 = time.perf_counter()
     path = Path(path)
     paths = log_chain(path) if chain else [path]
     contents = [read_log(p) for p in paths]
     report, _ = _run(paths, contents, strict=strict, machines=machines,
                      specs=dict(planner=planner, scheduler=scheduler, merger=merger,
-                                parallel=parallel, strategy=strategy,
+                                collector=collector, parallel=parallel, strategy=strategy,
                                 task_sampler=task_sampler))
     report.elapsed = time.perf_counter() - t0
     return report
@@ -581,19 +646,26 @@ def _run(paths: list[Path], contents: list[LogContents], *, strict: bool,
         if c.dropped_tail:
             report.notes.append(f"{c.path}: a torn tail of {c.dropped_tail} bytes "
                                 f"(about {c.dropped_records} records) was cut off")
+    specs = dict(specs)
+    collector_spec = specs.pop("collector", None)
     found = _find_start(contents)
     if found is None:
-        report.notes.append("the log holds no Start message: the run never began, "
-                            "nothing to replay")
-        return report, None
-    first, start = found
-    if first > 0:
-        report.notes.append(f"{paths[first]}: the chain's earlier logs hold no Start and "
-                            "were not replayed (the run was restarted, not resumed)")
-    meta = dict(contents[first].header.meta)
-    if machines is None:
-        machines = build_machines(meta, start, **specs)
-    engine = _Replay(machines, strict)
+        if not _has_groups(contents):
+            report.notes.append("the log holds no Start message: the run never began, "
+                                "nothing to replay")
+            return report, None
+        # Parallel groups run on their own: their Collectors are the control actors.
+        first, meta = 0, dict(contents[0].header.meta)
+        machines = dict(machines or {})
+    else:
+        first, start = found
+        if first > 0:
+            report.notes.append(f"{paths[first]}: the chain's earlier logs hold no Start "
+                                "and were not replayed (the run was restarted, not resumed)")
+        meta = dict(contents[first].header.meta)
+        if machines is None:
+            machines = build_machines(meta, start, **specs)
+    engine = _Replay(machines, strict, collector=_collector_factory(meta, collector_spec))
     pending: list[Unrecorded] = []
     resent: list[Unrecorded] = []
     for i in range(first, len(contents)):
@@ -623,6 +695,30 @@ def _run(paths: list[Path], contents: list[LogContents], *, strict: bool,
         report.other_divergences = ordered[1:]
     engine.pending = [(u.actor, u.receiver, u.msg) for u in pending]
     return report, engine
+
+
+def _has_groups(contents: list[LogContents]) -> bool:
+    """Whether some name in the logs is sent a ``GroupStart`` (one decode per name)."""
+    looked: set[str] = set()
+    for c in contents:
+        for rec in c.records:
+            if rec.receiver not in looked:
+                looked.add(rec.receiver)
+                if type(decode(rec.body)) is GroupStart:
+                    return True
+    return False
+
+
+def _collector_factory(meta: dict[str, str], spec: MachineSpec) -> Callable[[str], Any]:
+    """How a Collector is built for its name: ``spec`` (a class or a callable taking the
+    name), else :class:`~actors.collector.Collector` with the header's ``machine_args``
+    for ``"collector"`` (none today: a Collector takes everything from its GroupStart)."""
+    if spec is not None:
+        return spec
+    from actors.collector import Collector
+
+    extra = _accepted(Collector, _machine_args(meta).get("collector", {}))
+    return lambda name: Collector(name, **extra)
 
 
 def _resend_to(receiver: str) -> bool:

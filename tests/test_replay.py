@@ -63,7 +63,12 @@ def test_the_recorded_logs_cover_the_strategies_named_in_docs_replay_md():
     names = {p.name for p in RECORDED}
     assert {"sync_data_parallel.evolog", "tensor_parallel_violations.evolog",
             "cluster_parallel.evolog", "resumed_after_kill.evolog",
-            "resumed_after_kill.r1.evolog"} <= names
+            "resumed_after_kill.r1.evolog", "async_router.evolog",
+            "group_suspended_resumed.evolog", "redispatched_lease.evolog"} <= names
+
+
+#: Workers' names: threads, process workers, a group's branch workers.
+WORKERS = ("worker-", "proc-", "branch-worker.")
 
 
 @pytest.mark.parametrize("path", RECORDED, ids=[p.name for p in RECORDED])
@@ -71,12 +76,13 @@ def test_every_recorded_log_replays_identically(path):
     report = replay(path)
     assert report.records > 0
     # Every control actor was exercised, and compared something.
+    assert report.actors
     assert all(a.inputs > 0 and a.matched > 0 for a in report.actors.values()), report
     # What a replay may not find in a log is only what could not be delivered: messages
     # to workers that had left (or, for a killed run, what was in flight at the end).
     killed = "resumed_after_kill.evolog" == path.name
     for u in report.unrecorded:
-        assert killed or u.receiver.startswith("worker-"), report.format()
+        assert killed or u.receiver.startswith(WORKERS), report.format()
 
 
 @pytest.mark.parametrize("path", RECORDED, ids=[p.name for p in RECORDED])
@@ -100,8 +106,85 @@ def test_yesterdays_bytes_decode_with_todays_code(path):
         assert decode(encode(msg)) == msg
     if "resumed_from" in contents.header.meta:
         return  # a resumed run's log starts mid-run
-    assert {"Start", "LeaseBatch", "Lease", "LeaseDone", "Settled", "Barrier",
-            "EvalRequest", "EvalDone", "Commit", "RoundClosed", "Hello"} <= kinds
+    if path.name.startswith("group_"):
+        assert {"GroupStart", "Hello", "Branch", "BranchDone", "Interaction",
+                "GroupSuspended", "UserInputs", "GroupResult"} <= kinds
+        return
+    assert {"Start", "LeaseBatch", "Lease", "LeaseDone", "Settled", "EvalRequest",
+            "EvalDone", "Commit", "RoundClosed", "Hello"} <= kinds
+    if path.name.startswith("async_"):
+        assert {"NeedWork", "Merged", "Refresh", "Drain", "Flush"} <= kinds
+    else:
+        assert "Barrier" in kinds
+
+
+def test_the_async_log_reverifies_stale_proposals_and_drains():
+    closed = [m for _, m in records_of(LOGS / "async_router.evolog")
+              if type(m).__name__ == "RoundClosed"]
+    assert sum(m.outcomes.get("stale-rejected", 0) for m in closed) > 0
+    assert closed[-1].final
+
+
+def test_the_group_log_pauses_resumes_and_completes_on_one_collector_name():
+    msgs = records_of(LOGS / "group_suspended_resumed.evolog")
+    collectors = {r.receiver for r, m in msgs if type(m).__name__ == "GroupStart"}
+    assert len(collectors) == 1
+    kinds = [type(m).__name__ for r, m in msgs if r.sender in collectors
+             and type(m).__name__ in ("GroupSuspended", "GroupResult")]
+    assert kinds[-1] == "GroupResult" and "GroupSuspended" in kinds
+    assert [m.status for _, m in msgs if type(m).__name__ == "GroupResult"] == ["completed"]
+
+
+def test_a_group_resumed_on_its_collector_name_needs_a_fresh_collector():
+    """Each GroupStart begins a new group at that name (a resumed group keeps its id):
+    one Collector fed every life ignores the second GroupStart, and replay says so at
+    the first message the resumed group's Collector sent."""
+    from actors.collector import Collector
+
+    path = LOGS / "group_suspended_resumed.evolog"
+    msgs = records_of(path)
+    name = next(r.receiver for r, m in msgs if type(m).__name__ == "GroupStart")
+    starts = [r.seq for r, m in msgs if type(m).__name__ == "GroupStart"]
+    first_of_second_life = next(r.seq for r, _ in msgs if r.sender == name
+                                and r.seq > starts[1])
+    one = Collector(name)
+    report = replay_log(path, collector=lambda _: one)
+    assert report.divergence is not None and report.divergence.actor == name
+    assert report.divergence.seq == first_of_second_life, report.format()
+
+
+def test_a_collector_that_leases_differently_is_caught_at_that_lease():
+    from actors.collector import Collector
+
+    class OneAtATime(Collector):
+        """Takes one worker fewer than the group allows."""
+
+        def handle(self, msg):
+            if type(msg).__name__ == "GroupStart":
+                msg = msgspec.structs.replace(msg, max_concurrency=msg.max_concurrency - 1)
+            return super().handle(msg)
+
+    path = LOGS / "group_suspended_resumed.evolog"
+    report = replay_log(path, collector=OneAtATime)
+    assert report.divergence is not None, report.format()
+    assert report.divergence.actor.startswith("collector.")
+    assert "Branch" in repr(report.divergence.expected) + repr(report.divergence.actual)
+
+
+def test_the_redispatch_log_reissues_a_lost_workers_lease_under_its_id():
+    msgs = records_of(LOGS / "redispatched_lease.evolog")
+    leases: dict[str, list[str]] = {}
+    for r, m in msgs:
+        if r.sender == SCHEDULER and isinstance(m, Lease):
+            leases.setdefault(m.lease_id, []).append(r.receiver)
+    again = {lid: to for lid, to in leases.items() if len(to) > 1}
+    assert again and all(len(set(to)) > 1 for to in again.values()), leases
+    # The stopped worker came back: its answer for the re-dispatched lease is in the
+    # log, and the Scheduler dropped it (one answer per lease reached the Merger).
+    answers = [r.sender for r, m in msgs if r.receiver == SCHEDULER
+               and type(m).__name__ == "LeaseDone" and m.lease_id in again]
+    assert len(answers) >= 2
+    assert all(r.receiver.startswith("proc-") for r, m in msgs if isinstance(m, Lease))
 
 
 def test_the_tensor_parallel_log_holds_section_violations():

@@ -3,9 +3,10 @@
     python tests/logs/record.py            # every log
     python tests/logs/record.py cluster_parallel
 
-Each log is a real run of the offline router domain (scenarios/router.py) over the
-ZeroMQ bus, with the scenario text in its header so `evobus replay` rebuilds its
-machines standalone. Re-record when a control actor's decisions change on purpose (the
+Each log is a real run over the ZeroMQ bus: of the offline router domain
+(scenarios/router.py), with the scenario text in its header so `evobus replay` rebuilds
+its machines standalone, or of the tickets group (scenarios/tickets.py), whose
+Collector is rebuilt from its GroupStart messages. Re-record when a control actor's decisions change on purpose (the
 replay report of the old log shows what changed: keep that in the commit message), and
 never to make a replay failure go away unexplained. Logs written by yesterday's code
 are also yesterday's bytes: tests/test_replay.py decodes them with today's code.
@@ -60,6 +61,53 @@ cluster_of = "scenarios.router:cluster_of"
 """,
 }
 
+# Barrier-free: waves on NeedWork, Merged/backpressure, a lag budget of one version (so
+# Refresh and re-verification of stale proposals, as work, both happen), drained by the
+# rollout budget.
+SCENARIOS["async_router"] = ('name = "async_router"\nmode = "async"\nasync_ratio = 1\n'
+                             'staleness = "reflective"\n' + _COMMON + """
+[parallel]
+kind = "DataParallel"
+
+[budgets]
+max_rollouts = 240
+""")
+
+#: A parallel group (the tickets triage) that pauses on ctx.ask/ctx.approve and is
+#: resumed from its checkpoint until it completes, on one runtime: one log, one
+#: Collector name, a new Collector per GroupStart.
+GROUP = "group_suspended_resumed"
+
+#: Two process workers; the first to start a rollout is stopped (SIGSTOP) past its
+#: heartbeat deadline, so the Scheduler presumes it lost and re-dispatches its lease
+#: under the same id; continued (SIGCONT), it comes back and its late answer is dropped.
+REDISPATCH = "redispatched_lease"
+REDISPATCH_SCENARIO = """name = "redispatched_lease"
+rounds = 2
+seed = 0
+held_out_frac = 0.4
+
+[domain]
+tasks = "tests.remote_domain:tasks"
+reward = "tests.remote_domain:reward"
+run = "tests.remote_domain:run"
+propose = "tests.remote_domain:propose"
+
+[strategy]
+kind = "KeyedRules"
+categories = ["billing", "shipping", "technical", "account"]
+
+[parallel]
+kind = "DataParallel"
+
+[workers]
+local = 0
+processes = 2
+heartbeat = 0.2
+deadline = 1.0
+wait_seconds = 60
+"""
+
 #: A run cut as a kill -9 with fsync="always" leaves it (a prefix of the full log), then
 #: resumed: resumed_after_kill.evolog + resumed_after_kill.r1.evolog (a chain).
 KILLED = "resumed_after_kill"
@@ -109,15 +157,106 @@ def record_killed() -> None:
           f"{result.stop_reason}, v{result.version}")
 
 
+def record_group() -> None:
+    """The tickets group, paused and resumed (stand-in answers) until it completes."""
+    import tempfile
+
+    from actors.groups import load_checkpoint, resume_group, run_group
+    from actors.runtime import Runtime
+    from scenarios.tickets import stand_in_answers, tickets
+
+    path = HERE / f"{GROUP}.evolog"
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = Path(tmp) / "group.ckpt"
+        rt = Runtime(bus="zmq", log_path=str(path), fsync="always",
+                     log_meta={"scenario": "parallel-group",
+                               "note": "tests/logs/record.py: tickets triage, resumed"})
+        try:
+            out = run_group("scenarios.tickets:triage", tickets(), max_concurrency=4,
+                            max_items=32, approvers=["lead"], checkpoint=ckpt, runtime=rt)
+            pauses = 0
+            while out.status in ("user_input_pending", "approval_pending"):
+                pauses += 1
+                if pauses > 5:
+                    raise SystemExit(f"{path.name}: still paused after 5 resumes")
+                answers = stand_in_answers(str(ckpt))
+                kinds = {p.id: p.kind for p in load_checkpoint(ckpt).pending}
+                out = resume_group(
+                    ckpt, principal="lead", runtime=rt,
+                    user_inputs={i: a for i, a in answers.items() if kinds[i] == "ask"},
+                    approvals={i: a for i, a in answers.items() if kinds[i] == "approve"})
+        finally:
+            rt.close()
+    if out.status != "completed" or pauses == 0:
+        raise SystemExit(f"{path.name}: expected a pause and a completed resume, got "
+                         f"{pauses} pause(s) and {out.status}")
+    print(f"{path.name}: {pauses} pause(s), then {out.status} with {len(out.results)} results")
+
+
+def record_redispatch() -> None:
+    """Process workers, one stopped past its deadline mid-lease, then continued."""
+    import logging
+    import os
+    import signal
+    import tempfile
+    import threading
+    import time
+
+    path = HERE / f"{REDISPATCH}.evolog"
+    lost, back = threading.Event(), threading.Event()
+
+    class Watch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            text = record.getMessage()
+            if "presumed lost" in text and "is back" not in text:
+                lost.set()
+            if "is back after being presumed lost" in text:
+                back.set()
+
+    watch = Watch()
+    logging.getLogger("actors.scheduler").addHandler(watch)
+    with tempfile.TemporaryDirectory() as gate:
+        os.environ["EVOBUS_TEST_GATE"] = gate  # the process workers inherit it
+        result: list = []
+        thread = threading.Thread(
+            target=lambda: result.append(record(REDISPATCH, REDISPATCH_SCENARIO, path)),
+            name="record-redispatch", daemon=True)
+        thread.start()
+        try:
+            end = time.monotonic() + 60
+            started: list[Path] = []
+            while not started and time.monotonic() < end:
+                started = sorted(Path(gate).glob("started-*"), key=os.path.getmtime)
+                time.sleep(0.01)
+            if not started:
+                raise SystemExit(f"{path.name}: no process worker started a rollout in 60 s")
+            victim = int(started[0].name.split("-", 1)[1])
+            os.kill(victim, signal.SIGSTOP)
+            (Path(gate) / "release").write_text("go")
+            if not lost.wait(30):
+                os.kill(victim, signal.SIGCONT)
+                raise SystemExit(f"{path.name}: the stopped worker was never presumed lost")
+            os.kill(victim, signal.SIGCONT)
+            back.wait(30)
+            thread.join(120)
+        finally:
+            del os.environ["EVOBUS_TEST_GATE"]
+            logging.getLogger("actors.scheduler").removeHandler(watch)
+    if not result or not back.is_set():
+        raise SystemExit(f"{path.name}: the run did not finish with the worker back "
+                         f"(finished: {bool(result)}, back: {back.is_set()})")
+
+
 def main(argv: list[str]) -> int:
-    names = argv or [*SCENARIOS, KILLED]
+    special = {KILLED: record_killed, GROUP: record_group, REDISPATCH: record_redispatch}
+    names = argv or [*SCENARIOS, *special]
     for name in names:
-        if name == KILLED:
-            record_killed()
+        if name in special:
+            special[name]()
         elif name in SCENARIOS:
             record(name, SCENARIOS[name], HERE / f"{name}.evolog")
         else:
-            print(f"unknown log {name!r}; choose from {[*SCENARIOS, KILLED]}")
+            print(f"unknown log {name!r}; choose from {[*SCENARIOS, *special]}")
             return 2
     return 0
 
