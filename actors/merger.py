@@ -19,7 +19,9 @@ The merge of one round (every decision is counted in ``outcomes``):
    committed is ``below-threshold``.
 
 Scoring is work: an ``EvalRequest`` to the Scheduler, answered by ``EvalDone``. Scores
-are cached per (candidate state, task set), so a candidate is never scored twice.
+are cached per (candidate state, task set), so a candidate is never scored twice. The
+cache is keyed by the candidate's content (a frozenset of its items, hashed once per
+candidate), never by how it was reached: a state met again is answered from the cache.
 
 Asynchronous mode: there is no barrier. Whenever the Merger is idle and holds
 proposals, it merges all of them (the batch trigger). A proposal made ``eta``
@@ -40,6 +42,7 @@ Merger asks the Scheduler to refresh every worker (``Refresh``).
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import dataclass, field
 
 from actors.addresses import DRIVER, PLANNER, SCHEDULER
@@ -54,6 +57,9 @@ STALENESS = ("full", "guarded", "reflective")
 #: Async bucket for proposals (sync mode buckets them by round).
 _ASYNC = -1
 
+#: Proposals are merged in plan order: (unit, position in its lease).
+_PLAN_ORDER = operator.itemgetter(0, 1)
+
 #: When the fused candidate fails, halves are tried this many levels deep at most
 #: (2 evals a level): a bounded search for the part of a round worth keeping.
 MAX_BISECT_DEPTH = 4
@@ -66,13 +72,50 @@ def apply(state: dict[str, str], diffs: list[Diff]) -> dict[str, str]:
     return new
 
 
-def _state_key(state: dict[str, str]) -> tuple:
-    return tuple(sorted(state.items()))
+def _state_key(state: dict[str, str]) -> frozenset:
+    """A state's identity for the score cache and duplicate detection: its items, in any
+    order (a frozenset caches its hash, so a key is hashed once however often it is
+    looked up)."""
+    return frozenset(state.items())
+
+
+#: A cache miss (scores are floats; None is never stored, but this is explicit).
+_MISSING = object()
+
+
+def _changes(state: dict[str, str], ops: dict[str, str]) -> bool:
+    """Whether applying ``ops`` to ``state`` changes anything."""
+    for key, value in ops.items():
+        if state.get(key) != value:
+            return True
+    return False
 
 
 def conflict_groups(diffs: list[Diff]) -> tuple[list[Diff], list[list[Diff]]]:
     """Split diffs into (free, groups): a group is a connected set of diffs that write
-    some key with different values. Order is preserved inside each list."""
+    some key with different values. Order is preserved inside each list; groups come
+    in the order of their first diff."""
+    writers: dict[str, list[int]] = {}  # in order of each key's first writer
+    single = True
+    for i, d in enumerate(diffs):
+        if len(d.ops) != 1:
+            single = False
+        for key in d.ops:
+            idx = writers.get(key)
+            if idx is None:
+                writers[key] = [i]
+            else:
+                idx.append(i)
+    clashes = [(key, idx) for key, idx in writers.items()
+               if len(idx) > 1 and len({diffs[i].ops[key] for i in idx}) > 1]
+    if not clashes:
+        return list(diffs), []
+    if single:
+        # Every diff writes one key: a group is the writers of one key (no two groups
+        # share a diff), already ordered by first writer and in order inside.
+        taken = {i for _, idx in clashes for i in idx}
+        return ([d for i, d in enumerate(diffs) if i not in taken],
+                [[diffs[i] for i in idx] for _, idx in clashes])
     parent = list(range(len(diffs)))
 
     def find(i: int) -> int:
@@ -81,16 +124,11 @@ def conflict_groups(diffs: list[Diff]) -> tuple[list[Diff], list[list[Diff]]]:
             i = parent[i]
         return i
 
-    writers: dict[str, list[int]] = {}
-    for i, d in enumerate(diffs):
-        for key in d.ops:
-            writers.setdefault(key, []).append(i)
     conflicted: set[int] = set()
-    for key, idx in writers.items():
-        if len({diffs[i].ops[key] for i in idx}) > 1:
-            conflicted.update(idx)
-            for i in idx[1:]:
-                parent[find(i)] = find(idx[0])
+    for _, idx in clashes:
+        conflicted.update(idx)
+        for i in idx[1:]:
+            parent[find(i)] = find(idx[0])
     free = [d for i, d in enumerate(diffs) if i not in conflicted]
     groups: dict[int, list[Diff]] = {}
     for i in sorted(conflicted):
@@ -106,10 +144,15 @@ class _Merge:
     free: list[Diff]
     groups: list[list[Diff]]
     outcomes: dict[str, int]
-    candidates: dict[int, dict[str, str]] = field(default_factory=dict)
+    opkeys: dict[int, frozenset] = field(default_factory=dict)  # id(diff) -> its ops' key
+    keys: dict[int, frozenset] = field(default_factory=dict)  # id(diff) -> head + diff's key
     waiting: set[str] = field(default_factory=set)
     fused: list[Diff] = field(default_factory=list)
+    fused_state: dict[str, str] = field(default_factory=dict)
+    fused_key: frozenset = frozenset()
     halves: list[list[Diff]] = field(default_factory=list)
+    half_states: list[dict[str, str]] = field(default_factory=list)
+    half_keys: list[frozenset] = field(default_factory=list)
     depth: int = 0
     verify: list[tuple[Diff, str]] = field(default_factory=list)
 
@@ -139,7 +182,13 @@ class Merger:
         self.pending: dict[int, list[tuple[int, int, Diff, str]]] = {}
         self.early: dict[int, dict[str, int]] = {}
         self.outcomes: dict[str, int] = {}
-        self.cache: dict[tuple, float] = {}
+        # Scores: task ids -> state key -> score (the held-out table is looked up once).
+        self.cache: dict[tuple[str, ...], dict[frozenset, float]] = {}
+        self._heldout_of: list[str] | None = None
+        self._heldout_scores: dict[frozenset, float] = {}
+        # The cache key of head + ops, per ops key, for the current head only.
+        self._applied_to: dict[str, str] | None = None
+        self._applied: dict[frozenset, frozenset] = {}
         self.by_eval: dict[str, tuple] = {}
         self.merge: _Merge | None = None
         self.n_evals = 0
@@ -189,40 +238,64 @@ class Merger:
     def _on_proposals(self, msg: LeaseDone) -> None:
         bucket = _ASYNC if self.asynchronous else msg.round
         early = self.early.setdefault(bucket, {})
+        sections = self.sections if msg.section is not None else None
+        held = None
+        unit = msg.unit
         for position, result in enumerate(msg.results):
             diff = result.diff
             if diff is None:
                 continue
-            if self.sections is not None and msg.section is not None:
-                outside = [k for k in diff.ops if self.sections.get(k) != msg.section]
+            if sections is not None:
+                outside = [k for k in diff.ops if sections.get(k) != msg.section]
                 if outside:
                     self._count(early, "section-violation")
                     continue
-            self.pending.setdefault(bucket, []).append((msg.unit, position, diff, result.task_id))
+            if held is None:
+                held = self.pending.setdefault(bucket, [])
+            held.append((unit, position, diff, result.task_id))
 
     # -- evals ----------------------------------------------------------------------------
 
-    def _request(self, tag: str, state: dict[str, str],
-                 task_ids: list[str] | None = None) -> list[Out]:
-        task_ids = self.heldout if task_ids is None else task_ids
-        key = (_state_key(state), tuple(task_ids))
-        self.n_evals += 1
-        eval_id = f"e{self.n_evals}"
-        self.by_eval[eval_id] = (tag, key)
-        if key in self.cache:
+    def _scores(self, task_ids: list[str] | None) -> dict[frozenset, float]:
+        """The score table of a task set: state key -> score (None: the held-out set)."""
+        if task_ids is None:
+            if self._heldout_of is not self.heldout:
+                self._heldout_of = self.heldout
+                self._heldout_scores = self.cache.setdefault(tuple(self.heldout), {})
+            return self._heldout_scores
+        return self.cache.setdefault(tuple(task_ids), {})
+
+    def _request(self, tag: str, state: dict[str, str], task_ids: list[str] | None = None,
+                 key: frozenset | None = None) -> list[Out]:
+        """Score ``state`` on ``task_ids`` (the held-out set by default); ``key`` is its
+        :func:`_state_key` when the caller has it already."""
+        scores = self._scores(task_ids)
+        if task_ids is None:
+            task_ids = self.heldout
+        if key is None:
+            key = _state_key(state)
+        self.n_evals += 1  # a known score still takes an eval id (ids are in messages)
+        score = scores.get(key, _MISSING)
+        if score is not _MISSING:
             # Known score: answer ourselves without asking anyone (no message needed).
-            return self._on_eval(EvalDone(eval_id=eval_id, score=self.cache[key]))
+            return self._scored(tag, score)
+        eval_id = f"e{self.n_evals}"
+        self.by_eval[eval_id] = (tag, scores, key)
         return [(SCHEDULER, EvalRequest(eval_id=eval_id, state=state, task_ids=task_ids))]
 
     def _on_eval(self, msg: EvalDone) -> list[Out]:
-        tag, key = self.by_eval.pop(msg.eval_id, (None, None))
-        if tag is None:
+        pending = self.by_eval.pop(msg.eval_id, None)
+        if pending is None:
             return []
-        self.cache[key] = msg.score
+        tag, scores, key = pending
+        scores[key] = msg.score
+        return self._scored(tag, msg.score)
+
+    def _scored(self, tag: str, score: float) -> list[Out]:
         if tag == "baseline":
-            self.score = self.initial_score = msg.score
+            self.score = self.initial_score = score
             self.opened = True
-            return [(PLANNER, Baseline(version=self.version, heldout_reward=msg.score))]
+            return [(PLANNER, Baseline(version=self.version, heldout_reward=score))]
         m = self.merge
         if m is None:
             return []
@@ -236,7 +309,7 @@ class Merger:
     def _start(self, r: int) -> list[Out]:
         outcomes = self.early.pop(r, {})
         # Arrival order depends on thread timing; the plan's order does not.
-        raw = [p[2] for p in sorted(self.pending.pop(r, []), key=lambda p: p[:2])]
+        raw = [p[2] for p in sorted(self.pending.pop(r, []), key=_PLAN_ORDER)]
         return self._merge(r, raw, outcomes, len(raw) + outcomes.get("section-violation", 0))
 
     def _drop_unmerged(self) -> None:
@@ -288,21 +361,33 @@ class Merger:
 
     def _merge(self, r: int, raw: list[Diff], outcomes: dict[str, int],
                proposals: int) -> list[Out]:
-        seen: set[tuple] = set()
+        seen: set[frozenset] = set()
         diffs: list[Diff] = []
+        opkeys: dict[int, frozenset] = {}
+        state = self.state
+        # Counted once each after the loop, in the order each was first met (the order
+        # of the keys of ``outcomes`` is part of the messages that carry it).
+        dropped = {"duplicate": 0, "unchanged": 0}
+        met: list[str] = []
         for d in raw:
-            k = _state_key(d.ops)
+            k = frozenset(d.ops.items())
             if k in seen:
-                self._count(outcomes, "duplicate")
-                continue
-            seen.add(k)
-            if all(self.state.get(key) == value for key, value in d.ops.items()):
-                self._count(outcomes, "unchanged")
-                continue
-            diffs.append(d)
+                what = "duplicate"
+            else:
+                seen.add(k)
+                if _changes(state, d.ops):
+                    diffs.append(d)
+                    opkeys[id(d)] = k
+                    continue
+                what = "unchanged"
+            if not dropped[what]:
+                met.append(what)
+            dropped[what] += 1
+        for what in met:
+            self._count(outcomes, what, dropped[what])
         free, groups = conflict_groups(diffs)
         self.merge = _Merge(round=r, stage="variants", proposals=proposals, free=free,
-                            groups=groups, outcomes=outcomes)
+                            groups=groups, outcomes=outcomes, opkeys=opkeys)
         if not diffs:
             return self._close(committed=False)
         if groups:
@@ -314,21 +399,46 @@ class Merger:
         the proposer's business and need not be unique)."""
         m = self.merge
         out: list[Out] = []
-        m.candidates = {id(d): apply(self.state, [d]) for d in diffs}
-        m.waiting.update(f"c{id(d)}" for d in diffs)
+        scores = self._scores(None)
+        # What _request does for each, inline: a known score needs no message; only the
+        # unknown ones are waited for (the tag is the diff's id), and once every score is
+        # known the merge goes on.
         for d in diffs:
-            out += self._request(f"c{id(d)}", m.candidates[id(d)])
+            key = m.keys[id(d)] = self._candidate_key(d.ops, m.opkeys.get(id(d)))
+            self.n_evals += 1  # a known score still takes an eval id (ids are in messages)
+            if key in scores:
+                continue
+            eval_id = f"e{self.n_evals}"
+            m.waiting.add(id(d))
+            self.by_eval[eval_id] = (id(d), scores, key)
+            out.append((SCHEDULER, EvalRequest(eval_id=eval_id, state=apply(self.state, [d]),
+                                               task_ids=self.heldout)))
+        if not m.waiting:
+            return out + self._advance()
         return out
 
-    def _cached(self, state: dict[str, str]) -> float:
-        return self.cache[(_state_key(state), tuple(self.heldout))]
+    def _candidate_key(self, ops: dict[str, str], ops_key: frozenset | None) -> frozenset:
+        """The cache key of the head with ``ops`` applied, remembered per ``ops`` until
+        the head changes (the same diffs come back round after round)."""
+        if self._applied_to is not self.state or len(self._applied) > 4096:
+            self._applied_to = self.state  # a new head (Open, a commit): never mutated
+            self._applied = {}
+        if ops_key is None:
+            ops_key = frozenset(ops.items())
+        key = self._applied.get(ops_key)
+        if key is None:
+            candidate = dict(self.state)
+            candidate.update(ops)
+            key = self._applied[ops_key] = _state_key(candidate)
+        return key
 
     def _advance(self) -> list[Out]:
         m = self.merge
         if m.stage == "verify":
             for diff, task_id in m.verify:
-                with_diff = self.cache[(_state_key(apply(self.state, [diff])), (task_id,))]
-                without = self.cache[(_state_key(self.state), (task_id,))]
+                scores = self.cache[(task_id,)]
+                with_diff = scores[_state_key(apply(self.state, [diff]))]
+                without = scores[_state_key(self.state)]
                 if with_diff > without:
                     m.fused.append(diff)
                     self.stats["reverified"] += 1
@@ -339,38 +449,45 @@ class Merger:
             return self._merge_kept()
         if m.stage == "variants":
             winners = []
+            scores, keys = self._scores(None), m.keys
+            losers = below = 0
             for group in m.groups:
-                best = max(group, key=lambda d: self._cached(m.candidates[id(d)]))
-                best_score = self._cached(m.candidates[id(best)])
-                # max() returns the first of equal scores: the first proposer wins ties.
-                self._count(m.outcomes, "conflict", len(group) - 1)
+                best = group[0]
+                best_score = scores[keys[id(best)]]
+                for d in group[1:]:  # strictly better only: the first proposer wins ties
+                    score = scores[keys[id(d)]]
+                    if score > best_score:
+                        best, best_score = d, score
+                losers += len(group) - 1
                 if best_score > self.score:
                     winners.append(best)
                 else:
-                    self._count(m.outcomes, "below-threshold")
+                    below += 1
+            # Counted once each; a group has two diffs or more, so "conflict" is met first.
+            self._count(m.outcomes, "conflict", losers)
+            self._count(m.outcomes, "below-threshold", below)
             m.free = m.free + winners
             if not m.free:
                 return self._close(committed=False)
             return self._to_fused()
         if m.stage == "fused":
-            fused_state = apply(self.state, m.fused)
-            score = self._cached(fused_state)
+            score = self._scores(None)[m.fused_key]
             if score > self.score:
                 self._count(m.outcomes, "committed", len(m.fused))
-                return self._commit(fused_state, score)
+                return self._commit(m.fused_state, score)
             if len(m.fused) == 1:
                 self._count(m.outcomes, "below-threshold")
                 return self._close(committed=False)
             return self._bisect(m.fused)
         if m.stage == "bisect":
-            scored = [(self._cached(apply(self.state, half)), i, half)
-                      for i, half in enumerate(m.halves)]
+            scores = self._scores(None)
+            scored = [(scores[m.half_keys[i]], i, half) for i, half in enumerate(m.halves)]
             # Highest score first; the first half wins an exact tie.
-            score, _, best = max(scored, key=lambda t: (t[0], -t[1]))
+            score, i, best = max(scored, key=lambda t: (t[0], -t[1]))
             if score > self.score:
                 self._count(m.outcomes, "committed", len(best))
                 self._count(m.outcomes, "below-threshold", len(m.fused) - len(best))
-                return self._commit(apply(self.state, best), score)
+                return self._commit(m.half_states[i], score)
             if len(best) == 1 or m.depth >= MAX_BISECT_DEPTH:
                 self._count(m.outcomes, "below-threshold", len(m.fused))
                 return self._close(committed=False)
@@ -384,16 +501,20 @@ class Merger:
         m.depth += 1
         mid = (len(diffs) + 1) // 2
         m.halves = [diffs[:mid], diffs[mid:]]
+        m.half_states = [apply(self.state, half) for half in m.halves]
+        m.half_keys = [_state_key(s) for s in m.half_states]
         m.waiting = {"h0", "h1"}
-        return (self._request("h0", apply(self.state, m.halves[0]))
-                + self._request("h1", apply(self.state, m.halves[1])))
+        return (self._request("h0", m.half_states[0], key=m.half_keys[0])
+                + self._request("h1", m.half_states[1], key=m.half_keys[1]))
 
     def _to_fused(self) -> list[Out]:
         m = self.merge
         m.stage = "fused"
         m.fused = list(m.free)
+        m.fused_state = apply(self.state, m.fused)
+        m.fused_key = _state_key(m.fused_state)
         m.waiting = {"fused"}
-        return self._request("fused", apply(self.state, m.fused))
+        return self._request("fused", m.fused_state, key=m.fused_key)
 
     def _commit(self, state: dict[str, str], score: float) -> list[Out]:
         self.version += 1

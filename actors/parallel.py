@@ -146,6 +146,37 @@ def _plan_args(who: str, n_workers: int, round_index: int,
     return ids
 
 
+#: How many task sets a deterministic strategy keeps its split of (one per run, usually).
+_PLANS_KEPT = 16
+
+
+def _kept_split(owner: object, who: str, n_workers: int, round_index: int,
+                task_ids: Sequence[str], split: Callable[[tuple[str, ...]], Any]) -> Any:
+    """``split(ids)`` for the validated task ids, kept on ``owner`` per
+    ``(n_workers, task ids)``: a deterministic strategy plans the same task list every
+    round (only the rotation changes), so the checks and the split run once per task
+    set instead of once per round. Anything not seen before goes through
+    :func:`_plan_args` and raises as it always did."""
+    ids = tuple(task_ids)
+    if type(round_index) is not int or round_index < 0:
+        return split(tuple(_plan_args(who, n_workers, round_index, ids)))  # raises
+    kept: dict | None = owner.__dict__.get("_kept_splits")
+    if kept is None:
+        kept = owner.__dict__["_kept_splits"] = {}  # frozen dataclasses too: not a field
+    try:
+        key = (n_workers, ids) if type(n_workers) is int else None
+        found = kept.get(key) if key is not None else None
+    except TypeError:  # an unhashable id: _plan_args names it
+        key = found = None
+    if found is None:
+        found = split(tuple(_plan_args(who, n_workers, round_index, ids)))
+        if key is not None:
+            if len(kept) >= _PLANS_KEPT:
+                kept.clear()
+            kept[key] = found
+    return found
+
+
 def _rotated_split(items: Sequence[str], holders: Sequence[int], round_index: int,
                    section: int | None = None) -> list[WorkUnit]:
     """Split ``items`` round-robin among ``holders``; holder j takes shard (j + r) mod k."""
@@ -184,8 +215,10 @@ class DataParallel:
 
     def plan(self, n_workers: int, round_index: int,
              keys: Sequence[str]) -> list[WorkUnit]:
-        ids = _plan_args("DataParallel", n_workers, round_index, keys)
-        return _rotated_split(ids, range(n_workers), round_index)
+        shards = _kept_split(self, "DataParallel", n_workers, round_index, keys,
+                             lambda ids: [tuple(s) for s in shard_round_robin(ids, n_workers)])
+        return [WorkUnit(worker=j, keys=shards[(j + round_index) % n_workers])
+                for j in range(n_workers)]
 
     def __repr__(self) -> str:
         return "DataParallel()"
@@ -472,17 +505,23 @@ class TensorParallel:
 
     def plan(self, n_workers: int, round_index: int,
              keys: Sequence[str]) -> list[WorkUnit]:
-        """Plan one round; ``keys`` are the round's **task ids**."""
-        ids = _plan_args("TensorParallel", n_workers, round_index, keys)
-        sections = self._check_key_space(None)
-        self._check_workers(n_workers)
+        """Plan one round; ``keys`` are the round's **task ids**. The checks, the split
+        and ``route`` run once per task list (a pure function of it), not every round."""
         n = self.n_sections
+
+        def split(ids: tuple[str, ...]):
+            sections = self._check_key_space(None)
+            self._check_workers(n_workers)
+            if self.route is None:
+                return [tuple(s) for s in shard_round_robin(ids, n_workers)]
+            return self._route_all(list(ids), sections, self._norm())
+
         if self.route is None:
-            shards = shard_round_robin(ids, n_workers)
-            return [WorkUnit(worker=i, keys=tuple(shards[(i + round_index) % n_workers]),
+            shards = _kept_split(self, "TensorParallel", n_workers, round_index, keys, split)
+            return [WorkUnit(worker=i, keys=shards[(i + round_index) % n_workers],
                              section=i % n)
                     for i in range(n_workers)]
-        by_section = self._route_all(ids, sections, self._norm())
+        by_section = _kept_split(self, "TensorParallel", n_workers, round_index, keys, split)
         units: list[WorkUnit] = []
         for s in range(n):
             units.extend(_rotated_split(by_section[s], range(s, n_workers, n),

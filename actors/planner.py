@@ -164,6 +164,11 @@ class Planner:
         """Feed settled rollouts to ``observe`` and the sampler. Synchronous mode does it
         at the end of the round in plan order, so what is learnt does not depend on
         thread timing."""
+        if self._observe is None and self.sampler is None:  # nothing learns: forget them
+            for settled in self.settled:
+                self.units.pop(settled.lease_id, None)
+            self.settled.clear()
+            return
         for settled in sorted(self.settled, key=lambda s: s.unit):
             unit = self.units.pop(settled.lease_id, None)
             for task_id, score in settled.scores:

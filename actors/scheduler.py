@@ -279,16 +279,23 @@ class Scheduler:
         return out + self._dispatch()
 
     def _on_rollout_done(self, lease: Lease, msg: LeaseDone) -> list[Out]:
-        out: list[Out] = []
-        scores = [(r.task_id, r.score) for r in msg.results]
-        errors = [f"{r.task_id}: {r.error}" for r in msg.results if r.error]
-        calls = sum(r.calls for r in msg.results)
-        out.append((PLANNER, Settled(lease_id=lease.lease_id, round=lease.round, unit=lease.unit,
-                                     scores=scores, calls=calls, errors=errors, fatal=msg.fatal,
-                                     section=lease.section, stage=lease.stage)))
-        if any(r.diff is not None for r in msg.results):
+        scores: list[tuple[str, float | None]] = []
+        errors: list[str] = []
+        calls = proposals = 0
+        for r in msg.results:  # one pass over the results
+            scores.append((r.task_id, r.score))
+            calls += r.calls
+            if r.error:
+                errors.append(f"{r.task_id}: {r.error}")
+            if r.diff is not None:
+                proposals += 1
+        out: list[Out] = [(PLANNER, Settled(
+            lease_id=lease.lease_id, round=lease.round, unit=lease.unit, scores=scores,
+            calls=calls, errors=errors, fatal=msg.fatal, section=lease.section,
+            stage=lease.stage))]
+        if proposals:
             out.append((MERGER, msg))
-            self.unmerged += sum(r.diff is not None for r in msg.results)
+            self.unmerged += proposals
         if self.asynchronous:
             return out + self._flush_if_drained()
         pending = self.open_rounds.get(lease.round)
@@ -328,35 +335,38 @@ class Scheduler:
 
     def _dispatch(self) -> list[Out]:
         out: list[Out] = []
-        if self.shut:
-            return out
-        order = list(self.workers)
+        if self.shut or (not self.queue and not self.asynchronous):
+            return out  # the common case after an answer: nothing waits, nothing to ask
+        workers, queue = self.workers, self.queue
+        order = list(workers)
         # issue 6: the free list is built once per call (only when work waits) and kept
         # up to date below; rebuilding it per lease cost O(workers) each time (~30 ms to
         # dispatch a round to 256 remote workers).
-        free = [w for w in order if len(self.workers[w].running) < self.workers[w].slots] \
-            if self.queue else []
+        free = [w for w in order if len(workers[w].running) < workers[w].slots] \
+            if queue else []
         free_set = set(free)
-        while self.queue and self.running < self.max_concurrency:
+        while queue and self.running < self.max_concurrency:
             if not free:
                 break
-            lease = self.queue[0]
-            if lease.kind == "rollout" and self.asynchronous \
-                    and self.unmerged > self.backlog_bound:
+            lease = queue[0]
+            rollout = lease.kind == "rollout"
+            if rollout and self.asynchronous and self.unmerged > self.backlog_bound:
                 self.held_back += 1
                 break  # backpressure: the merger is behind; evals still jump the queue
-            self.queue.popleft()
+            queue.popleft()
             # Affinity: logical unit i prefers the i-th registered worker.
-            preferred = order[lease.unit % len(order)] if lease.kind == "rollout" else None
+            preferred = order[lease.unit % len(order)] if rollout else None
             name = preferred if preferred in free_set else free[0]
-            self.workers[name].running.add(lease.lease_id)
-            if len(self.workers[name].running) >= self.workers[name].slots:  # issue 6
+            worker = workers[name]
+            worker.running.add(lease.lease_id)
+            if len(worker.running) >= worker.slots:  # issue 6
                 free.remove(name)
                 free_set.discard(name)
             self.holder[lease.lease_id] = name
             self.running += 1
-            self.peak_running = max(self.peak_running, self.running)
-            if self.head is not None and lease.kind == "rollout":
+            if self.running > self.peak_running:
+                self.peak_running = self.running
+            if self.head is not None and rollout:
                 known = self.worker_version.get(name, 0)
                 if self.asynchronous and self.head.version - known > self.async_ratio:
                     self.worker_version[name] = self.head.version
