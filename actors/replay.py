@@ -391,7 +391,7 @@ class _Track:
     """One control actor under replay."""
 
     __slots__ = ("name", "machine", "handle", "recorded", "produced", "report",
-                 "divergence", "last_to", "inputs", "matched")
+                 "divergence", "inputs", "matched")
 
     def __init__(self, name: str, machine: Any) -> None:
         self.name = name
@@ -404,7 +404,6 @@ class _Track:
             collections.deque()
         self.report = ActorReport()
         self.divergence: Divergence | None = None
-        self.last_to: dict[str, int] = {}
         self.inputs = 0  # counted here on the hot path, copied into report at the end
         self.matched = 0
 
@@ -438,6 +437,10 @@ class _Replay:
         self.unrecorded: list[Unrecorded] = []
         self.divergences: list[Divergence] = []
         self.path = Path()
+        self._records: list[Record] = []
+        # (sender, receiver) -> seq of the segment's last message between them; built on
+        # first need (a produced message the log may not hold), not for every replay.
+        self._last_sent: dict[tuple[str, str], int] | None = None
         # Messages produced but never delivered, to control actors or the driver, as
         # (sender, receiver, message): what a resume re-sends.
         self.pending: list[tuple[str, str, Message]] = []
@@ -457,22 +460,13 @@ class _Replay:
 
     def segment(self, path: Path, records: list[Record]) -> None:
         self.path = path
+        self._records, self._last_sent = records, None
         tracks = self.tracks
         for t in tracks.values():
-            t.last_to = {}
             t.recorded.clear()
-        # Names never seen before: a Collector's first input is its GroupStart, so one
-        # decode per name finds them (a Collector sends nothing before its GroupStart).
+        # Names never seen before: a Collector's first input is its GroupStart (it sends
+        # nothing before), so one decode per new receiver name finds the Collectors.
         looked: set[str] | None = set(tracks) if self.collector is not None else None
-        for rec in records:  # where each actor -> receiver stream ends in this log
-            t = tracks.get(rec.sender)
-            if t is not None:
-                t.last_to[rec.receiver] = rec.seq
-            if looked is not None and rec.receiver not in looked:
-                looked.add(rec.receiver)
-                if type(decode(rec.body)) is GroupStart:
-                    tracks[rec.receiver] = _Track(rec.receiver,
-                                                  _Lives(rec.receiver, self.collector))
         settle = self._settle
         # This replay's own codec (the module's functions add a call per message).
         dec = msgspec.msgpack.Decoder(Message).decode
@@ -503,7 +497,16 @@ class _Replay:
                     if produced:
                         settle(t, None)
             t = tracks.get(rec.receiver)
-            if t is None or t.divergence is not None:
+            if t is None:
+                if looked is None or rec.receiver in looked:
+                    continue
+                looked.add(rec.receiver)
+                feed = dec(rec.body)
+                if type(feed) is not GroupStart:
+                    continue
+                t = tracks[rec.receiver] = _Track(rec.receiver,
+                                                  _Lives(rec.receiver, self.collector))
+            elif t.divergence is not None:
                 continue
             if t.recorded:
                 settle(t, rec.seq)
@@ -537,7 +540,7 @@ class _Replay:
                 produced.popleft()
                 t.matched += 1
                 continue
-            if t.last_to.get(receiver, -1) < rec.seq and not self.strict:
+            if self._last(t.name, receiver) < rec.seq and not self.strict:
                 produced.popleft()
                 self._unrecorded(t, input_seq, receiver, msg)
                 continue
@@ -569,6 +572,14 @@ class _Replay:
                         reason="produced a message the log does not hold (strict)"))
                     return
                 self._unrecorded(t, input_seq, receiver, msg)
+
+    def _last(self, sender: str, receiver: str) -> int:
+        """The seq of this segment's last message from ``sender`` to ``receiver`` (-1:
+        none): a produced message with no counterpart and nothing later on that stream
+        went to a receiver that had left, or the log ended."""
+        if self._last_sent is None:
+            self._last_sent = {(r.sender, r.receiver): r.seq for r in self._records}
+        return self._last_sent.get((sender, receiver), -1)
 
     def _unrecorded(self, t: _Track, input_seq: int, receiver: str, msg: Message) -> None:
         t.report.unrecorded += 1

@@ -271,11 +271,10 @@ class Scheduler:
             self.workers[holder].running.discard(msg.lease_id)
             self.running -= 1
         del self.leases[msg.lease_id]
-        out: list[Out] = []
         if lease.kind == "eval":
-            out += self._on_eval_chunk(lease, msg)
+            out = self._on_eval_chunk(lease, msg)
         else:
-            out += self._on_rollout_done(lease, msg)
+            out = self._on_rollout_done(lease, msg)
         return out + self._dispatch()
 
     def _on_rollout_done(self, lease: Lease, msg: LeaseDone) -> list[Out]:
@@ -301,11 +300,13 @@ class Scheduler:
         pending = self.open_rounds.get(lease.round)
         if pending is not None:
             pending.discard(lease.lease_id)
-            out += self._barrier_if_settled(lease.round)
+            if not pending:
+                out += self._barrier_if_settled(lease.round)
         return out
 
     def _barrier_if_settled(self, round_: int) -> list[Out]:
-        if self.open_rounds.get(round_) == set():
+        pending = self.open_rounds.get(round_)
+        if pending is not None and not pending:  # every lease of the round is settled
             del self.open_rounds[round_]
             return [(MERGER, Barrier(round=round_))]
         return []

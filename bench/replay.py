@@ -142,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+FORWARD = object()
+
+
 def _oracle_machines(contents):
     """Factory of machines that answer each input with what the real machine answered
     (recorded once, here): replaying with them times the engine alone."""
@@ -157,7 +160,9 @@ def _oracle_machines(contents):
 
         def handle(self, msg):
             out = real[self.name].handle(msg)
-            answers[self.name].append(out)
+            # A message forwarded as received is marked, so the oracle forwards the
+            # message it is handed too (replay treats a forward apart: no re-decode).
+            answers[self.name].append([(to, FORWARD if m is msg else m) for to, m in out])
             return out
 
     assert replay_contents([contents], machines={k: Recorder(k) for k in real}).ok
@@ -167,7 +172,7 @@ def _oracle_machines(contents):
             self.next = iter(answers[name]).__next__
 
         def handle(self, msg):
-            return self.next()
+            return [(to, msg if m is FORWARD else m) for to, m in self.next()]
 
     return lambda: {name: Oracle(name) for name in real}
 
