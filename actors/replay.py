@@ -48,6 +48,7 @@ A log with no ``Start`` (a group run on its own) replays its Collectors only.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -335,12 +336,22 @@ def _machine_args(meta: dict[str, str]) -> dict[str, dict[str, Any]]:
 
 
 def _accepted(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
+    params = _keywords(cls)
+    if params is None:
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+@functools.lru_cache(maxsize=64)
+def _keywords(cls: type) -> frozenset[str] | None:
+    """The parameter names ``cls`` takes (None: any, it has ``**kwargs``); looked up
+    once per class, not once per replay."""
     import inspect
 
     params = inspect.signature(cls).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return kwargs
-    return {k: v for k, v in kwargs.items() if k in params}
+        return None
+    return frozenset(params)
 
 
 def _planner_strategy(meta: dict[str, str], start: Start, parallel, strategy, task_sampler):

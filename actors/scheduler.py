@@ -336,8 +336,9 @@ class Scheduler:
 
     def _dispatch(self) -> list[Out]:
         out: list[Out] = []
-        if self.shut or (not self.queue and not self.asynchronous):
-            return out  # the common case after an answer: nothing waits, nothing to ask
+        if self.shut or (not self.queue and not self.asynchronous) \
+                or self.running >= self.max_concurrency:
+            return out  # nothing waits and nothing to ask, or no lease may start now
         workers, queue = self.workers, self.queue
         order = list(workers)
         # issue 6: the free list is built once per call (only when work waits) and kept
