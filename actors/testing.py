@@ -9,7 +9,8 @@
 ``replay`` takes the same arguments as :func:`actors.replay.replay_log`: machines or
 strategies for a log written by ``evolve()`` from Python (``parallel=``,
 ``strategy=``, ``task_sampler=``, or ``planner=``/``scheduler=``/``merger=`` as an
-instance, a class, or a callable taking the ``Start`` message). Pass *fresh*
+instance, a class, or a callable taking the ``Start`` message; ``collector=`` as a
+class or a callable taking the Collector's name, for the log's parallel groups). Pass *fresh*
 strategy objects: a stateful one (``ClusterParallel`` learns from ``observe``) that
 already ran would plan differently the second time.
 """
