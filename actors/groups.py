@@ -39,7 +39,7 @@ import pykka
 from actors import refs
 from actors.collector import Collector, check_inputs
 from actors.errors import ConfigError, EvobusError, RunFailed
-from actors.shell import ControlActor
+from actors.shell import ControlActor, teller
 from bus.base import MAX_FRAME_BYTES, Delivery
 from protocol import (Branch, BranchDone, BranchFailed, Cancel, GroupCancel, GroupResult,
                       GroupStart, GroupSuspended, Hello, Hold, Interaction, JournalEntry,
@@ -610,18 +610,6 @@ class BranchContext:
 def _describe(exc: BaseException, limit: int = 500) -> str:
     text = str(exc)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _teller(bus, ref: pykka.ActorRef) -> Callable[[Delivery], None]:
-    """Deliver to an actor's mailbox; a straggler for an actor that already stopped (a
-    ``Tick`` crossing the group's end) is counted as unroutable, never raised."""
-    def deliver(delivery: Delivery) -> None:
-        try:
-            ref.tell(delivery)
-        except pykka.ActorDeadError:  # counted with the bus's unroutable messages
-            bus.stats.unroutable += 1
-
-    return deliver
 
 
 class _LeaseBox:
@@ -1214,7 +1202,7 @@ def _execute(plan: _Plan) -> GroupOutcome:
         ref = runtime.start_actor(_CollectorActor, bus, collector_name,
                                   Collector(collector_name), on_crash)
         started.append(ref)
-        bus.attach(collector_name, _teller(bus, ref))
+        bus.attach(collector_name, teller(bus, ref))
         attached.append(collector_name)
         # Worker names route before any work flows (the broker is idle: attaching is
         # cheapest now); each worker is announced (Hello) once its thread is up, so the

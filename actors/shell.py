@@ -24,6 +24,18 @@ log = logging.getLogger(__name__)
 Crash = Callable[[str, BaseException], None]
 
 
+def teller(bus: Bus, ref: pykka.ActorRef) -> Callable[[Delivery], None]:
+    """Deliver to an actor's mailbox; a straggler for an actor that already stopped (a
+    ``Stop`` or ``Tick`` crossing the shutdown) is counted as unroutable, never raised."""
+    def deliver(delivery: Delivery) -> None:
+        try:
+            ref.tell(delivery)
+        except pykka.ActorDeadError:  # counted with the bus's unroutable messages
+            bus.stats.unroutable += 1
+
+    return deliver
+
+
 class _FastInbox:
     """A pykka inbox on ``queue.SimpleQueue`` (C, lock-free for the caller) instead of
     ``queue.Queue``: every delivery is a put and a get, and Queue's Python-level locks
@@ -52,7 +64,7 @@ class ControlActor(_FastInbox, pykka.ThreadingActor):
         let a message sent right after (a worker's Hello) find nobody. Messages that
         arrive before ``on_start`` wait in the actor's inbox."""
         ref = cls.start(bus, name, machine, on_crash)
-        bus.attach(name, ref.tell)
+        bus.attach(name, teller(bus, ref))
         return ref
 
     def on_start(self) -> None:
@@ -88,7 +100,7 @@ class WorkerActor(_FastInbox, pykka.ThreadingActor):
         """Start the worker, route its name, and only then say Hello: the Scheduler's
         first lease must find the worker's name routed (see ControlActor.spawn)."""
         ref = cls.start(bus, core, on_crash, slots)
-        bus.attach(core.name, ref.tell)
+        bus.attach(core.name, teller(bus, ref))
         bus.send(core.name, SCHEDULER, Hello(worker=core.name, slots=slots))
         return ref
 
