@@ -477,8 +477,14 @@ class Endpoint:
         self._handlers.pop(name, None)
         if self._stop.is_set():
             return
-        sock, _ = self._sender()
-        sock.send_multipart([b"D", name.encode()])
+        try:
+            sock, _ = self._sender()
+            sock.send_multipart([b"D", name.encode()])
+        except zmq.ZMQError:
+            if not self._stop.is_set():
+                raise
+            # close() ran between the check above and the send (an actor whose on_stop
+            # runs while the runtime closes the bus): the broker forgets every name anyway.
 
     def send(self, sender: str, receiver: str, msg: Message) -> None:
         if self._stop.is_set():
