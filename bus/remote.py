@@ -46,9 +46,10 @@ import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from bus.base import MAX_FRAME_BYTES, BusStats, Deliver, Delivery
+from bus.base import MAX_FRAME_BYTES, BusStats, Deliver
 from bus.frames import NOBLOCK, recv_frames, send_frames
 from bus.security import ClientKeys, ServerKeys, secure_client, secure_server, start_authenticator
+from bus.zmq_bus import deliver_frames
 from protocol import Codec, Message
 
 log = logging.getLogger(__name__)
@@ -463,22 +464,7 @@ class RemoteEndpoint:
                 self.stats.reject("broker", f"malformed frame ({len(frames)} parts)")
 
     def _deliver(self, codec: Codec, frames: list[bytes]) -> None:
-        _, seq, sender, receiver, body = frames
-        name = receiver.decode("utf-8", "replace")
-        deliver = self._handlers.get(name)
-        if deliver is None:
-            self.stats.unroutable += 1
-            return
-        try:
-            msg = codec.decode(body)
-        except msgspec.DecodeError as exc:
-            self.stats.reject(sender.decode("utf-8", "replace"), f"does not decode: {exc}")
-            return
-        self.stats.delivered += 1
-        try:
-            deliver(Delivery(_SEQ.unpack(seq)[0], sender.decode(), name, msg))
-        except Exception:  # a handler bug must not kill the I/O thread; logged here
-            log.exception("remote endpoint: delivering %s to %r failed", type(msg).__name__, name)
+        deliver_frames(self._handlers, self.stats, codec, frames, "remote endpoint", count=True)
 
     def _on_monitor(self, monitor: zmq.Socket) -> None:
         while monitor.poll(0):

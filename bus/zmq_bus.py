@@ -22,7 +22,6 @@ import collections
 import logging
 import struct
 import threading
-import time
 import uuid
 
 import msgspec
@@ -98,6 +97,32 @@ def _wake(ctx: zmq.Context, addr: str) -> None:
         pass
     finally:
         sock.close(0)
+
+
+def deliver_frames(handlers: dict[str, Deliver], stats: BusStats, codec: Codec,
+                   frames: list[bytes], who: str, *, count: bool = False) -> None:
+    """Hand a delivery ``[M, seq, sender, receiver, body]`` to the local actor it names.
+
+    Shared by this process's endpoint and a remote worker's: a name nobody attached is
+    counted unroutable, a body that does not decode is counted and dropped, and a
+    handler that raises is logged without stopping the I/O thread."""
+    _, seq, sender, receiver, body = frames
+    name = receiver.decode("utf-8", "replace")
+    deliver = handlers.get(name)
+    if deliver is None:
+        stats.unroutable += 1
+        return
+    try:
+        msg = codec.decode(body)
+    except msgspec.DecodeError as exc:
+        stats.reject(sender.decode("utf-8", "replace"), f"does not decode: {exc}")
+        return
+    if count:
+        stats.delivered += 1
+    try:
+        deliver(Delivery(_SEQ.unpack(seq)[0], sender.decode("utf-8", "replace"), name, msg))
+    except Exception:  # a handler bug must not kill the I/O thread; logged here
+        log.exception("%s: delivering %s to %r failed", who, type(msg).__name__, name)
 
 
 class Broker:
@@ -420,21 +445,7 @@ class Endpoint:
         if len(frames) != 5 or frames[0] != b"M":
             self.stats.reject("broker", f"malformed delivery ({len(frames)} frames)")
             return
-        _, seq, sender, receiver, body = frames
-        name = receiver.decode()
-        deliver = self._handlers.get(name)
-        if deliver is None:
-            self.stats.unroutable += 1
-            return
-        try:
-            msg = codec.decode(body)
-        except msgspec.DecodeError as exc:
-            self.stats.reject(sender.decode("utf-8", "replace"), f"does not decode: {exc}")
-            return
-        try:
-            deliver(Delivery(_SEQ.unpack(seq)[0], sender.decode(), name, msg))
-        except Exception:  # a handler bug must not kill the endpoint; logged here
-            log.exception("endpoint: delivering %s to %r failed", type(msg).__name__, name)
+        deliver_frames(self._handlers, self.stats, codec, frames, "endpoint")
 
     def _sender(self) -> tuple[zmq.Socket, Codec]:
         pair = getattr(self._local, "pair", None)
