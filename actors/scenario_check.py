@@ -13,16 +13,9 @@ import msgspec
 from msgspec import inspect as mi
 
 from protocol import scenario as sc
+from protocol.scenario_errors import _options
 
 __all__ = ["check_refs", "references"]
-
-
-def _options(t: Any) -> list[Any]:
-    while isinstance(t, mi.Metadata):
-        t = t.type
-    if isinstance(t, mi.UnionType):
-        return [o for u in t.types for o in _options(u)]
-    return [t]
 
 
 def _is_reference(t: Any) -> bool:

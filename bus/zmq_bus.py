@@ -251,12 +251,7 @@ class Broker:
                 sender, receiver, body = opened
             else:
                 _, _, sender, receiver, body = frames
-            try:
-                msg = codec.decode(body)
-            except msgspec.DecodeError as exc:
-                self.stats.reject(sender.decode("utf-8", "replace"), f"does not decode: {exc}")
-                return
-            self.forward(codec, sender, receiver, body, msg)
+            self._check_and_forward(codec, sender, receiver, body)
         elif kind == b"A" and len(frames) == 4:
             self._routes[frames[2]] = frames[3] or ident
             try:
@@ -274,7 +269,12 @@ class Broker:
         if opened is None:
             self.stats.reject("intake", f"malformed envelope ({len(frame)} bytes)")
             return
-        sender, receiver, body = opened
+        self._check_and_forward(codec, *opened)
+
+    def _check_and_forward(self, codec: Codec, sender: bytes, receiver: bytes,
+                           body: bytes) -> None:
+        """Decode with the typed decoder (a body that does not decode is counted and
+        dropped, never fatal), then stamp, deliver and log it."""
         try:
             msg = codec.decode(body)
         except msgspec.DecodeError as exc:

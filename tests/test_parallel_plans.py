@@ -349,15 +349,8 @@ def test_cluster_parallel_refuses_a_reward_outside_the_unit_interval():
 # -- custom strategies and the protocol ---------------------------------------------------
 
 
-class BlockParallel:
-    """Give each worker a contiguous block of the key-space (good locality)."""
-
-    name = "block"
-
-    def plan(self, n_workers, round_index, keys):
-        keys = list(keys)
-        size = (len(keys) + n_workers - 1) // n_workers
-        return [WorkUnit(worker=i, keys=keys[i * size:(i + 1) * size]) for i in range(n_workers)]
+# The documented custom strategy (docs/parallelism.md), as the example ships it.
+from scenarios.parallelism import BlockParallel  # noqa: E402
 
 
 def test_a_custom_block_strategy_satisfies_the_parallel_strategy_protocol():
