@@ -32,8 +32,8 @@ def build_strategy(spec: sc.Strategy):
 
 def build_parallel(spec: sc.Parallel):
     match spec:
-        case sc.DataParallelSpec():
-            return DataParallel()
+        case sc.DataParallelSpec(per_worker=per_worker):
+            return DataParallel(per_worker=per_worker)
         case sc.TensorParallelSpec(n_sections=n, keys=keys, route=route):
             return TensorParallel(n, keys=keys,
                                   route=_resolve(route, "$.parallel.route") if route else None)

@@ -207,27 +207,52 @@ class DataParallel:
     ``(i + r) mod n_workers``. So each round the units are disjoint and together
     cover every task exactly once, and a worker sees a different shard every round.
 
+    ``per_worker=k`` makes the round a minibatch: worker ``i`` rolls out only ``k``
+    tasks of its shard, the ``(r*k + j) mod len(shard)``-th for ``j < k`` (the whole
+    shard when it holds ``k`` or fewer). Each round is still disjoint; every shard is
+    walked through in ``ceil(len(shard) / k)`` rounds. Smaller rounds mean more
+    merges (and held-out gates) per rollout: ``per_worker=1`` is agentdescent's
+    synchronous round, task for task, and learns in fewer train rollouts on domains
+    where one round's proposals conflict; the default (the whole shard) gates least
+    often and spends the fewest messages a rollout.
+
     With more workers than tasks, the surplus shards are empty: those workers get
     a unit with no tasks (which worker idles rotates with the round). An empty
     task list gives every worker an empty unit."""
 
     name = "DP"
 
+    def __init__(self, per_worker: int | None = None) -> None:
+        if per_worker is not None and (isinstance(per_worker, bool)
+                                       or not isinstance(per_worker, int) or per_worker < 1):
+            raise ParallelConfigError(
+                f"DataParallel(per_worker=...) takes tasks per worker per round, an integer "
+                f">= 1, got {per_worker!r}; None rolls out each worker's whole shard")
+        self.per_worker = per_worker
+
     def plan(self, n_workers: int, round_index: int,
              keys: Sequence[str]) -> list[WorkUnit]:
         shards = _kept_split(self, "DataParallel", n_workers, round_index, keys,
                              lambda ids: [tuple(s) for s in shard_round_robin(ids, n_workers)])
-        return [WorkUnit(worker=j, keys=shards[(j + round_index) % n_workers])
-                for j in range(n_workers)]
+        k = self.per_worker
+        units = []
+        for j in range(n_workers):
+            shard = shards[(j + round_index) % n_workers]
+            if k is not None and len(shard) > k:
+                start = round_index * k
+                shard = tuple(shard[(start + i) % len(shard)] for i in range(k))
+            units.append(WorkUnit(worker=j, keys=shard))
+        return units
 
     def __repr__(self) -> str:
-        return "DataParallel()"
+        return ("DataParallel()" if self.per_worker is None
+                else f"DataParallel(per_worker={self.per_worker})")
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is DataParallel
+        return type(other) is DataParallel and other.per_worker == self.per_worker
 
     def __hash__(self) -> int:
-        return hash(DataParallel)
+        return hash((DataParallel, self.per_worker))
 
 
 # -- TP -----------------------------------------------------------------------------

@@ -8,11 +8,15 @@ scoring is not counted, for either library). A run that ends on a budget before 
 target is a miss and is shown as such.
 
 Beside each, agentdescent's own ``evolve()`` on the same tasks, the same train/held-out
-split and its own ``KeyedRules``. Round sizes differ by design: an evobus synchronous
+split and its own ``KeyedRules``. Round sizes differ by default: an evobus synchronous
 round rolls out the whole train split (a worker's shard each), an agentdescent round one
 task per worker. So the sync rows are given twice for evobus: with its default round,
-and with a one-task-per-worker round (``OnePerWorker`` below, a 20-line parallel
-strategy), which is agentdescent's round and so the like-for-like rollouts figure.
+and with ``DataParallel(per_worker=1)``, the built-in minibatch round that is
+agentdescent's round task for task (the like-for-like rollouts figure).
+
+A third figure per configuration counts every ``run()`` call, train rollouts and held-out
+scoring alike (a counting wrapper around the same ``run`` for both libraries): what
+the learning cost in model calls, gate included.
 
     python -m bench.learning [--quick] [--ns 1,4,8,16] [--repeats 3]
 """
@@ -21,15 +25,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import threading
 import time
 from typing import Sequence
 
-from actors import KeyedRules, evolve
-from actors.parallel import shard_round_robin
+from actors import DataParallel, KeyedRules, evolve
 from actors.planner import split_tasks
 from bench import agentdescent_side as ad
 from bench.common import Row, figure, median, table
-from protocol import WorkUnit
 from scenarios import router
 
 TARGET = 1.0
@@ -40,62 +43,58 @@ MAX_ROLLOUTS = 20_000
 MAX_SECONDS = 60.0
 
 
-class OnePerWorker:
-    """A parallel strategy with agentdescent's synchronous round, task for task: the
-    train ids are dealt round-robin into ``n`` shards, worker i takes shard
-    ``(i + r) mod n`` at round r (as DataParallel does) and rolls out one task of it,
-    the ``r mod len(shard)``-th (agentdescent's RoundRobin pick)."""
+class CountingRun:
+    """``router.run`` that counts its calls (train and held-out alike); thread-safe."""
 
-    name = "one-per-worker"
+    def __init__(self) -> None:
+        self.calls = 0
+        self._lock = threading.Lock()
 
-    def plan(self, n_workers: int, round_index: int, keys: Sequence[str]) -> list[WorkUnit]:
-        shards = shard_round_robin(list(keys), n_workers)
-        units = []
-        for i in range(n_workers):
-            shard = shards[(i + round_index) % len(shards)] if shards else []
-            pick = (shard[round_index % len(shard)],) if shard else ()
-            units.append(WorkUnit(worker=i, keys=pick))
-        return units
-
-    def __repr__(self) -> str:
-        return "OnePerWorker()"
+    def __call__(self, rendered, task):
+        with self._lock:
+            self.calls += 1
+        return router.run(rendered, task)
 
 
 def evobus_to_quality(n: int, asynchronous: bool, *, one_per_worker: bool = False,
-                      target: float = TARGET) -> tuple[bool, float, int]:
+                      target: float = TARGET) -> tuple[bool, float, int, int]:
     kw = (dict(max_rollouts=MAX_ROLLOUTS, max_seconds=MAX_SECONDS) if asynchronous
           else dict(rounds=MAX_ROUNDS, max_seconds=MAX_SECONDS))
+    run = CountingRun()
     t = time.perf_counter()
-    result = evolve(router.tasks(), router.reward, run=router.run, propose=router.propose,
+    result = evolve(router.tasks(), router.reward, run=run, propose=router.propose,
                     strategy=KeyedRules(router.CATEGORIES), n_workers=n,
                     held_out_frac=HELD_OUT, seed=0, asynchronous=asynchronous,
-                    target_reward=target, parallel=OnePerWorker() if one_per_worker else None,
-                    **kw)
+                    target_reward=target,
+                    parallel=DataParallel(per_worker=1) if one_per_worker else None, **kw)
     wall = time.perf_counter() - t
-    return result.stop_reason == "target_reward", wall, result.rollouts
+    return result.stop_reason == "target_reward", wall, result.rollouts, run.calls
 
 
 def agentdescent_to_quality(n: int, asynchronous: bool,
-                            target: float = TARGET) -> tuple[bool, float, int]:
+                            target: float = TARGET) -> tuple[bool, float, int, int]:
+    run = CountingRun()
     reached, wall, rollouts, _ = ad.to_quality(
-        ad.tasks_for(router.tasks(), HELD_OUT), router.reward, router.run, router.propose,
+        ad.tasks_for(router.tasks(), HELD_OUT), router.reward, run, router.propose,
         asynchronous=asynchronous, n_workers=n, strategy=ad.keyed_rules(router.CATEGORIES),
         target=target, max_rollouts=MAX_ROLLOUTS if asynchronous else MAX_ROUNDS * n,
         max_seconds=MAX_SECONDS)
-    return reached, wall, rollouts
+    return reached, wall, rollouts, run.calls
 
 
-def _runs(fn, repeats: int) -> tuple[list[float], list[float], int, str]:
-    """(seconds, rollouts) of the runs that reached the target, how many missed, note."""
-    secs, rolls, missed = [], [], 0
+def _runs(fn, repeats: int) -> tuple[list[float], list[float], int, list[float]]:
+    """(seconds, train rollouts) of the runs that reached the target, how many missed,
+    and their run() calls (train + held-out)."""
+    secs, rolls, missed, calls = [], [], 0, []
     for _ in range(repeats):
-        reached, wall, rollouts = fn()
+        reached, wall, rollouts, n_calls = fn()
         if reached:
             secs.append(wall)
             rolls.append(float(rollouts))
+            calls.append(float(n_calls))
         else:
             missed += 1
-    return secs, rolls, missed, ""
+    return secs, rolls, missed, calls
 
 
 def rows(ns: Sequence[int], repeats: int) -> list[Row]:
@@ -104,7 +103,7 @@ def rows(ns: Sequence[int], repeats: int) -> list[Row]:
     train = len(split_tasks([t.id for t in router.tasks()], HELD_OUT, 0)[0])
     for n in ns:
         for mode, asynchronous in (("sync", False), ("async", True)):
-            variants = [("", False)] + ([(", 1 task/worker/round", True)]
+            variants = [("", False)] + ([(", DataParallel(per_worker=1)", True)]
                                         if not asynchronous else [])
             theirs = None
             if have_ad:
@@ -137,6 +136,10 @@ def rows(ns: Sequence[int], repeats: int) -> list[Row]:
                                target=("reaches the target" if asynchronous else
                                        "<= agentdescent sync rollouts"),
                                met=met_r))
+                out.append(Row(name + ": run() calls, held-out included", "calls",
+                               ours[3] or None, "", None,
+                               theirs[3] or None if theirs else None,
+                               higher_is_better=False))
     return out
 
 

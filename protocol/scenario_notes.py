@@ -49,6 +49,9 @@ NOTES = {
     "AppendRulesSpec.title": "First line of the rendered artifact.",
     "SingleSlotSpec.initial_value": "The artifact's starting text.",
     "SingleSlotSpec.key": "The one key the artifact's state uses.",
+    "DataParallelSpec.per_worker": "Tasks each worker rolls out per round, a minibatch "
+                                   "of its shard (1 = agentdescent's round); omitted, the "
+                                   "whole shard.",
     "TensorParallelSpec.n_sections": "Number of sections the artifact's keys are cut into; "
                                      "worker i edits section i mod n_sections.",
     "TensorParallelSpec.keys": "The key space to cut (default: the strategy's categories).",

@@ -82,6 +82,50 @@ def test_data_parallel_refuses_duplicate_task_ids_and_zero_workers():
         DataParallel().plan(0, 0, ["a"])
 
 
+@PROPERTY
+@given(n_tasks=st.integers(0, 40), n_workers=st.integers(1, 12), k=st.integers(1, 7),
+       round_index=st.integers(0, 30))
+def test_data_parallel_per_worker_rounds_are_disjoint_minibatches_that_walk_every_shard(
+        n_tasks, n_workers, k, round_index):
+    ids = task_ids(n_tasks)
+    dp, whole = DataParallel(per_worker=k), DataParallel()
+    now = dp.plan(n_workers, round_index, ids)
+    assert [u.worker for u in now] == list(range(n_workers))
+    keys = all_keys(now)
+    assert len(keys) == len(set(keys))                       # disjoint within a round
+    for mini, full in zip(now, whole.plan(n_workers, round_index, ids)):
+        assert set(mini.keys) <= set(full.keys)              # a minibatch of its shard
+        assert len(mini.keys) == min(k, len(full.keys))
+    # every shard is walked through in ceil(len / k) consecutive rounds, whoever holds it
+    longest = -(-n_tasks // n_workers)
+    span = range(round_index, round_index + max(1, -(-longest // k)))
+    assert sorted({t for r in span for t in all_keys(dp.plan(n_workers, r, ids))}) == ids
+
+
+def test_data_parallel_per_worker_one_is_agentdescents_round_robin_pick():
+    ids = task_ids(10)   # shards of 3, 3, 2, 2 with 4 workers
+    dp = DataParallel(per_worker=1)
+    plans = [[u.keys for u in dp.plan(4, r, ids)] for r in range(3)]
+    assert plans[0] == [("t000",), ("t001",), ("t002",), ("t003",)]
+    assert plans[1] == [("t005",), ("t006",), ("t007",), ("t004",)]
+    assert plans[2] == [("t002",), ("t003",), ("t008",), ("t009",)]
+    # the minibatch wraps around its shard; a shard no longer than k goes whole
+    assert DataParallel(per_worker=2).plan(1, 1, ["a", "b", "c"]) == [
+        WorkUnit(worker=0, keys=("c", "a"))]
+    assert DataParallel(per_worker=2).plan(2, 1, ["a", "b", "c"]) == [
+        WorkUnit(worker=0, keys=("b",)), WorkUnit(worker=1, keys=("a", "c"))]
+
+
+def test_data_parallel_per_worker_is_validated_and_part_of_its_identity():
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ParallelConfigError, match="per_worker"):
+            DataParallel(per_worker=bad)
+    assert DataParallel(per_worker=None) == DataParallel()
+    assert DataParallel(per_worker=2) != DataParallel()
+    assert len({DataParallel(per_worker=2), DataParallel(per_worker=2), DataParallel()}) == 2
+    assert repr(DataParallel(per_worker=3)) == "DataParallel(per_worker=3)"
+
+
 def test_shard_round_robin_deals_items_in_turn():
     assert shard_round_robin(range(7), 3) == [[0, 3, 6], [1, 4], [2, 5]]
     with pytest.raises(ValueError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+from pathlib import Path
 
 import pytest
 
@@ -136,3 +137,26 @@ def test_cluster_parallel_leases_whole_clusters_and_learns_from_every_rollout(tm
 def test_a_task_sampler_orders_tasks_inside_leases_and_still_learns():
     result = run_router(DataParallel(), task_sampler=DifficultyWeighted(seed=1))
     assert result.final_reward == 1.0
+
+
+def test_a_minibatch_round_rolls_out_per_worker_tasks_and_learns_from_each(tmp_path):
+    # One task per worker per round (agentdescent's round): the router reaches held-out
+    # 1.0 after its 43 train tasks are seen once, where the whole-split round needs 3.
+    log = tmp_path / "mini.evolog"
+    result = run_router(DataParallel(per_worker=1), n_workers=1, rounds=300,
+                        held_out_frac=0.4, target_reward=1.0, log=str(log))
+    assert result.stop_reason == "target_reward" and result.rollouts == 43
+    assert {len(lease.task_ids) for lease in leases_in(log)} == {1}
+    whole = run_router(DataParallel(), n_workers=1, rounds=300, held_out_frac=0.4,
+                       target_reward=1.0)
+    assert whole.rollouts == 3 * 43
+
+
+def test_a_scenario_declares_the_minibatch_round():
+    from actors.launch import build_parallel
+    from protocol.scenario import parse_scenario
+
+    toml = Path(__file__).resolve().parent.parent / "scenarios" / "router.toml"
+    text = toml.read_text().replace('kind = "DataParallel"\n',
+                                    'kind = "DataParallel"\nper_worker = 2\n')
+    assert build_parallel(parse_scenario(text).parallel) == DataParallel(per_worker=2)
