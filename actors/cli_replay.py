@@ -167,7 +167,8 @@ class LogSummary:
                                           "discards": Counter()})
 
     def add(self, sender: str, receiver: str, msg: Any) -> None:
-        from protocol import Commit, Lease, LeaseBatch, LeaseDone, RoundClosed, Settled
+        from protocol import (Commit, Lease, LeaseBatch, LeaseDone, RoundClosed, Settled,
+                              SettledBatch)
 
         match msg:
             case LeaseBatch(round=r, leases=leases) if sender == "planner":
@@ -178,6 +179,9 @@ class LogSummary:
                 self.dispatched[lease_id] += 1
             case Settled(round=r, scores=scores):
                 self._round(r)["rollouts"] += len(scores)
+            case SettledBatch(settled=settled):
+                for one in settled:
+                    self._round(one.round)["rollouts"] += len(one.scores)
             case LeaseDone(lease_id=lease_id) if receiver == "scheduler":
                 if lease_id in self._answered:
                     self.late_answers += 1

@@ -16,7 +16,8 @@ import random
 
 from actors.addresses import DRIVER, MERGER, SCHEDULER
 from protocol import (Baseline, Drain, Finish, Lease, LeaseBatch, Message, NeedWork, Open,
-                      Progress, RoundClosed, RoundRecord, Settled, Shutdown, Start, Tick,
+                      Progress, RoundClosed, RoundRecord, Settled, SettledBatch, Shutdown,
+                      Start, Tick,
                       WorkUnit)
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,11 @@ class Planner:
                 return self._plan_next()
             case Settled():
                 return self._on_settled(msg)
+            case SettledBatch(settled=settled):
+                out: list[Out] = []
+                for one in settled:
+                    out += self._on_settled(one)
+                return out
             case RoundClosed():
                 return self._on_round_closed(msg)
             case NeedWork():
@@ -133,7 +139,10 @@ class Planner:
                 self.units[lease.lease_id] = unit
                 leases.append(lease)
             self.planned += len(keys)
-        return [(SCHEDULER, LeaseBatch(round=r, leases=leases))]
+        # max_calls is checked per settled lease in async mode (so that a crossing
+        # cancels what has not started); everything else can wait for a batch.
+        report_each = self.asynchronous and self.start.max_calls is not None
+        return [(SCHEDULER, LeaseBatch(round=r, leases=leases, report_each=report_each))]
 
     def _on_settled(self, msg: Settled) -> list[Out]:
         self.calls += msg.calls

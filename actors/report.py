@@ -170,6 +170,9 @@ def analyse(path: str | Path) -> RunAnalysis:
                 a.other_evals += 1
         elif kind == "Settled":
             rollouts_by_round[msg.round] += len(msg.scores)
+        elif kind == "SettledBatch":
+            for one in msg.settled:
+                rollouts_by_round[one.round] += len(one.scores)
         elif kind == "RoundClosed":
             merges += 1
             a.rounds.append(RoundRow(round=msg.round, t=rec.t, version=msg.version,

@@ -8,6 +8,10 @@ registrations and credits, and the round barrier. A pure state machine.
 - ``Barrier(r)`` goes to the Merger once every lease of round r is settled, after the
   results themselves (one sender, FIFO: the Merger always sees results first).
 - A late answer for a lease already answered is dropped and counted.
+- Settlements reach the Planner in batches (``SettledBatch``), when it next has to
+  act: before a round's ``Barrier``, before ``NeedWork``, when nothing is left running,
+  before a drain ends. A fatal settlement goes at once; a ``LeaseBatch`` with
+  ``report_each`` asks for a ``Settled`` per lease (a budget checked per lease).
 
 Asynchronous mode (``asynchronous=True``) has no barrier: when the queue runs dry and a
 worker is free the Planner is asked for a wave (``NeedWork``); a worker is sent the head
@@ -30,7 +34,7 @@ import msgspec
 from actors.addresses import MERGER, PLANNER
 from protocol import (Barrier, Commit, Drain, EvalDone, EvalRequest, Flush, Hello, Lease,
                       LeaseBatch, LeaseDone, Merged, Message, NeedWork, Refresh, Settled,
-                      Shutdown, Stop, Tick)
+                      SettledBatch, Shutdown, Stop, Tick)
 from protocol import Heartbeat, RolloutResult  # issue 6: liveness
 
 log = logging.getLogger(__name__)
@@ -98,6 +102,9 @@ class Scheduler:
         self.open_rounds: dict[int, set[str]] = {}
         self.evals: dict[str, _Eval] = {}
         self.head: Commit | None = None
+        # Settlements not yet reported to the Planner (see _report).
+        self.unreported: list[Settled] = []
+        self.report_each = False
         self.running = 0
         self.peak_running = 0
         self.duplicates_dropped = 0
@@ -198,6 +205,7 @@ class Scheduler:
 
     def _on_batch(self, msg: LeaseBatch) -> list[Out]:
         self.asked = False
+        self.report_each = msg.report_each
         if not self.asynchronous:
             self.open_rounds[msg.round] = {lease.lease_id for lease in msg.leases}
         for lease in msg.leases:
@@ -225,7 +233,8 @@ class Scheduler:
         if any(lease.kind == "rollout" for lease in self.leases.values()):
             return []
         self.flushed = True
-        return [(MERGER, Flush(cancelled=self.cancelled, merge=self.merge_on_flush))]
+        return self._report() + [(MERGER, Flush(cancelled=self.cancelled,
+                                                merge=self.merge_on_flush))]
 
     def _refresh_all(self) -> list[Out]:
         if self.head is None:
@@ -264,7 +273,10 @@ class Scheduler:
         lease = self.leases.get(msg.lease_id)
         if lease is None:  # answered already (or never ours): late, dropped and counted
             self.duplicates_dropped += 1
-            return []
+            # issue 6: an answer, even a late one, is a sign of life like a heartbeat (a
+            # remote worker heartbeats only when it has sent nothing else for a while): it
+            # takes a worker presumed lost back.
+            return self._on_heartbeat(msg.worker)
         self._seen_done(msg)  # issue 6: evidence of life; a re-queued copy is withdrawn
         holder = self.holder.pop(msg.lease_id, None)
         if holder is not None and holder in self.workers:
@@ -288,10 +300,13 @@ class Scheduler:
                 errors.append(f"{r.task_id}: {r.error}")
             if r.diff is not None:
                 proposals += 1
-        out: list[Out] = [(PLANNER, Settled(
+        self.unreported.append(Settled(
             lease_id=lease.lease_id, round=lease.round, unit=lease.unit, scores=scores,
             calls=calls, errors=errors, fatal=msg.fatal, section=lease.section,
-            stage=lease.stage))]
+            stage=lease.stage))
+        out: list[Out] = []
+        if msg.fatal or (self.asynchronous and self.report_each):
+            out += self._report()  # the Planner acts on this one now
         if proposals:
             out.append((MERGER, msg))
             self.unmerged += proposals
@@ -304,19 +319,32 @@ class Scheduler:
                 out += self._barrier_if_settled(lease.round)
         return out
 
+    def _report(self) -> list[Out]:
+        """The settlements held so far, to the Planner: one ``SettledBatch`` (a single
+        one goes as itself, as do fatal ones and ``report_each`` ones)."""
+        held = self.unreported
+        if not held:
+            return []
+        self.unreported = []
+        if len(held) == 1:
+            return [(PLANNER, held[0])]
+        return [(PLANNER, SettledBatch(settled=held))]
+
     def _barrier_if_settled(self, round_: int) -> list[Out]:
         pending = self.open_rounds.get(round_)
         if pending is not None and not pending:  # every lease of the round is settled
             del self.open_rounds[round_]
-            return [(MERGER, Barrier(round=round_))]
+            # The Planner hears of the round's rollouts before the Merger closes it.
+            return self._report() + [(MERGER, Barrier(round=round_))]
         return []
 
     def _on_eval_chunk(self, lease: Lease, msg: LeaseDone) -> list[Out]:
         eval_id = lease.lease_id.rsplit(".", 1)[0]
         agg = self.evals.get(eval_id)
         if msg.fatal:  # a caller's mistake found while scoring: the planner stops the run
-            return [(PLANNER, Settled(lease_id=lease.lease_id, round=lease.round, unit=0,
-                                      fatal=msg.fatal))]
+            self.unreported.append(Settled(lease_id=lease.lease_id, round=lease.round,
+                                           unit=0, fatal=msg.fatal))
+            return self._report()
         if agg is None:
             return []
         for r in msg.results:
@@ -380,7 +408,10 @@ class Scheduler:
                 and not self.shut and self.running < self.max_concurrency
                 and any(len(w.running) < w.slots for w in self.workers.values())):
             self.asked = True
+            out += self._report()  # what settled, before the Planner plans the next wave
             out.append((PLANNER, NeedWork()))
+        elif self.asynchronous and self.unreported and not self.running:
+            out += self._report()  # nothing left running: nothing else would report them
         return out
 
     # -- issue 6: liveness (remote and process workers) -----------------------------------

@@ -114,10 +114,15 @@ class Lease(Msg, frozen=True):
 
 
 class LeaseBatch(Msg, frozen=True):
-    """Planner -> Scheduler: every lease of one round (or wave)."""
+    """Planner -> Scheduler: every lease of one round (or wave).
+
+    ``report_each``: the Planner wants a ``Settled`` per lease as it settles (a budget it
+    must check per lease, such as ``max_calls`` in async mode) instead of the default
+    ``SettledBatch`` when it next has to act."""
 
     round: int
     leases: list[Lease]
+    report_each: bool = False
 
 
 class LeaseDone(Msg, frozen=True):
@@ -146,6 +151,17 @@ class Settled(Msg, frozen=True):
     fatal: str | None = None
     section: int | None = None
     stage: int = 0
+
+
+class SettledBatch(Msg, frozen=True):
+    """Scheduler -> Planner: the leases settled since the last report, in settling order.
+
+    One message instead of one per lease: sync mode sends it just before a round's
+    ``Barrier``; async mode just before ``NeedWork``, when nothing is left running, and
+    before draining ends. A fatal settlement is never held back (it goes alone, as a
+    ``Settled``, after the batch held so far)."""
+
+    settled: list[Settled]
 
 
 class Barrier(Msg, frozen=True):
@@ -562,7 +578,8 @@ class Refused(Msg, frozen=True):
 
 Message = (
     Start | Open | Baseline | Tick | Finish | Shutdown | Lease | LeaseBatch | LeaseDone
-    | Settled | Barrier | EvalRequest | EvalDone | Commit | RoundClosed | Progress | RunDone
+    | Settled | SettledBatch | Barrier | EvalRequest | EvalDone | Commit | RoundClosed
+    | Progress | RunDone
     | Hello | Heartbeat | Cancel | Stop | NeedWork | Merged | Refresh | Drain | Flush
     | GroupStart | Branch | BranchDone | BranchFailed | Interaction | Hold | UserInputs
     | GroupCancel | GroupResult | GroupSuspended | Revoke
@@ -571,7 +588,7 @@ Message = (
 
 __all__ = [
     "Msg", "Message", "Start", "Open", "Baseline", "Tick", "Finish", "Shutdown", "Lease",
-    "LeaseBatch", "LeaseDone", "Settled", "Barrier", "EvalRequest", "EvalDone", "Commit",
+    "LeaseBatch", "LeaseDone", "Settled", "SettledBatch", "Barrier", "EvalRequest", "EvalDone", "Commit",
     "RoundClosed", "RoundRecord", "Progress", "RunDone", "Hello", "Heartbeat", "Cancel", "Stop", "NeedWork", "Merged", "Refresh", "Drain", "Flush",
     "Diff", "RolloutResult",
     "JournalEntry", "PendingInteraction", "GroupStart", "Branch", "BranchDone",

@@ -11,7 +11,7 @@ from actors.planner import Planner, split_tasks
 from actors.scheduler import Scheduler
 from protocol import (Barrier, Baseline, Commit, Diff, EvalDone, EvalRequest, Finish, Hello,
                       Lease, LeaseBatch, LeaseDone, Open, Progress, RolloutResult, RoundClosed,
-                      RunDone, Settled, Shutdown, Start, Stop)
+                      RunDone, Settled, SettledBatch, Shutdown, Start, Stop)
 
 IDS = [f"t{i}" for i in range(10)]
 
@@ -136,7 +136,7 @@ def test_scheduler_never_runs_more_than_max_concurrency_leases():
     out = s.handle(LeaseBatch(round=0, leases=[lease(i) for i in range(5)]))
     assert len([m for _, m in out if isinstance(m, Lease)]) == 2
     out = s.handle(done("r0.u0", "w0"))
-    assert [type(m).__name__ for _, m in out] == ["Settled", "Lease"]
+    assert [type(m).__name__ for _, m in out] == ["Lease"]   # settlements wait for the barrier
     assert s.peak_running == 2
 
 
@@ -149,7 +149,55 @@ def test_scheduler_sends_the_barrier_after_every_lease_of_the_round_settles():
     assert not any(isinstance(m, Barrier) for _, m in out)
     diff = Diff("d", "w1", 0, {"k": "v"})
     out = s.handle(done("r0.u1", "w1", diff=diff, unit=1))
-    assert kinds(out) == [(PLANNER, "Settled"), (MERGER, "LeaseDone"), (MERGER, "Barrier")]
+    # The Planner hears of both leases in one message, before the Merger closes the round.
+    assert kinds(out) == [(MERGER, "LeaseDone"), (PLANNER, "SettledBatch"), (MERGER, "Barrier")]
+    assert [x.lease_id for x in out[1][1].settled] == ["r0.u0", "r0.u1"]
+
+
+def test_a_fatal_settlement_is_reported_at_once_after_those_held_so_far():
+    s = Scheduler(max_concurrency=4)
+    for w in ("w0", "w1", "w2"):
+        s.handle(Hello(worker=w))
+    s.handle(LeaseBatch(round=0, leases=[lease(0), lease(1), lease(2)]))
+    assert s.handle(done("r0.u0", "w0")) == []
+    fatal = LeaseDone(lease_id="r0.u1", worker="w1", round=0, unit=1, fatal="reward 7 > 1")
+    out = s.handle(fatal)
+    assert kinds(out) == [(PLANNER, "SettledBatch")]
+    assert [(x.lease_id, x.fatal) for x in out[0][1].settled] == [
+        ("r0.u0", None), ("r0.u1", "reward 7 > 1")]
+
+
+def test_async_settlements_are_reported_before_need_work_and_when_nothing_runs():
+    s = Scheduler(max_concurrency=2, asynchronous=True, n_workers=2)
+    s.handle(Hello(worker="w0"))
+    s.handle(Hello(worker="w1"))
+    s.handle(LeaseBatch(round=0, leases=[lease(0), lease(1), lease(2)]))
+    assert kinds(s.handle(done("r0.u0", "w0"))) == [("w0", "Lease")]   # the queued lease
+    out = s.handle(done("r0.u1", "w1"))
+    assert kinds(out) == [(PLANNER, "SettledBatch"), (PLANNER, "NeedWork")]
+    assert [x.lease_id for x in out[0][1].settled] == ["r0.u0", "r0.u1"]
+    # asked already, the last running lease settles: reported alone, nothing else would
+    assert kinds(s.handle(done("r0.u2", "w0"))) == [(PLANNER, "Settled")]
+
+
+def test_async_report_each_asks_for_a_settled_per_lease():
+    s = Scheduler(max_concurrency=2, asynchronous=True, n_workers=2)
+    s.handle(Hello(worker="w0"))
+    s.handle(Hello(worker="w1"))
+    s.handle(LeaseBatch(round=0, leases=[lease(0), lease(1), lease(2)], report_each=True))
+    assert kinds(s.handle(done("r0.u0", "w0"))) == [(PLANNER, "Settled"), ("w0", "Lease")]
+
+
+def test_the_planner_takes_a_batch_as_its_settlements_in_order():
+    p = Planner(DataParallel())
+    p.handle(start(rounds=1, asynchronous=True, max_rollouts=2))
+    p.handle(Baseline(version=0, heldout_reward=0.0))
+    out = p.handle(SettledBatch(settled=[
+        Settled(lease_id="w0.u0", round=0, unit=0, scores=[("a", 1.0)], calls=1),
+        Settled(lease_id="w0.u1", round=0, unit=1, scores=[("b", 0.0)], calls=1,
+                errors=["b: boom"])]))
+    assert (p.rollouts, p.calls, p.backend_errors, p.first_error) == (2, 2, 1, "b: boom")
+    assert kinds(out) == [(SCHEDULER, "Drain")]                  # max_rollouts reached
 
 
 def test_an_empty_round_gets_its_barrier_at_once():
@@ -330,3 +378,13 @@ def test_finish_answers_the_driver_with_the_head():
     out = m.handle(Finish(stop_reason="rounds", rollouts=7))
     assert kinds(out) == [(DRIVER, "RunDone")]
     assert isinstance(out[0][1], RunDone) and out[0][1].final_reward == 0.25
+
+
+@pytest.mark.parametrize("kw, each", [(dict(asynchronous=True, max_calls=50), True),
+                                      (dict(asynchronous=True, max_rollouts=50), False),
+                                      (dict(max_calls=50), False)])
+def test_the_planner_asks_for_a_settled_per_lease_only_for_an_async_call_budget(kw, each):
+    p = Planner(DataParallel())
+    p.handle(start(**kw))
+    (_, batch), = p.handle(Baseline(version=0, heldout_reward=0.0))
+    assert batch.report_each is each

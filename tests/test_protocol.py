@@ -23,10 +23,14 @@ EXAMPLES = {
     "Finish": protocol.Finish(stop_reason="rounds", history=[RECORD]),
     "Shutdown": protocol.Shutdown(reason="rounds"),
     "Lease": protocol.Lease(lease_id="r0.u1", round=0, unit=1, task_ids=["a"], section=1),
-    "LeaseBatch": protocol.LeaseBatch(round=0, leases=[protocol.Lease(lease_id="x", round=0)]),
+    "LeaseBatch": protocol.LeaseBatch(round=0, leases=[protocol.Lease(lease_id="x", round=0)],
+                                      report_each=True),
     "LeaseDone": protocol.LeaseDone(lease_id="r0.u1", worker="worker-1", round=0, results=[
         RolloutResult("a", 0.5, DIFF, calls=2), RolloutResult("b", None, error="boom")]),
     "Settled": protocol.Settled(lease_id="x", round=0, unit=0, scores=[("a", 1.0), ("b", None)]),
+    "SettledBatch": protocol.SettledBatch(settled=[
+        protocol.Settled(lease_id="x", round=0, unit=0, scores=[("a", 1.0)]),
+        protocol.Settled(lease_id="y", round=0, unit=1, errors=["b: boom"], calls=2)]),
     "Barrier": protocol.Barrier(round=4),
     "EvalRequest": protocol.EvalRequest(eval_id="e1", state={"k": "v"}, task_ids=["a"]),
     "EvalDone": protocol.EvalDone(eval_id="e1", score=0.75, scores={"a": 0.75}),

@@ -110,8 +110,9 @@ def test_yesterdays_bytes_decode_with_todays_code(path):
         assert {"GroupStart", "Hello", "Branch", "BranchDone", "Interaction",
                 "GroupSuspended", "UserInputs", "GroupResult"} <= kinds
         return
-    assert {"Start", "LeaseBatch", "Lease", "LeaseDone", "Settled", "EvalRequest",
+    assert {"Start", "LeaseBatch", "Lease", "LeaseDone", "EvalRequest",
             "EvalDone", "Commit", "RoundClosed", "Hello"} <= kinds
+    assert kinds & {"Settled", "SettledBatch"}
     if path.name.startswith("async_"):
         assert {"NeedWork", "Merged", "Refresh", "Drain", "Flush"} <= kinds
     else:
