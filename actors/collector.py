@@ -19,6 +19,10 @@ interactions waiting for an answer, the first error. What it decides:
 - on resume: the checkpoint arrives in ``GroupStart``; ``UserInputs`` are checked
   (unknown or already-used ids, approval rights) before anything is dispatched;
   finished branches are never dispatched again;
+- letting workers go: once nothing is left to lease, a worker without a lease gets no
+  other unless one comes back (a lease being revoked, or queued behind a running one):
+  the idle workers beyond those are sent ``Stop`` at once, so they end while the others
+  finish instead of at the group's end;
 - the end: ``GroupResult`` with every result in input order, or the first error and
   where every branch stands. No partial result is ever published as a success.
 """
@@ -32,7 +36,7 @@ from typing import Any, Iterable, Mapping
 from protocol import (Branch, BranchDone, BranchFailed, Cancel, GroupCancel, GroupResult,
                       GroupStart, GroupSuspended, Hello, Hold, Interaction, JournalEntry,
                       Message,
-                      PendingInteraction, Revoke, Tick, UserInputs)
+                      PendingInteraction, Revoke, Stop, Tick, UserInputs)
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +120,7 @@ class Collector:
         self.slots = 1
         self.by_worker: dict[str, list[str]] = {}   # worker -> its leases out, in order
         self.revoking: set[str] = set()
+        self.released: set[str] = set()   # workers sent Stop: no lease goes to them
         self.leases: dict[str, tuple[str, list[int]]] = {}
         self.journals: dict[int, list[JournalEntry]] = {}
         self.pending: dict[str, PendingInteraction] = {}
@@ -146,7 +151,8 @@ class Collector:
             case UserInputs():
                 return self._on_inputs(msg)
             case Hello(worker=worker):
-                if worker not in self.by_worker or worker in self.pool:
+                if worker not in self.by_worker or worker in self.pool \
+                        or worker in self.released:
                     self.late += 1
                     return []
                 self.pool.append(worker)
@@ -384,7 +390,7 @@ class Collector:
                         if self.journals else {})
             out.append((worker, Branch(group_id=self.gid, lease_id=lease_id, indices=indices,
                                        items=items, journals=journals)))
-        return out + self._rebalance()
+        return out + self._rebalance() + self._release()
 
     def _pick_worker(self) -> str | None:
         """The worker with the fewest leases out (an idle one first), if any has a slot."""
@@ -420,12 +426,40 @@ class Collector:
                 break
         return out
 
+    def _release(self) -> list[Out]:
+        """Nothing left to lease: a worker without a lease is done, unless a lease may
+        still come back (one being revoked, or one queued behind a running lease that
+        ``_rebalance`` may revoke): as many idle workers as those stay, the others are
+        sent ``Stop`` now, so they end while the rest finish, not at the group's end."""
+        if self.phase != RUNNING or self.queue or not self.leases:
+            return []   # (no lease out: the group ends now, and every worker with it)
+        idle = [w for w in self.pool if not self.by_worker[w]]
+        if not idle:
+            return []
+        may_return = set(self.revoking)
+        for leases in self.by_worker.values():
+            may_return.update(leases[1:])
+        go = idle[len(may_return):]
+        if not go:
+            return []
+        self.released.update(go)
+        gone = set(go)
+        self.pool = [w for w in self.pool if w not in gone]
+        return [(w, Stop(reason="the group has no more branches for this worker"))
+                for w in go]
+
     def _maybe_end(self) -> list[Out]:
         if self.phase in (IDLE, AWAITING_INPUTS, ENDED) or self.leases:
             return []
         if self.phase == RUNNING and self.queue:
             if not self.planned:
                 return self._fail(None, "no worker to run the branches on", "ConfigError") \
+                    + self._maybe_end()
+            if self.released and not self.pool:
+                # Defensive: branches came back (a lease that did not account for them)
+                # after every worker was let go; never wait for a worker that left.
+                return self._fail(None, f"branches {list(self.queue)[:10]} came back after "
+                                  "every worker had been let go", "IncompleteJoin") \
                     + self._maybe_end()
             return []
         self.phase = ENDED

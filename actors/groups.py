@@ -37,9 +37,9 @@ import msgspec
 import pykka
 
 from actors import refs
-from actors.collector import Collector, check_inputs
+from actors.collector import ENDED, Collector, check_inputs
 from actors.errors import ConfigError, EvobusError, RunFailed
-from actors.shell import ControlActor, teller
+from actors.shell import ControlActor, _FastInbox, teller
 from bus.base import MAX_FRAME_BYTES, Delivery
 from protocol import (Branch, BranchDone, BranchFailed, Cancel, GroupCancel, GroupResult,
                       GroupStart, GroupSuspended, Hello, Hold, Interaction, JournalEntry,
@@ -56,7 +56,7 @@ __all__ = ["BranchCancelled", "BranchContext", "BranchError", "BudgetExhausted",
 TICK_S = 0.05
 #: Guided leases are kept at least this long (by measured branch time) once the queue
 #: runs low: a lease shorter than a bus round trip leaves its worker idle after it.
-MIN_LEASE_S = 0.02
+MIN_LEASE_S = 0.01
 #: How long a group waits, by default, for its cancelled branches to stop.
 CANCEL_DEADLINE_S = 5.0
 #: How long starting the group's actors may take.
@@ -613,12 +613,18 @@ def _describe(exc: BaseException, limit: int = 500) -> str:
 
 
 class _LeaseBox:
-    """The leases a worker holds but has not started: ``Revoke`` takes one back on the
-    bus thread (the worker's own thread may be busy with a long branch)."""
+    """The leases a worker holds but has not started, in the order they came: the worker
+    runs them from here, one after the other, and ``Revoke`` takes one back on the bus
+    thread (the worker's own thread may be busy with a long branch).
+
+    Leases may arrive before the worker's thread runs: the box keeps them, and the
+    worker takes them when it starts (``ref`` is set then, by the worker itself)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.queued: dict[str, Branch] = {}
+        self.ref: pykka.ActorRef | None = None
+        self.stop = False          # a Stop came before the worker's thread ran
 
     def put(self, lease: Branch) -> None:
         with self.lock:
@@ -629,25 +635,40 @@ class _LeaseBox:
         with self.lock:
             return self.queued.pop(lease_id, None)
 
+    def next(self) -> Branch | None:
+        """The oldest lease not started, taken out of the box, or None."""
+        with self.lock:
+            if not self.queued:
+                return None
+            return self.queued.pop(next(iter(self.queued)))
 
-def _worker_deliver(bus, host: _Host, cell: list, name: str,
+
+def _worker_deliver(bus, host: _Host, box: _LeaseBox, name: str,
                     collector: str) -> Callable[[Delivery], None]:
-    """The bus side of a worker. ``cell`` is ``[actor ref, lease box]``; the ref is set
-    when the worker's thread starts, before the Collector is told it exists."""
-    box: _LeaseBox = cell[1]
+    """The bus side of a worker. A lease goes into the worker's box, and the worker is
+    woken if its thread runs; one that has not started yet finds the lease when it does
+    (``box.ref`` is set by the worker before it looks into the box: nothing is missed)."""
 
     def tell(delivery: Delivery) -> None:
-        ref = cell[0]
+        ref = box.ref
+        if ref is None:   # not started: counted with unroutable messages
+            bus.stats.unroutable += 1
+            return
         try:
             ref.tell(delivery)
-        except (pykka.ActorDeadError, AttributeError):  # counted with unroutable messages
+        except pykka.ActorDeadError:  # counted with unroutable messages
             bus.stats.unroutable += 1
 
     def deliver(delivery: Delivery) -> None:
         match delivery.msg:
             case Branch() as lease:
                 box.put(lease)
-                tell(delivery)
+                if box.ref is not None:
+                    tell(delivery)
+            case Stop():
+                box.stop = True
+                if box.ref is not None:
+                    tell(delivery)
             case Revoke(lease_id=lease_id):
                 lease = box.take(lease_id)
                 if lease is not None:
@@ -666,22 +687,34 @@ def _worker_deliver(bus, host: _Host, cell: list, name: str,
 
 class _CollectorActor(ControlActor):
     """The Collector's shell: a ControlActor whose bus name the group's driver attaches
-    and detaches (see :class:`GroupWorker`)."""
+    and detaches (see :class:`GroupWorker`). Once the group has ended it stops by itself
+    (nothing it receives after that can change the result), so the driver's teardown
+    does not wait for it."""
 
     def on_start(self) -> None:
         threading.current_thread().name = f"evobus-{self.name}"
+
+    def on_receive(self, message: Delivery) -> None:
+        super().on_receive(message)
+        if self.machine.phase == ENDED:
+            self.actor_ref.stop(block=False)
 
     def on_stop(self) -> None:
         pass
 
 
-class GroupWorker(pykka.ThreadingActor):
-    """Runs one group's branches: one lease at a time, one branch at a time.
+_WAKE = object()   # a worker's note to itself: look into the box
+
+
+class GroupWorker(_FastInbox, pykka.ThreadingActor):
+    """Runs one group's branches: one lease at a time, one branch at a time, in the
+    order the leases came (from its :class:`_LeaseBox`; a message only wakes it).
 
     The group's driver attaches its bus name (:func:`_worker_deliver`): from one thread,
     one socket, instead of a socket per worker thread. ``Cancel`` and ``Hold`` take
     effect on the bus thread, at once (the worker's own thread is busy running the lease
-    they are about)."""
+    they are about). ``Stop`` (the Collector has no more work for it) ends it while the
+    other workers finish, instead of at the group's end."""
 
     use_daemon_thread = True   # a branch stuck in user code must not keep the process alive
 
@@ -697,12 +730,27 @@ class GroupWorker(pykka.ThreadingActor):
 
     def on_start(self) -> None:
         threading.current_thread().name = f"evobus-{self.name}"
+        box = self.box
+        box.ref = self.actor_ref   # before looking into the box (see _worker_deliver)
+        # Leases that came before the thread ran: run them from on_receive (where a
+        # failure reaches on_failure, and so the driver), not here.
+        self.actor_ref.tell(_WAKE)
+        if box.stop:
+            self.actor_ref.stop(block=False)
+
+    def _drain(self) -> None:
+        box = self.box
+        lease = box.next()
+        while lease is not None:   # a revoked lease is not in the box any more
+            self._run(lease)
+            lease = box.next()
 
     def on_receive(self, message) -> None:
+        if message is _WAKE:
+            return self._drain()
         match message.msg:
-            case Branch() as lease:
-                if self.box.take(lease.lease_id) is not None:   # else: revoked, answered
-                    self._run(lease)
+            case Branch():
+                self._drain()
             case Stop():
                 self.actor_ref.stop(block=False)
             case other:
@@ -1197,30 +1245,31 @@ def _execute(plan: _Plan) -> GroupOutcome:
         # socket per actor thread costs ~10x more). Attach returns once the broker routes
         # the name; pykka queues what arrives before the actor's thread has started.
         bus = runtime.bus
-        bus.attach(driver_name, inbox.put)
-        attached.append(driver_name)
         ref = runtime.start_actor(_CollectorActor, bus, collector_name,
                                   Collector(collector_name), on_crash)
         started.append(ref)
-        bus.attach(collector_name, teller(bus, ref))
-        attached.append(collector_name)
-        # Worker names route before any work flows (the broker is idle: attaching is
-        # cheapest now); each worker is announced (Hello) once its thread is up, so the
-        # first ones work while the others start.
-        cells: list[list] = []
-        for name in worker_names:
-            cell: list = [None, _LeaseBox()]
-            bus.attach(name, _worker_deliver(bus, host, cell, name, collector_name))
-            attached.append(name)
-            cells.append(cell)
+        # Every name routes before any work flows, in one round trip to the broker.
+        boxes = [_LeaseBox() for _ in worker_names]
+        names = [(driver_name, inbox.put), (collector_name, teller(bus, ref))] + [
+            (name, _worker_deliver(bus, host, box, name, collector_name))
+            for name, box in zip(worker_names, boxes)]
+        attach_many = getattr(bus, "attach_many", None)
+        if attach_many is not None:
+            attach_many(names)
+            attached.extend(name for name, _ in names)
+        else:
+            for name, deliver in names:
+                bus.attach(name, deliver)
+                attached.append(name)
+        # Leases go out at once, into the workers' boxes; each worker's thread starts
+        # after that and finds its leases waiting: the first ones work while the others
+        # start, and none waits for a Hello to make a round trip through the Collector.
         bus.send(driver_name, collector_name, start)
         if plan.inputs is not None:
             bus.send(driver_name, collector_name, plan.inputs)
-        for name, cell in zip(worker_names, cells):
-            cell[0] = runtime.start_actor(GroupWorker, bus, name, host, collector_name,
-                                          on_crash, cell[1])
-            started.append(cell[0])
-            bus.send(driver_name, collector_name, Hello(worker=name))
+        for name, box in zip(worker_names, boxes):
+            started.append(runtime.start_actor(GroupWorker, bus, name, host, collector_name,
+                                               on_crash, box))
         phases["start"] = time.monotonic() - t0
         result_msg, crash = _drive(runtime, inbox, host, driver_name, collector_name, gid, t0,
                                    ticks=ledger.remaining_seconds() is not None)
@@ -1263,7 +1312,7 @@ def _group_start(plan: _Plan, gid: str, driver: str, workers: list[str], concurr
     start = GroupStart(
         group_id=gid, items=plan.items, workers=workers, max_concurrency=concurrency,
         max_items=plan.max_items, driver=driver, chunk=chunk, prefetch=prefetch,
-        min_lease_seconds=MIN_LEASE_S, announce=True,
+        min_lease_seconds=MIN_LEASE_S, announce=False,
         max_seconds=ledger.remaining_seconds(), cancel_deadline=cancel_deadline,
         max_result_bytes=MAX_RESULT_BYTES, resume=ckpt is not None,
         finished=ckpt.finished if ckpt else {}, journals=ckpt.journals if ckpt else {},

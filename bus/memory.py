@@ -45,6 +45,10 @@ class InMemoryBus:
         with self._lock:
             self._routes[name] = deliver
 
+    def attach_many(self, pairs: list[tuple[str, Deliver]]) -> None:
+        with self._lock:
+            self._routes.update(pairs)
+
     def detach(self, name: str) -> None:
         with self._lock:
             self._routes.pop(name, None)

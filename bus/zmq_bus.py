@@ -341,7 +341,7 @@ class Broker:
 
     def is_local(self, name: bytes) -> bool:
         """A name attached by an endpoint of this process (a peer may not take it over)."""
-        return name in self._routes
+        return name in self._routes or name in self._local
 
     # -- local delivery (names attached by this process's ZmqBus) --------------------------
 
@@ -447,7 +447,9 @@ class Endpoint:
             return
         deliver_frames(self._handlers, self.stats, codec, frames, "endpoint")
 
-    def _sender(self) -> tuple[zmq.Socket, Codec]:
+    def _sender(self) -> tuple[zmq.Socket, msgspec.msgpack.Encoder]:
+        # A sending thread only encodes: an Encoder (~1 us to make) rather than a Codec,
+        # whose typed Decoder takes ~80 us to build, on every thread's first send.
         pair = getattr(self._local, "pair", None)
         if pair is None:
             sock = self.ctx.socket(zmq.DEALER)
@@ -455,10 +457,10 @@ class Endpoint:
             sock.connect(self.broker_addr)
             with self._senders_lock:
                 self._senders.append(sock)
-            pair = self._local.pair = (sock, Codec())
+            pair = self._local.pair = (sock, msgspec.msgpack.Encoder())
         return pair
 
-    def _pusher(self) -> tuple[zmq.Socket, Codec]:
+    def _pusher(self) -> tuple[zmq.Socket, msgspec.msgpack.Encoder]:
         """This thread's socket for messages: a PUSH to the broker's intake when the
         broker is in this process, else the thread's DEALER."""
         push = getattr(self._local, "push", None)
@@ -471,7 +473,7 @@ class Endpoint:
                 sock.connect(self.intake)
                 with self._senders_lock:
                     self._senders.append(sock)
-                push = (sock, Codec())
+                push = (sock, msgspec.msgpack.Encoder())
             self._local.push = push
         return push
 
@@ -575,6 +577,13 @@ class ZmqBus:
         # way to the endpoint are delivered).
         self.broker.deliver_locally(name, deliver)
         self.endpoint.attach(name, deliver)
+
+    def attach_many(self, pairs: list[tuple[str, Deliver]]) -> None:
+        """``attach`` for names only this process's actors use (a parallel group's): the
+        broker delivers them itself, so no route through the endpoint is needed, and
+        none is made (each costs a round trip to the broker thread, ~0.1 ms)."""
+        for name, deliver in pairs:
+            self.broker.deliver_locally(name, deliver)
 
     def detach(self, name: str) -> None:
         self.broker.forget_local(name)

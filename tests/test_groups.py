@@ -28,7 +28,7 @@ from actors.collector import Collector, check_inputs
 from actors.groups import HostLimitExceeded, load_checkpoint
 from protocol import (Branch, BranchDone, BranchFailed, Cancel, GroupResult, GroupStart,
                       GroupSuspended, Hello, Hold, Interaction, JournalEntry,
-                      PendingInteraction, Revoke, Tick, UserInputs, decode)
+                      PendingInteraction, Revoke, Stop, Tick, UserInputs, decode)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -681,18 +681,56 @@ def test_collector_leases_at_most_the_bound_and_joins_in_input_order():
     c = Collector("c")
     out = c.handle(_start())
     assert [type(m) for _, m in out] == [Branch, Branch]        # bound 2, though 3 workers
-    finals = []
+    finals, stopped = [], []
     pending = [m for _, m in out]
     while pending:
         lease = pending.pop()                                    # answer the newest first
-        for _, m in c.handle(BranchDone(group_id="g", lease_id=lease.lease_id,
-                                        indices=lease.indices,
-                                        values=[f"r{i}" for i in lease.indices])):
-            (pending if isinstance(m, Branch) else finals).append(m)
+        for to, m in c.handle(BranchDone(group_id="g", lease_id=lease.lease_id,
+                                         indices=lease.indices,
+                                         values=[f"r{i}" for i in lease.indices])):
+            if isinstance(m, Stop):
+                stopped.append(to)
+            else:
+                (pending if isinstance(m, Branch) else finals).append(m)
         assert len(c.leases) <= 2
+    assert len(stopped) == len(set(stopped)) and set(stopped) <= {"w0", "w1"}
     (result,) = finals
     assert result == GroupResult(group_id="g", status="completed",
                                  results=[f"r{i}" for i in range(6)], leases=6, peak_leases=2)
+
+
+def test_collector_lets_a_worker_go_once_nothing_is_left_for_it():
+    c = Collector("c")
+    out = c.handle(_start(n=3, workers=("w0", "w1"), bound=2))
+    assert [(to, m.indices) for to, m in out] == [("w0", [0]), ("w1", [1])]
+    out = c.handle(BranchDone(group_id="g", lease_id="g.0", indices=[0], values=["r0"]))
+    assert [(to, m.indices) for to, m in out] == [("w0", [2])]
+    # The queue is empty and w1 holds nothing: it will never get a lease again.
+    out = c.handle(BranchDone(group_id="g", lease_id="g.1", indices=[1], values=["r1"]))
+    assert out == [("w1", Stop(reason="the group has no more branches for this worker"))]
+    # The last answer ends the group: no Stop then (the driver stops every actor).
+    out = c.handle(BranchDone(group_id="g", lease_id="g.2", indices=[2], values=["r2"]))
+    assert [type(m) for _, m in out] == [GroupResult]
+
+
+def test_collector_keeps_an_idle_worker_for_a_lease_that_may_come_back():
+    c = Collector("c")
+    out = c.handle(_start(n=4, workers=("w0", "w1"), bound=2, prefetch=1))
+    assert [(to, m.indices) for to, m in out] == [("w0", [0]), ("w1", [1]), ("w0", [2]),
+                                                  ("w1", [3])]
+    out = c.handle(BranchDone(group_id="g", lease_id="g.1", indices=[1], values=["r1"]))
+    # w1 runs its queued lease [3]; w0 still has [2] queued behind [0]: nobody is let go.
+    assert not any(isinstance(m, Stop) for _, m in out)
+    out = c.handle(BranchDone(group_id="g", lease_id="g.3", indices=[3], values=["r3"]))
+    # w1 is idle while w0's [2] waits: it is asked back for w1, and w1 is kept.
+    assert [(to, type(m)) for to, m in out] == [("w0", Revoke)]
+    out = c.handle(BranchDone(group_id="g", lease_id="g.2", unstarted=[2]))
+    assert [(to, type(m), m.indices) for to, m in out] == [("w1", Branch, [2])]
+    out = c.handle(BranchDone(group_id="g", lease_id="g.0", indices=[0], values=["r0"]))
+    assert out == [("w0", Stop(reason="the group has no more branches for this worker"))]
+    out = c.handle(BranchDone(group_id="g", lease_id="g.4", indices=[2], values=["r2"]))
+    assert out[0][1] == GroupResult(group_id="g", status="completed",
+                                    results=["r0", "r1", "r2", "r3"], leases=5, peak_leases=4)
 
 
 def test_collector_prefetch_queues_leases_on_the_bounds_workers_only():
@@ -852,6 +890,7 @@ def test_collector_invariants_hold_against_simulated_workers(n, bound, prefetch,
     queues: dict[str, list[Branch]] = {w: [] for w in workers}
     flags = {"stop": False, "hold": False}
     ended: list = []
+    let_go: set[str] = set()
 
     def feed(msg):
         stopped_before = c.first is not None or c.phase in ("pausing", "stopping")
@@ -859,7 +898,13 @@ def test_collector_invariants_hold_against_simulated_workers(n, bound, prefetch,
             if isinstance(out, Branch):
                 assert not stopped_before, "a lease after the first error or a pause"
                 assert all(c.state[i] == "leased" for i in out.indices)
+                assert receiver not in let_go, "a lease for a worker sent Stop"
                 queues[receiver].append(out)
+            elif isinstance(out, Stop):
+                assert not queues[receiver], "Stop for a worker that holds a lease"
+                assert receiver not in let_go, "Stop twice"
+                assert not c.queue, "Stop while branches wait for a lease"
+                let_go.add(receiver)
             elif isinstance(out, Revoke):
                 lease = next((b for b in queues[receiver][1:] if b.lease_id == out.lease_id),
                              None)

@@ -107,7 +107,7 @@ def test_yesterdays_bytes_decode_with_todays_code(path):
     if "resumed_from" in contents.header.meta:
         return  # a resumed run's log starts mid-run
     if path.name.startswith("group_"):
-        assert {"GroupStart", "Hello", "Branch", "BranchDone", "Interaction",
+        assert {"GroupStart", "Branch", "BranchDone", "Interaction", "Stop",
                 "GroupSuspended", "UserInputs", "GroupResult"} <= kinds
         return
     assert {"Start", "LeaseBatch", "Lease", "LeaseDone", "EvalRequest",
