@@ -10,9 +10,10 @@ another machine; everything it does still arrives as messages.
    tasks must match the coordinator's digest and the code its fingerprint. Otherwise the
    worker says why (``Refused``) and exits with status 2.
 4. ``Hello`` (worker id, slots, package version, code fingerprint, heartbeat), then take
-   leases on ``slots`` threads, each with its own snapshot of the artifact, while a
-   thread of its own sends ``Heartbeat`` every ``spec.heartbeat`` seconds, so a long
-   rollout is never mistaken for death.
+   leases on ``slots`` threads, each with its own snapshot of the artifact, while the
+   endpoint's I/O thread sends ``Heartbeat`` whenever the worker has sent the scheduler
+   nothing (an answer, a hello) for ``spec.heartbeat`` seconds, so a long rollout is
+   never mistaken for death and a busy worker's answers are its heartbeats.
 5. Losing the broker: the endpoint reconnects with backoff (Paranoid Pirate) and the
    worker joins again, listing the leases it still holds. ``Stop`` ends the process
    (status 0); no word from the broker for ``give_up`` seconds ends it with status 1.
@@ -136,13 +137,13 @@ class RemoteWorker:
         self.ep: RemoteEndpoint | None = None
         self.spec: Spec | None = None
         self.resolved: Resolved | None = None
-        self.inbox: "queue.Queue[Any]" = queue.Queue()
+        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.done = threading.Event()
         self.stop_reason = ""
         self.lock = threading.Lock()
         self.held: set[str] = set()
         self.cancelled: set[str] = set()
-        self.slot_queues: list[queue.Queue] = []
+        self.slot_queues: list[queue.SimpleQueue] = []
         self.slot_load: list[int] = []
         self.threads: list[threading.Thread] = []
         self.leases_done = 0
@@ -173,12 +174,19 @@ class RemoteWorker:
             return self._serve()
         finally:
             self.done.set()
+            self._release_slots()
             self.ep.close(flush=1.0)
 
     def _serve(self) -> int:
         while True:
+            # Sleep until the next thing to check: the join's retry, or the broker's
+            # silence reaching give_up (a message wakes it at once).
+            now = time.monotonic()
+            due = self.ep.last_heard + self.give_up
+            if self.awaiting_spec:
+                due = min(due, self.joined_at + JOIN_RETRY_S)
             try:
-                item = self.inbox.get(timeout=0.25)
+                item = self.inbox.get(timeout=min(max(0.0, due - now) + 0.01, 30.0))
             except queue.Empty:
                 if self.awaiting_spec and time.monotonic() - self.joined_at > JOIN_RETRY_S:
                     self._join()
@@ -223,6 +231,9 @@ class RemoteWorker:
             self.spec = spec
             self._start_threads()
             self.ep.ping_interval = min(self.ep.ping_interval, spec.heartbeat)
+            # Heartbeats from the I/O thread, on a quiet line only (bus/remote.py).
+            self.ep.keepalive(self.name, SCHEDULER, Heartbeat(worker=self.name),
+                              spec.heartbeat)
         self._hello()
         return None
 
@@ -241,33 +252,24 @@ class RemoteWorker:
         for i in range(self.slots):
             core = WorkerCore(self.name, r.tasks, r.reward, r.run, r.propose, r.strategy,
                               solved=spec.solved, initial_state=dict(spec.initial_state))
-            q: queue.Queue = queue.Queue()
+            q: queue.SimpleQueue = queue.SimpleQueue()
             self.slot_queues.append(q)
             self.slot_load.append(0)
             t = threading.Thread(target=self._slot, args=(i, core, q),
                                  name=f"evobus-{self.name}-slot{i}", daemon=True)
             t.start()
             self.threads.append(t)
-        if not any(t.name.endswith("-heartbeat") for t in self.threads):
-            t = threading.Thread(target=self._heartbeat, name=f"evobus-{self.name}-heartbeat",
-                                 daemon=True)
-            t.start()
-            self.threads.append(t)
-
-    # -- the heartbeat thread: never behind a rollout ---------------------------------------
-
-    def _heartbeat(self) -> None:
-        while not self.done.wait(self.spec.heartbeat):
-            self.ep.send(self.name, SCHEDULER, Heartbeat(worker=self.name))
 
     # -- the slot threads ------------------------------------------------------------------------
 
-    def _slot(self, index: int, core: WorkerCore, q: queue.Queue) -> None:
+    def _release_slots(self) -> None:
+        """Idle slot threads wait on their queue (no polling): the worker's end wakes them."""
+        for q in self.slot_queues:
+            q.put(None)
+
+    def _slot(self, index: int, core: WorkerCore, q: queue.SimpleQueue) -> None:
         while not self.done.is_set():
-            try:
-                item = q.get(timeout=0.5)
-            except queue.Empty:
-                continue
+            item = q.get()  # None (a new run, or the worker's end) releases it
             if item is None:
                 return
             match item:

@@ -56,6 +56,11 @@ class ControlActor(_FastInbox, pykka.ThreadingActor):
         self.name = name
         self.machine = machine
         self.on_crash = on_crash
+        # A bus that takes several messages at once (ZmqBus) gets an actor's outputs in
+        # one call: a Scheduler dispatching a round to 256 workers hands the broker one
+        # frame, not 256 (each a wake-up of the broker's thread and a hand-over of the
+        # interpreter lock).
+        self._send_many = getattr(bus, "send_many", None)
 
     @classmethod
     def spawn(cls, bus: Bus, name: str, machine, on_crash: Crash) -> pykka.ActorRef:
@@ -74,7 +79,11 @@ class ControlActor(_FastInbox, pykka.ThreadingActor):
         threading.current_thread().name = f"evobus-{self.name}"
 
     def on_receive(self, message: Delivery) -> None:
-        for receiver, msg in self.machine.handle(message.msg):
+        out = self.machine.handle(message.msg)
+        if len(out) > 1 and self._send_many is not None:
+            self._send_many(self.name, out)  # one hand-over to the bus for the lot
+            return
+        for receiver, msg in out:
             self.bus.send(self.name, receiver, msg)
 
     def on_failure(self, exception_type, exception_value, traceback) -> None:

@@ -9,10 +9,18 @@ endpoints get. Frames (after the ROUTER's identity frame)::
     peer -> broker  [b"A", name]                 register a name (answered [b"a", name],
                                                  or [b"e", name, why] when refused)
                     [b"D", name]                 forget a name this peer registered
-                    [b"M", sender, receiver, body]  a message, sent as a name it registered
+                    [envelope]                   a message, sent as a name it registered:
+                                                 b"m", sender, receiver, body in one frame
+                                                 (bus.frames.envelope); the four-frame
+                                                 [b"M", sender, receiver, body] is accepted
                     [b"P"]                       ping (answered [b"p"])
-    broker -> peer  [b"M", seq(8), sender, receiver, body]   a delivery
+    broker -> peer  [delivery]                   a message: b"d", seq, sender, receiver,
+                                                 body in one frame (bus.frames.delivery)
                     [b"a", name], [b"e", name, why], [b"p"]
+
+One frame per message: every frame is a send and a receive through pyzmq, each of
+which gives up and takes back the interpreter lock, and a worker process may host
+many workers.
 
 Policy at the port (every refusal is counted in ``BusStats.rejected_frames`` with the
 peer's identity): a message or ping from a peer that registered no name, or sent as a
@@ -28,6 +36,10 @@ Reconnecting is the Paranoid Pirate pattern: the endpoint pings every
 ``broker_timeout`` it closes its socket, waits a backoff (doubling, capped), connects
 a new socket (a new identity), registers its names again and calls ``on_reconnect`` so
 the worker says hello again.
+
+Heartbeats (:meth:`RemoteEndpoint.keepalive`) go out from the endpoint's I/O thread,
+never from a thread that runs rollouts, and only on a quiet line: when nothing was sent
+to the heartbeat's receiver for the interval (an answer is as good a sign of life).
 """
 
 from __future__ import annotations
@@ -36,25 +48,38 @@ import collections
 import logging
 import re
 import socket
-import struct
 import threading
 import time
 import uuid
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from bus.base import MAX_FRAME_BYTES, BusStats, Deliver
-from bus.frames import NOBLOCK, recv_frames, send_frames
-from bus.security import ClientKeys, ServerKeys, secure_client, secure_server, start_authenticator
-from bus.zmq_bus import deliver_frames
+from bus.frames import (
+    NOBLOCK,
+    envelope,
+    open_delivery,
+    open_envelope,
+    recv_frames,
+    send_frames,
+)
+from bus.security import (
+    ClientKeys,
+    ServerKeys,
+    secure_client,
+    secure_server,
+    start_authenticator,
+)
+from bus.zmq_bus import deliver_frames, deliver_one
 from protocol import Codec, Message
 
 log = logging.getLogger(__name__)
 
-_SEQ = struct.Struct("<Q")
+# Plain ints: pyzmq's enum-typed options cost an enum conversion per call.
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 _NAME = re.compile(rb"[A-Za-z0-9_.:@+\-]{1,128}")
 #: A peer may register at most this many names (a worker needs one).
 MAX_NAMES_PER_PEER = 16
@@ -132,12 +157,15 @@ class PeerPort:
     def drain(self, codec: Codec) -> None:
         if self.socket is None:
             return
+        sock = self.socket
         for _ in range(1024):
             try:
-                frames = recv_frames(self.socket, NOBLOCK)
-            except zmq.Again:
+                frames = recv_frames(sock, NOBLOCK)
+            except zmq.Again:  # the poll's readiness was stale
                 return
             self.on_frames(codec, frames)
+            if not sock.get(_EVENTS) & _POLLIN:  # drained (cheaper than a failing recv)
+                return
 
     # -- the policy --------------------------------------------------------------------
 
@@ -148,8 +176,12 @@ class PeerPort:
         ident = frames[0]
         kind = frames[1] if len(frames) > 1 else b""
         names = self.owned.get(ident)
-        if kind == b"M" and len(frames) == 5:
-            _, _, sender, receiver, body = frames
+        if len(frames) == 2 and kind[:1] == b"m" or kind == b"M" and len(frames) == 5:
+            opened = open_envelope(kind) if len(frames) == 2 else frames[2:]
+            if opened is None:
+                self._reject(ident, f"a malformed one-frame envelope ({len(kind)} bytes)")
+                return
+            sender, receiver, body = opened
             if names is None or sender not in names:
                 self._reject(ident, f"a message sent as {sender[:64]!r}, a name this peer has "
                                     "not registered (unregistered peer)")
@@ -162,11 +194,11 @@ class PeerPort:
                 self._reject(ident, f"a body of {len(body)} bytes (limit {MAX_FRAME_BYTES})")
                 return
             try:
-                codec.decode(body)
+                msg = codec.decode(body)
             except msgspec.DecodeError as exc:
                 self._reject(ident, f"does not decode: {exc}")
                 return
-            self._broker.forward(codec, sender, receiver, body)
+            self._broker.forward(codec, sender, receiver, body, msg)
         elif kind == b"P" and len(frames) == 2:
             if names is None:
                 self._reject(ident, "a ping from an unregistered peer")
@@ -225,8 +257,9 @@ class RemoteEndpoint:
     """A worker process's door to a broker's :class:`PeerPort` (tcp:// or ipc://).
 
     One DEALER carries both directions and is owned by the I/O thread; :meth:`send` may
-    be called from any thread (frames are queued and the I/O thread is woken).
-    Deliveries run on the I/O thread: handlers must hand long work to other threads."""
+    be called from any thread (the message is encoded there, queued, and the I/O thread
+    is woken). Deliveries run on the I/O thread: handlers must hand long work to other
+    threads."""
 
     def __init__(self, address: str, *, keys: ClientKeys | None = None,
                  ping_interval: float = 1.0, broker_timeout: float = 5.0,
@@ -255,9 +288,17 @@ class RemoteEndpoint:
         self.heard = threading.Event()  # the broker has answered at least once
         self._handlers: dict[str, Deliver] = {}
         self._acks: dict[str, threading.Event] = {}
-        self._out: collections.deque[list] = collections.deque()
+        # Queued frames: bytes (a one-frame message) or a list of frames (control).
+        self._out: collections.deque[bytes | list[bytes]] = collections.deque()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._codecs = threading.local()  # senders encode in their own thread
+        # The keepalive (receiver, frame, interval) and when the receiver last got a frame.
+        self._keepalive: tuple[str, bytes, float] | None = None
+        self.kept_alive = time.monotonic()
+        self.keepalives = 0  # heartbeats sent by the keepalive
+        # A wake-up byte is on its way to the I/O thread: later sends need not write one.
+        self._wake_pending = False
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -293,7 +334,25 @@ class RemoteEndpoint:
         if self._stop.is_set():
             self.stats.after_close += 1
             return
-        self._enqueue(("M", sender, receiver, msg))
+        codec = getattr(self._codecs, "codec", None)
+        if codec is None:
+            codec = self._codecs.codec = Codec()
+        keepalive = self._keepalive
+        if keepalive is not None and receiver == keepalive[0]:
+            self.kept_alive = time.monotonic()  # as good as a heartbeat
+        self._enqueue(envelope(sender.encode(), receiver.encode(), codec.encode(msg)))
+
+    def keepalive(self, sender: str, receiver: str, msg: Message, interval: float) -> None:
+        """Send ``msg`` (a heartbeat) from ``sender`` to ``receiver`` whenever nothing was
+        sent to ``receiver`` for ``interval`` seconds. The I/O thread sends it, so it
+        never waits behind work running in other threads; a message sent through
+        :meth:`send` to ``receiver`` restarts the interval. Replaces an earlier one."""
+        if interval <= 0:
+            raise ValueError(f"keepalive interval must be > 0, got {interval}")
+        self.kept_alive = time.monotonic()
+        self._keepalive = (receiver, envelope(sender.encode(), receiver.encode(),
+                                              Codec().encode(msg)), interval)
+        self._wakeup()  # the I/O thread's next wait must see the new deadline
 
     def send_frames(self, frames: list[bytes]) -> None:
         """Raw frames (tests: a misbehaving peer)."""
@@ -311,9 +370,11 @@ class RemoteEndpoint:
         self._wake_r.close()
         self._wake_w.close()
 
-    def _enqueue(self, item) -> None:
+    def _enqueue(self, item: bytes | list[bytes]) -> None:
         self._out.append(item)
-        self._wakeup()
+        if not self._wake_pending:  # one wake-up byte covers every frame queued before
+            self._wake_pending = True  # the I/O thread reads it (see _run)
+            self._wakeup()
 
     def _wakeup(self) -> None:
         try:
@@ -363,25 +424,39 @@ class RemoteEndpoint:
         backoff = self.backoff0
         next_ping = time.monotonic()
         self.last_heard = time.monotonic()
+        wake = self._wake_r.fileno()
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
-                wait = min(next_ping, self.last_heard + self.broker_timeout) - now
-                events = dict(poller.poll(max(0, int(wait * 1000)) + 1))
+                due = min(next_ping, self.last_heard + self.broker_timeout)
+                keepalive = self._keepalive
+                if keepalive is not None:
+                    due = min(due, self.kept_alive + keepalive[2])
+                events = dict(poller.poll(max(0, int((due - now) * 1000)) + 1))
                 if self._stop.is_set():
                     break
-                if self._wake_r.fileno() in events or self._wake_r in events:
+                if wake in events or self._wake_r in events:
+                    # Read the wake-up bytes, then clear the flag, then flush: a send that
+                    # saw the flag set is flushed below; one that comes later writes a byte
+                    # that stays for the next poll (clearing first could lose it).
                     self._drain_wake()
-                self._flush(sock, codec)
+                    self._wake_pending = False
+                self._flush(sock)
                 if sock in events:
                     self._receive(sock, codec)
                     backoff = self.backoff0
                 if monitor in events:
                     self._on_monitor(monitor)
                 now = time.monotonic()
+                if keepalive is not None and now >= self.kept_alive + keepalive[2]:
+                    # Heartbeat a quiet line only: anything sent to the receiver counts.
+                    self.kept_alive = now
+                    self._out.append(keepalive[1])
+                    self.keepalives += 1
+                    self._flush(sock)
                 if now >= next_ping:
                     # Ping only a quiet line: any frame from the broker proves it is there.
-                    self._flush(sock, codec)  # a queued registration goes before the ping
+                    self._flush(sock)  # a queued registration goes before the ping
                     if self._handlers and not self._out \
                             and now - self.last_heard >= self.ping_interval:
                         self._send_now(sock, [b"P"])
@@ -407,15 +482,14 @@ class RemoteEndpoint:
         finally:
             linger = 0
             if self._flush_s > 0:
-                self._flush(sock, codec)
+                self._flush(sock)
                 linger = int(self._flush_s * 1000)
             self._close_socket(sock, monitor, linger)
 
     def _drain_wake(self) -> None:
         try:
-            while self._wake_r.recv(4096):
-                pass
-        except (BlockingIOError, OSError):  # drained
+            self._wake_r.recv(4096)  # senders write one byte per wake-up: one read drains
+        except (BlockingIOError, OSError):  # nothing there (a spurious wake-up) or closed
             pass
 
     def _send_now(self, sock: zmq.Socket, frames: list[bytes]) -> bool:
@@ -425,28 +499,37 @@ class RemoteEndpoint:
         except zmq.Again:  # the pipe is full: keep it for later
             return False
 
-    def _flush(self, sock: zmq.Socket, codec: Codec) -> None:
-        while self._out:
-            item = self._out[0]
-            if isinstance(item, tuple):
-                _, sender, receiver, msg = item
-                frames = [b"M", sender.encode(), receiver.encode(), codec.encode(msg)]
-            else:
-                frames = item
-            if not self._send_now(sock, frames):
+    def _flush(self, sock: zmq.Socket) -> None:
+        out = self._out
+        while out:
+            item = out[0]
+            try:
+                if type(item) is bytes:  # a one-frame message, encoded by its sender
+                    sock.send(item, NOBLOCK)
+                else:
+                    send_frames(sock, item, NOBLOCK)
+            except zmq.Again:  # the pipe is full: keep it for later
                 return
-            self._out.popleft()
+            out.popleft()
 
     def _receive(self, sock: zmq.Socket, codec: Codec) -> None:
         for _ in range(1024):
             try:
                 frames = recv_frames(sock, NOBLOCK)
-            except zmq.Again:
+            except zmq.Again:  # the poll's readiness was stale
                 return
             self.last_heard = time.monotonic()
-            self.heard.set()
-            kind = frames[0] if frames else b""
-            if kind == b"M" and len(frames) == 5:
+            if not self.heard.is_set():
+                self.heard.set()
+            kind = frames[0]
+            if len(frames) == 1 and kind[:1] == b"d":  # a delivery, in one frame
+                opened = open_delivery(kind)
+                if opened is None:
+                    self.stats.reject("broker", f"malformed delivery ({len(kind)} bytes)")
+                else:
+                    deliver_one(self._handlers, self.stats, codec, *opened, "remote endpoint",
+                                count=True)
+            elif kind == b"M" and len(frames) == 5:
                 self._deliver(codec, frames)
             elif kind == b"a" and len(frames) == 2:
                 ack = self._acks.get(frames[1].decode("utf-8", "replace"))
@@ -462,6 +545,8 @@ class RemoteEndpoint:
                 pass
             else:
                 self.stats.reject("broker", f"malformed frame ({len(frames)} parts)")
+            if not sock.get(_EVENTS) & _POLLIN:  # drained (cheaper than a failing recv)
+                return
 
     def _deliver(self, codec: Codec, frames: list[bytes]) -> None:
         deliver_frames(self._handlers, self.stats, codec, frames, "remote endpoint", count=True)

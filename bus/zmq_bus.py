@@ -28,13 +28,17 @@ import msgspec
 import zmq
 
 from bus.base import MAX_FRAME_BYTES, BusStats, Deliver, Delivery, RunClock
+from bus.frames import delivery as _delivery
+from bus.frames import envelope as _envelope
+from bus.frames import batch as _batch
+from bus.frames import open_batch as _open_batch
+from bus.frames import open_envelope as _open
+
 from protocol import Codec, Message
 
 log = logging.getLogger(__name__)
 
 _SEQ = struct.Struct("<Q")
-#: The single-frame message envelope: kind b"m", len(sender), len(receiver).
-_HEAD = struct.Struct("<cHH")
 # Plain ints: pyzmq's enum flags cost an enum operation per frame.
 _MORE, _NOBLOCK, _RCVMORE = int(zmq.SNDMORE), int(zmq.NOBLOCK), int(zmq.RCVMORE)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
@@ -43,21 +47,6 @@ _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 def _readable(sock: zmq.Socket) -> bool:
     """Another message is waiting (~1.6 us; a recv that raises zmq.Again costs ~6 us)."""
     return bool(sock.getsockopt(_EVENTS) & _POLLIN)
-
-
-def _envelope(sender: bytes, receiver: bytes, body: bytes) -> bytes:
-    return b"".join((_HEAD.pack(b"m", len(sender), len(receiver)), sender, receiver, body))
-
-
-def _open(frame: bytes) -> tuple[bytes, bytes, bytes] | None:
-    """(sender, receiver, body) of a single-frame envelope, or None if malformed."""
-    if len(frame) < _HEAD.size:
-        return None
-    _, ls, lr = _HEAD.unpack_from(frame)
-    start = _HEAD.size + ls + lr
-    if len(frame) < start:
-        return None
-    return frame[_HEAD.size:_HEAD.size + ls], frame[_HEAD.size + ls:start], frame[start:]
 
 
 def _recv_frames(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
@@ -107,6 +96,14 @@ def deliver_frames(handlers: dict[str, Deliver], stats: BusStats, codec: Codec,
     counted unroutable, a body that does not decode is counted and dropped, and a
     handler that raises is logged without stopping the I/O thread."""
     _, seq, sender, receiver, body = frames
+    deliver_one(handlers, stats, codec, _SEQ.unpack(seq)[0], sender, receiver, body, who,
+                count=count)
+
+
+def deliver_one(handlers: dict[str, Deliver], stats: BusStats, codec: Codec, seq: int,
+                sender: bytes, receiver: bytes, body: bytes, who: str, *,
+                count: bool = False) -> None:
+    """:func:`deliver_frames` for a delivery already taken apart (a one-frame delivery)."""
     name = receiver.decode("utf-8", "replace")
     deliver = handlers.get(name)
     if deliver is None:
@@ -120,7 +117,7 @@ def deliver_frames(handlers: dict[str, Deliver], stats: BusStats, codec: Codec,
     if count:
         stats.delivered += 1
     try:
-        deliver(Delivery(_SEQ.unpack(seq)[0], sender.decode("utf-8", "replace"), name, msg))
+        deliver(Delivery(seq, sender.decode("utf-8", "replace"), name, msg))
     except Exception:  # a handler bug must not kill the I/O thread; logged here
         log.exception("%s: delivering %s to %r failed", who, type(msg).__name__, name)
 
@@ -264,12 +261,22 @@ class Broker:
             self.stats.reject(repr(ident), f"malformed envelope ({len(frames)} frames, kind {kind!r})")
 
     def _on_intake(self, codec: Codec, frame: bytes) -> None:
-        """A single-frame message pushed by an endpoint of this process."""
-        opened = _open(frame) if frame[:1] == b"m" else None
-        if opened is None:
-            self.stats.reject("intake", f"malformed envelope ({len(frame)} bytes)")
-            return
-        self._check_and_forward(codec, *opened)
+        """A single-frame message pushed by an endpoint of this process, or a batch of
+        them (one actor's outputs, forwarded in order)."""
+        if frame[:1] == b"n":
+            envelopes = _open_batch(frame)
+            if envelopes is None:
+                self.stats.reject("intake", f"malformed batch ({len(frame)} bytes)")
+                return
+        else:
+            envelopes = (frame,)
+        for one in envelopes:
+            opened = _open(one) if one[:1] == b"m" else None
+            if opened is None:
+                self.stats.reject("intake", f"malformed envelope ({len(one)} bytes)")
+                continue
+            self._check_and_forward(codec, *opened)
+
 
     def _check_and_forward(self, codec: Codec, sender: bytes, receiver: bytes,
                            body: bytes) -> None:
@@ -314,8 +321,12 @@ class Broker:
             return
         self._seq += 1
         try:
-            _send_frames(sock, [dest, b"M", _SEQ.pack(self._seq), sender, receiver, body],
-                         int(flags))
+            if sock is self._router:
+                _send_frames(sock, [dest, b"M", _SEQ.pack(self._seq), sender, receiver, body],
+                             int(flags))
+            else:  # issue 6: a peer port's worker gets one frame (bus/remote.py)
+                _send_frames(sock, [dest, _delivery(self._seq, sender, receiver, body)],
+                             int(flags))
         except zmq.ZMQError:  # the endpoint went away (or a stuck peer is full): counted
             self._seq -= 1
             self.stats.unroutable += 1
@@ -506,12 +517,28 @@ class Endpoint:
         sock, codec = self._pusher()
         self._push(sock, _envelope(sender.encode(), receiver.encode(), codec.encode(msg)))
 
+    def send_many(self, sender: str, out: list[tuple[str, Message]]) -> None:
+        """Send several messages from ``sender``, in order, as one frame to the broker."""
+        if self._stop.is_set():
+            self.stats.after_close += len(out)
+            return
+        sock, codec = self._pusher()
+        if self.intake is None:  # a broker in another process reads one message a frame
+            for receiver, msg in out:
+                self._push(sock, _envelope(sender.encode(), receiver.encode(),
+                                           codec.encode(msg)))
+            return
+        name = sender.encode()
+        self._push(sock, _batch([_envelope(name, receiver.encode(), codec.encode(msg))
+                                 for receiver, msg in out]))
+
     def send_frame(self, sender: str, receiver: str, body: bytes) -> None:
         if self._stop.is_set():
             self.stats.after_close += 1
             return
         sock, _ = self._pusher()
         self._push(sock, _envelope(sender.encode(), receiver.encode(), bytes(body)))
+
 
     def _push(self, sock: zmq.Socket, frame: bytes) -> None:
         try:
@@ -598,8 +625,18 @@ class ZmqBus:
             return
         self.endpoint.send(sender, receiver, msg)
 
+    def send_many(self, sender: str, out: list[tuple[str, Message]]) -> None:
+        """``send`` for an actor's outputs, in order: one frame to the broker for them all
+        (one hand-over between the actor's thread and the broker's, not one each)."""
+        if threading.get_ident() == self.broker.ident:
+            for receiver, msg in out:
+                self.send(sender, receiver, msg)
+            return
+        self.endpoint.send_many(sender, out)
+
     def send_frame(self, sender: str, receiver: str, body: bytes) -> None:
         if threading.get_ident() == self.broker.ident:
+
             self.broker.post(sender, receiver, bytes(body))
             return
         self.endpoint.send_frame(sender, receiver, body)

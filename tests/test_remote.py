@@ -479,6 +479,24 @@ def test_a_worker_presumed_lost_is_taken_back_when_it_heartbeats_again():
     assert "a" in s.workers and "a" not in s.lost
 
 
+def test_a_late_answer_from_a_worker_presumed_lost_takes_it_back_like_a_heartbeat():
+    # A remote worker heartbeats only when it has sent nothing else for its interval, so
+    # the late answer may be the first word from it after a stop (SIGCONT).
+    s = _sched()
+    s.handle(LeaseBatch(round=0, leases=[_lease("r0.u0", 0)]))
+    s.handle(Tick(elapsed=0.8))
+    s.handle(Heartbeat(worker="b"))
+    out = s.handle(Tick(elapsed=1.5))  # a: silent past the deadline, presumed lost
+    assert "a" in s.lost and [(w, m.lease_id) for w, m in out] == [("b", "r0.u0")]
+    s.handle(_done("r0.u0", "b", 0))
+    s.handle(_done("r0.u0", "a", 0))  # the late answer: dropped and counted ...
+    assert s.duplicates_dropped == 1 and "a" in s.workers and "a" not in s.lost  # ... back
+    s.handle(Tick(elapsed=2.0))
+    s.handle(_done("r0.u0", "a", 0))  # a live worker's late answer: a sign of life too
+    s.handle(Tick(elapsed=2.9))
+    assert "a" in s.workers and "a" not in s.lost  # 0.9 s since its last answer
+
+
 def test_a_lease_whose_workers_keep_dying_is_given_up_as_an_infrastructure_failure():
     s = Scheduler(1, deadline=1.0, max_tries=2)
     s.handle(Hello(worker="a", heartbeat=0.2))
