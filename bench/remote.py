@@ -5,10 +5,10 @@ per message, with 64 and 256 worker connections spread over a few processes.
                            [--tasks-per-lease 10] [--rounds 5] [--repeats 3] [--no-log]
 
 Each worker is a real ``evobus worker`` (actors.remote_worker.RemoteWorker, its own
-DEALER connection over loopback tcp, its own I/O, heartbeat and slot threads); the
-worker processes host ``connections / procs`` of them each (one zmq context per
-process). The coordinator is the production path minus planner and merger: the
-ZeroMQ broker (writing the message log unless --no-log), the Scheduler with liveness
+DEALER connection over loopback tcp, its own I/O thread (which also heartbeats) and
+slot thread); the worker processes host ``connections / procs`` of them each (one zmq
+context per process). The coordinator is the production path minus planner and
+merger: the ZeroMQ broker (writing the message log unless --no-log), the Scheduler with liveness
 on, and the Registry handing out the spec. The benchmark plays the planner: it sends
 each round's leases (one per worker, ``--tasks-per-lease`` tasks each) and waits for
 the Scheduler's Barrier (synchronous rounds, the barrier included in the time).
@@ -276,11 +276,12 @@ def suite(quick: bool) -> list:
         try:
             figs = [measure(n, 4, ROLLOUT_S, 10, 2 if quick else 5)
                     for _ in range(1 if quick else 3)]
+            eff = sorted(f["efficiency"] for f in figs)
             rows.append(Row(workload=f"remote workers: {n} connections, 50 ms rollouts",
                             unit="efficiency", evobus=[f["efficiency"] for f in figs],
                             target=">= 0.9 at 256" if n == 256 else "",
-                            met=(min(f["efficiency"] for f in figs) >= 0.9) if n == 256
-                            else None))
+                            # the target is on the median, as Row.met says
+                            met=(eff[len(eff) // 2] >= 0.9) if n == 256 else None))
         except Exception as exc:  # reported in the table, not raised: the suite goes on
             rows.append(Row(workload=f"remote workers: {n} connections", unit="efficiency",
                             note=f"failed: {type(exc).__name__}: {exc}"))

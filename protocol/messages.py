@@ -264,7 +264,8 @@ class Hello(Msg, frozen=True):
 
 
 class Heartbeat(Msg, frozen=True):
-    """Worker -> Scheduler: still alive (sent from a thread of its own)."""
+    """Worker -> Scheduler: still alive (sent by the worker's I/O thread, never one
+    running a rollout, when it has sent the Scheduler nothing else for its interval)."""
 
     worker: str
 

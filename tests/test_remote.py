@@ -334,7 +334,7 @@ def test_a_rollout_longer_than_the_deadline_is_not_mistaken_for_death(tmp_path, 
     text = scenario_text("local = 0\nprocesses = 1", rounds=1)
     releaser = threading.Thread(target=lambda: (
         wait_for(lambda: list(gate.glob("started-*")), 30, "the first rollout"),
-        # Held at the gate for 2.5 deadlines while its heartbeat thread keeps going.
+        # Held at the gate for 2.5 deadlines while its I/O thread keeps heartbeating.
         threading.Event().wait(2.5 * DEADLINE), (gate / "release").touch()), daemon=True)
     releaser.start()
     result = run_scenario(parse_scenario(text))
