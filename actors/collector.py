@@ -352,6 +352,7 @@ class Collector:
         if self.phase != RUNNING:
             return out
         start = self.start
+        popleft = self.queue.popleft
         while self.queue:
             worker = self._pick_worker()
             if worker is None:
@@ -371,7 +372,7 @@ class Collector:
                     k = max(k, min(floor, -(-queued // self.concurrency)))
                 k = max(1, min(start.max_chunk, k))
             k = min(k, queued)
-            indices = [self.queue.popleft() for _ in range(k)]
+            indices = [popleft() for _ in range(k)]
             first, last = indices[0], indices[-1]
             contiguous = last - first == k - 1 and indices == list(range(first, last + 1))
             if contiguous:
@@ -396,14 +397,14 @@ class Collector:
         """The worker with the fewest leases out (an idle one first), if any has a slot."""
         # Queue leases behind running ones only once every planned worker is ready:
         # the first workers up must not hoard what the next ones would start at once.
-        best, fewest = None, self.slots if len(self.pool) == len(self.planned) else 1
-        for worker in self.pool:
-            n = len(self.by_worker[worker])
-            if n < fewest:
-                best, fewest = worker, n
-                if n == 0:
-                    break
-        return best
+        cap = self.slots if len(self.pool) == len(self.planned) else 1
+        if not self.pool:
+            return None
+        # The first worker in pool order with the fewest leases (loops in C: this runs
+        # once per lease, over every worker).
+        counts = list(map(len, map(self.by_worker.__getitem__, self.pool)))
+        fewest = min(counts)
+        return self.pool[counts.index(fewest)] if fewest < cap else None
 
     def _rebalance(self) -> list[Out]:
         """Nothing left to lease, yet a worker is idle while another holds a lease queued

@@ -400,13 +400,17 @@ class Endpoint:
     """A process's door to the broker: delivers to local names, sends from any thread.
 
     Receiving: one DEALER owned by the endpoint's thread, which decodes and calls the
-    ``deliver`` callback registered for the receiver (an actor's ``tell``).
+    ``deliver`` callback registered for the receiver (an actor's ``tell``). With
+    ``receive=False`` there is neither: the broker of a :class:`ZmqBus` delivers its own
+    process's messages itself, so its endpoint only sends (a frame routed to it anyway
+    is refused by the broker's ROUTER and counted unroutable).
     Sending: each sending thread gets its own DEALER (ZeroMQ sockets are not shared
     between threads); all of them are closed by :meth:`close`.
     """
 
     def __init__(self, ctx: zmq.Context, broker_addr: str, *, stats: BusStats | None = None,
-                 name: str = "local", intake: str | None = None) -> None:
+                 name: str = "local", intake: str | None = None,
+                 receive: bool = True) -> None:
         self.ctx = ctx
         self.broker_addr = broker_addr
         # The broker's intake (same process only): messages go there, one frame each.
@@ -420,6 +424,9 @@ class Endpoint:
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._ctl_addr = f"inproc://evobus-endpoint-ctl-{uuid.uuid4().hex}"
+        self._thread: threading.Thread | None = None
+        if not receive:
+            return
         self._thread = threading.Thread(target=self._run, name=f"evobus-endpoint-{name}",
                                         daemon=True)
         self._thread.start()
@@ -434,7 +441,9 @@ class Endpoint:
         ctl = self.ctx.socket(zmq.PAIR)
         ctl.bind(self._ctl_addr)
         self._ready.set()
-        codec = Codec()
+        # Built at the first delivery (a typed Decoder takes ~80 us): the endpoint of a
+        # ZmqBus gets none, its broker hands this process's messages over itself.
+        codec: Codec | None = None
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(ctl, zmq.POLLIN)
@@ -447,6 +456,8 @@ class Endpoint:
                         frames = _recv_frames(sock, _NOBLOCK)
                     except zmq.Again:
                         break
+                    if codec is None:
+                        codec = Codec()
                     self._on_frames(codec, frames)
         finally:
             sock.close(0)
@@ -552,8 +563,9 @@ class Endpoint:
 
     def close(self) -> None:
         self._stop.set()
-        _wake(self.ctx, self._ctl_addr)
-        self._thread.join(timeout=5)
+        if self._thread is not None:
+            _wake(self.ctx, self._ctl_addr)
+            self._thread.join(timeout=5)
         with self._senders_lock:
             for sock in self._senders:
                 sock.close(0)
@@ -589,9 +601,13 @@ class ZmqBus:
                              first_seq=first_seq)
         self.broker.start()
         self.address = inproc
+        # The broker hands this process's messages to their actors itself (attach):
+        # the endpoint only sends, and needs no receiving thread.
         self.endpoint = Endpoint(self.ctx, inproc, stats=self.stats,
-                                 intake=self.broker.intake_addr)
-        self._codec = Codec()  # used on the broker thread only (see send)
+                                 intake=self.broker.intake_addr, receive=False)
+        # Encodes on the broker thread only (see send); an Encoder, not a Codec: no
+        # typed Decoder to build (~80 us) for a bus that may never need one here.
+        self._codec = msgspec.msgpack.Encoder()
         self._closed = False
 
     @property
