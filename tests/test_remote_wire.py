@@ -17,6 +17,7 @@ import pytest
 import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_bus_conformance import WAIT_S, Inbox  # deliveries collected, waits bounded
 
 from actors.remote_worker import EXIT_LOST, EXIT_STOPPED, RemoteWorker
 from actors.shell import ControlActor
@@ -34,28 +35,8 @@ from bus.remote import PeerPort, RemoteEndpoint
 from bus.zmq_bus import ZmqBus
 from protocol import Heartbeat, Hello, Join, LeaseDone, Stop, Tick
 
-WAIT_S = 10.0
 NAME = st.binary(min_size=0, max_size=40)
 BODY = st.binary(max_size=200)
-
-
-class Inbox:
-    """Collects deliveries; wait(n) blocks (bounded) until n have arrived."""
-
-    def __init__(self) -> None:
-        self.items = []
-        self._cond = threading.Condition()
-
-    def __call__(self, d) -> None:
-        with self._cond:
-            self.items.append(d)
-            self._cond.notify_all()
-
-    def wait(self, n: int) -> list:
-        with self._cond:
-            assert self._cond.wait_for(lambda: len(self.items) >= n, timeout=WAIT_S), \
-                f"only {len(self.items)} of {n} deliveries arrived within {WAIT_S} s"
-            return list(self.items)
 
 
 # -- the one-frame formats (bus/frames.py) ----------------------------------------------------
