@@ -205,7 +205,8 @@ class EvolveResult:
     bus: dict[str, int] = field(default_factory=dict)
     #: Runtime counters that are not per-proposal decisions: reverified, stall_refreshes,
     #: starved_seconds (worker-seconds held back by backpressure), held_back,
-    #: refreshes, cancelled_leases, max_eta_kept.
+    #: refreshes, cancelled_leases, max_eta_kept, scoring_calls (backend calls spent
+    #: scoring candidates on the held-out split: not in ``calls``).
     stats: dict[str, float] = field(default_factory=dict)
     #: Token usage of the agent, when it keeps one (``agent.usage.as_dict()``, e.g.
     #: actors.openai_agent.OpenAIAgent); None otherwise.
@@ -420,7 +421,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
         stats = dict(done.stats)
         stats.update(starved_seconds=round(scheduler.starved_seconds, 3),
                      held_back=scheduler.held_back, refreshes=scheduler.refreshes,
-                     cancelled_leases=scheduler.cancelled)
+                     cancelled_leases=scheduler.cancelled,
+                     scoring_calls=scheduler.eval_calls)
     if done.fatal:
         raise ConfigError(done.fatal)
     history = [_with_elapsed(r, elapsed_by_round.get(r.round, r.elapsed)) for r in done.history]

@@ -86,6 +86,9 @@ class Scheduler:
         self.flushed = False
         self.merge_on_flush = True
         self.cancelled = 0
+        # Backend calls spent scoring (held-out gates, re-verifications): not in the
+        # Planner's ``calls`` nor its max_calls budget, reported in the result's stats.
+        self.eval_calls = 0
         self.worker_version: dict[str, int] = {}
         self.elapsed = 0.0
         self.starved_seconds = 0.0
@@ -345,6 +348,7 @@ class Scheduler:
             self.unreported.append(Settled(lease_id=lease.lease_id, round=lease.round,
                                            unit=0, fatal=msg.fatal))
             return self._report()
+        self.eval_calls += sum(r.calls for r in msg.results)
         if agg is None:
             return []
         for r in msg.results:

@@ -81,7 +81,9 @@ NOTES = {
     "Workers.env": "Names of environment variables workers need (names only, never "
                    "values).",
     "Budgets.max_rollouts": "Stop after this many rollouts.",
-    "Budgets.max_calls": "Stop after this many backend calls (solve + propose).",
+    "Budgets.max_calls": "Stop after this many backend calls (solve + propose) on train "
+                         "tasks; held-out scoring is not counted (the result's "
+                         "`stats['scoring_calls']` says what it spent).",
     "Budgets.max_seconds": "Stop after this much wall time.",
     "Budgets.target_reward": "Stop once the held-out reward reaches this.",
     "Budgets.patience": "Stop after this many rounds in a row without a commit.",

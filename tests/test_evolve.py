@@ -58,6 +58,23 @@ def test_budget_max_rollouts_stops_with_that_reason(router_kwargs):
     assert result.stop_reason == "max_rollouts" and result.rollouts == 30
 
 
+def test_scoring_calls_are_reported_beside_the_train_calls(router_kwargs):
+    import threading
+
+    lock, seen = threading.Lock(), [0]
+    solve = router_kwargs["run"]
+
+    def counting(rendered, task):
+        with lock:
+            seen[0] += 1
+        return solve(rendered, task)
+
+    result = evolve(**{**router_kwargs, "run": counting}, rounds=3, n_workers=4, seed=0)
+    # every run() call is a train rollout or held-out scoring, and each is counted once
+    assert result.stats["scoring_calls"] > 0
+    assert result.rollouts + result.stats["scoring_calls"] == seen[0]
+
+
 def test_log_is_written_and_inspect_reads_it(router_kwargs, tmp_path, clean_env):
     path = tmp_path / "run.evolog"
     result = evolve(**router_kwargs, rounds=2, log=str(path))
