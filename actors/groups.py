@@ -42,7 +42,7 @@ from actors.errors import ConfigError, EvobusError, RunFailed
 from actors.shell import ControlActor, _FastInbox, teller
 from bus.base import MAX_FRAME_BYTES, Delivery
 from protocol import (Branch, BranchDone, BranchFailed, Cancel, GroupCancel, GroupResult,
-                      GroupStart, GroupSuspended, Hello, Hold, Interaction, JournalEntry,
+                      GroupStart, GroupSuspended, Hold, Interaction, JournalEntry,
                       PendingInteraction, Revoke, Stop, Tick, UserInputs)
 
 log = logging.getLogger(__name__)
