@@ -388,6 +388,48 @@ def test_the_first_error_stops_new_starts_and_cancels_active_branches():
     assert "failed at branch 0: ValueError: ticket 0 is malformed" in str(failed)
 
 
+def test_idle_workers_are_let_go_while_the_last_branch_still_runs():
+    """At the tail, the Collector sends Stop to workers that will get nothing more: their
+    threads end while the last branch runs, not at the group's end."""
+    others_gone = threading.Event()
+
+    def target(i, ctx):
+        if i < 5:
+            return i
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:   # bounded: the branch checks a condition
+            alive = [t for t in threading.enumerate()
+                     if t.name.startswith(f"evobus-branch-worker.{ctx.group_id}.")
+                     and t is not threading.current_thread()]
+            if not alive:
+                others_gone.set()
+                break
+            threading.Event().wait(0.005)
+        return i
+
+    assert parallel(target, list(range(6)), max_concurrency=3, max_items=6, chunk=1,
+                    prefetch=0) == list(range(6))
+    assert others_gone.is_set(), "the idle workers were still up when the last branch ended"
+
+
+def test_a_lease_or_a_stop_that_comes_before_the_workers_thread_waits_in_its_box():
+    from actors.groups import GroupWorker, _LeaseBox, _worker_deliver
+    from bus.base import Delivery
+    from bus.memory import InMemoryBus
+
+    bus = InMemoryBus()
+    box = _LeaseBox()
+    deliver = _worker_deliver(bus, None, box, "w", "c")
+    lease = Branch(group_id="g", lease_id="g.0", indices=[0], items=["x"])
+    deliver(Delivery(1, "c", "w", lease))
+    deliver(Delivery(2, "c", "w", Stop(reason="done")))
+    assert box.next() is lease and box.next() is None and box.stop
+    assert bus.stats.unroutable == 0           # kept for the worker, not dropped
+    ref = GroupWorker.start(bus, "w", None, "c", lambda name, exc: None, box)
+    assert ref.actor_stopped.wait(WAIT), "a worker whose Stop came early did not stop"
+    assert box.ref is ref
+
+
 def test_cancellation_is_not_swallowed_by_except_exception():
     go = threading.Event()
 
