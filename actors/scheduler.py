@@ -46,6 +46,8 @@ Out = tuple[str, Message]
 class _Worker:
     name: str
     slots: int
+    #: Leases it may hold: ``slots`` running plus those queued behind them (prefetch).
+    capacity: int = 0
     running: set[str] = field(default_factory=set)
 
 
@@ -108,8 +110,9 @@ class Scheduler:
         # Settlements not yet reported to the Planner (see _report).
         self.unreported: list[Settled] = []
         self.report_each = False
-        self.running = 0
-        self.peak_running = 0
+        self.running = 0      # leases held by workers (running or queued behind)
+        self.active = 0       # leases running: sum over workers of min(held, slots)
+        self.peak_running = 0  # the most leases running at once (<= max_concurrency)
         self.duplicates_dropped = 0
         self.shut = False
 
@@ -190,7 +193,7 @@ class Scheduler:
                           + waiting[split:])
         self.holder.clear()
         self.workers.clear()
-        self.running = 0
+        self.running = self.active = 0
         return order
 
     # -- inputs -------------------------------------------------------------------------
@@ -198,7 +201,9 @@ class Scheduler:
     def _on_hello(self, msg: Hello) -> list[Out]:
         out: list[Out] = []
         if msg.worker not in self.workers:
-            self.workers[msg.worker] = _Worker(msg.worker, max(1, msg.slots))
+            slots = max(1, msg.slots)
+            queued = max(0, msg.prefetch) if self.asynchronous else 0
+            self.workers[msg.worker] = _Worker(msg.worker, slots, slots + queued)
         if self.head is not None:
             out.append((msg.worker, self.head))
             self.worker_version[msg.worker] = self.head.version
@@ -283,7 +288,7 @@ class Scheduler:
         self._seen_done(msg)  # issue 6: evidence of life; a re-queued copy is withdrawn
         holder = self.holder.pop(msg.lease_id, None)
         if holder is not None and holder in self.workers:
-            self.workers[holder].running.discard(msg.lease_id)
+            self._release(self.workers[holder], msg.lease_id)
             self.running -= 1
         del self.leases[msg.lease_id]
         if lease.kind == "eval":
@@ -368,22 +373,32 @@ class Scheduler:
 
     def _dispatch(self) -> list[Out]:
         out: list[Out] = []
-        if self.shut or (not self.queue and not self.asynchronous) \
-                or self.running >= self.max_concurrency:
-            return out  # nothing waits and nothing to ask, or no lease may start now
+        if self.shut or (not self.queue and not self.asynchronous):
+            return out  # nothing waits and nothing to ask
         workers, queue = self.workers, self.queue
         order = list(workers)
-        # issue 6: the free list is built once per call (only when work waits) and kept
-        # up to date below; rebuilding it per lease cost O(workers) each time (~30 ms to
-        # dispatch a round to 256 remote workers).
-        free = [w for w in order if len(workers[w].running) < workers[w].slots] \
+        # issue 6: the free lists are built once per call (only when work waits) and kept
+        # up to date below; rebuilding them per lease cost O(workers) each time (~30 ms
+        # to dispatch a round to 256 remote workers). ``idle``: a slot is free, the lease
+        # starts at once (while fewer than max_concurrency run). ``spare``: every slot
+        # runs, but the worker can queue a rollout lease behind them (async prefetch: it
+        # starts the moment a slot frees, with no round trip through the bus); evals
+        # never queue behind rollouts, a merge waits on them.
+        idle = [w for w in order if len(workers[w].running) < workers[w].slots] \
             if queue else []
-        free_set = set(free)
-        while queue and self.running < self.max_concurrency:
-            if not free:
-                break
+        idle_set = set(idle)
+        spare = [w for w in order if workers[w].slots <= len(workers[w].running)
+                 < workers[w].capacity] if queue and self.asynchronous else []
+        spare_set = set(spare)
+        while queue:
             lease = queue[0]
             rollout = lease.kind == "rollout"
+            if idle and self.active < self.max_concurrency:
+                free, free_set = idle, idle_set
+            elif spare and rollout:
+                free, free_set = spare, spare_set
+            else:
+                break  # no lease may start or queue now
             if rollout and self.asynchronous and self.unmerged > self.backlog_bound:
                 self.held_back += 1
                 break  # backpressure: the merger is behind; evals still jump the queue
@@ -392,14 +407,23 @@ class Scheduler:
             preferred = order[lease.unit % len(order)] if rollout else None
             name = preferred if preferred in free_set else free[0]
             worker = workers[name]
+            if free is idle:
+                self.active += 1
+                if self.active > self.peak_running:
+                    self.peak_running = self.active
             worker.running.add(lease.lease_id)
-            if len(worker.running) >= worker.slots:  # issue 6
-                free.remove(name)
-                free_set.discard(name)
+            held = len(worker.running)
+            if free is idle and held >= worker.slots:  # issue 6
+                idle.remove(name)
+                idle_set.discard(name)
+                if held < worker.capacity:
+                    spare.append(name)
+                    spare_set.add(name)
+            elif free is spare and held >= worker.capacity:
+                spare.remove(name)
+                spare_set.discard(name)
             self.holder[lease.lease_id] = name
             self.running += 1
-            if self.running > self.peak_running:
-                self.peak_running = self.running
             if self.head is not None and rollout:
                 known = self.worker_version.get(name, 0)
                 if self.asynchronous and self.head.version - known > self.async_ratio:
@@ -409,14 +433,28 @@ class Scheduler:
                     lease, version=self.worker_version.get(name, self.head.version))
             out.append((name, lease))
         if (self.asynchronous and not self.queue and not self.asked and not self.draining
-                and not self.shut and self.running < self.max_concurrency
-                and any(len(w.running) < w.slots for w in self.workers.values())):
+                and not self.shut and self._room()):
             self.asked = True
             out += self._report()  # what settled, before the Planner plans the next wave
             out.append((PLANNER, NeedWork()))
         elif self.asynchronous and self.unreported and not self.running:
             out += self._report()  # nothing left running: nothing else would report them
         return out
+
+    def _room(self) -> bool:
+        """Could a rollout lease be handed out now (to start, or to queue at a worker)?"""
+        if self.active < self.max_concurrency and any(
+                len(w.running) < w.slots for w in self.workers.values()):
+            return True
+        return any(w.slots <= len(w.running) < w.capacity for w in self.workers.values())
+
+    def _release(self, worker: _Worker, lease_id: str) -> None:
+        """``lease_id`` leaves ``worker`` (answered, or taken back): one lease fewer runs
+        if the worker held no more than its slots (else a queued one starts instead)."""
+        if lease_id in worker.running:
+            worker.running.discard(lease_id)
+            if len(worker.running) < worker.slots:
+                self.active -= 1
 
     # -- issue 6: liveness (remote and process workers) -----------------------------------
 
@@ -431,7 +469,10 @@ class Scheduler:
         known = self.workers.get(msg.worker)
         if known is None:
             return []
+        self.active -= min(len(known.running), known.slots)
+        known.capacity += max(1, msg.slots) - known.slots
         known.slots = max(1, msg.slots)
+        self.active += min(len(known.running), known.slots)
         # The connection dropped: leases it does not list were lost on the way.
         gone = sorted(known.running - set(msg.leases))
         return self._requeue(known, gone, lost=False)
@@ -481,7 +522,7 @@ class Scheduler:
         out: list[Out] = []
         back: list[Lease] = []
         for lease_id in lease_ids:
-            worker.running.discard(lease_id)
+            self._release(worker, lease_id)
             if self.holder.get(lease_id) == worker.name:
                 del self.holder[lease_id]
                 self.running -= 1

@@ -110,7 +110,10 @@ class WorkerActor(_FastInbox, pykka.ThreadingActor):
         first lease must find the worker's name routed (see ControlActor.spawn)."""
         ref = cls.start(bus, core, on_crash, slots)
         bus.attach(core.name, teller(bus, ref))
-        bus.send(core.name, SCHEDULER, Hello(worker=core.name, slots=slots))
+        # Its inbox queues leases in arrival order, so it can hold one more than it runs:
+        # the next lease is there when the current one ends (the Scheduler uses that in
+        # async mode, where it saves a round trip through the bus per lease).
+        bus.send(core.name, SCHEDULER, Hello(worker=core.name, slots=slots, prefetch=1))
         return ref
 
     def on_start(self) -> None:

@@ -261,6 +261,9 @@ class Hello(Msg, frozen=True):
     # presumed lost), and the leases it still holds when it registers again.
     heartbeat: float = 0.0
     leases: list[str] = []
+    # Leases this worker can hold queued behind the ``slots`` it runs (it starts them in
+    # arrival order); the Scheduler uses them in async mode only.
+    prefetch: int = 0
 
 
 class Heartbeat(Msg, frozen=True):

@@ -202,6 +202,63 @@ def test_the_scheduler_asks_for_work_holds_back_under_backpressure_and_drains():
     assert (MERGER, Flush(cancelled=1)) in out
 
 
+def test_an_async_worker_queues_one_rollout_lease_behind_the_one_it_runs():
+    # max_concurrency counts leases running: a lease queued behind a running one (the
+    # worker's prefetch) is not one more running, and it starts when that one ends.
+    s = Scheduler(max_concurrency=1, asynchronous=True, n_workers=2)
+    s.handle(Hello(worker="w0", prefetch=1))
+    s.handle(Hello(worker="w1", prefetch=1))
+    leases = [Lease(lease_id=f"w0.u{i}", round=0, unit=0, task_ids=[f"t{i}"]) for i in range(3)]
+    out = s.handle(LeaseBatch(round=0, leases=leases))
+    # w1 is idle but one lease runs already: the second queues at w0, the third waits
+    assert [(to, m.lease_id) for to, m in out if isinstance(m, Lease)] == [
+        ("w0", "w0.u0"), ("w0", "w0.u1")]
+    assert (s.active, s.running, s.peak_running) == (1, 2, 1)
+    out = s.handle(LeaseDone(lease_id="w0.u0", worker="w0", round=0, results=[]))
+    assert [(to, m.lease_id) for to, m in out if isinstance(m, Lease)] == [("w0", "w0.u2")]
+    assert (s.active, s.running, s.peak_running) == (1, 2, 1)
+    # an eval never queues behind a rollout: it waits for a free slot
+    out = s.handle(EvalRequest(eval_id="e1", state={}, task_ids=["h"]))
+    assert not any(isinstance(m, Lease) for _, m in out)
+    out = s.handle(LeaseDone(lease_id="w0.u1", worker="w0", round=0, results=[]))
+    assert not any(isinstance(m, Lease) for _, m in out)   # w0.u2 runs now: still 1
+    out = s.handle(LeaseDone(lease_id="w0.u2", worker="w0", round=0, results=[]))
+    assert [m.kind for _, m in out if isinstance(m, Lease)] == ["eval"]
+
+
+def test_prefetch_is_for_async_mode_only_and_room_to_queue_asks_for_work():
+    sync = Scheduler(max_concurrency=4)
+    sync.handle(Hello(worker="w0", prefetch=1))
+    out = sync.handle(LeaseBatch(round=0, leases=[Lease(lease_id=f"r0.u{i}", round=0,
+                                                        task_ids=["t"]) for i in range(2)]))
+    assert len([m for _, m in out if isinstance(m, Lease)]) == 1
+    s = Scheduler(max_concurrency=4, asynchronous=True, n_workers=1)
+    s.handle(Hello(worker="w0", prefetch=1))
+    out = s.handle(LeaseBatch(round=0, leases=[Lease(lease_id="w0.u0", round=0,
+                                                     task_ids=["t"])]))
+    # the lease runs; the worker can still queue one, so the next wave is asked for now
+    assert [type(m).__name__ for _, m in out] == ["Lease", "NeedWork"]
+
+
+def test_async_evolve_never_runs_more_rollouts_at_once_than_max_concurrency():
+    import threading
+
+    lock, now, most = threading.Lock(), [0], [0]
+
+    def run(rendered, task):
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        try:
+            return router.run(rendered, task)
+        finally:
+            with lock:
+                now[0] -= 1
+
+    result = run_async(run=run, n_workers=4, max_concurrency=2, max_rollouts=400)
+    assert result.bus["peak_running"] <= 2 and most[0] <= 2
+
+
 def test_the_scheduler_refreshes_a_worker_whose_snapshot_lags_past_the_budget():
     s = Scheduler(max_concurrency=1, asynchronous=True, async_ratio=2, n_workers=1)
     s.handle(Hello(worker="w0"))
