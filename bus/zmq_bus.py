@@ -28,12 +28,11 @@ import msgspec
 import zmq
 
 from bus.base import MAX_FRAME_BYTES, BusStats, Deliver, Delivery, RunClock
+from bus.frames import batch as _batch
 from bus.frames import delivery as _delivery
 from bus.frames import envelope as _envelope
-from bus.frames import batch as _batch
 from bus.frames import open_batch as _open_batch
 from bus.frames import open_envelope as _open
-
 from protocol import Codec, Message
 
 log = logging.getLogger(__name__)
@@ -276,7 +275,6 @@ class Broker:
                 self.stats.reject("intake", f"malformed envelope ({len(one)} bytes)")
                 continue
             self._check_and_forward(codec, *opened)
-
 
     def _check_and_forward(self, codec: Codec, sender: bytes, receiver: bytes,
                            body: bytes) -> None:

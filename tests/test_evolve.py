@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from actors import ConfigError, KeyedRules, SingleSlot, AppendRules, Task, evolve
+from actors import AppendRules, ConfigError, SingleSlot, Task, evolve
 from bus.log import read_log
 from protocol import decode
 from scenarios import router

@@ -10,8 +10,8 @@ from actors.parallel import DataParallel
 from actors.planner import Planner, split_tasks
 from actors.scheduler import Scheduler
 from protocol import (Barrier, Baseline, Commit, Diff, EvalDone, EvalRequest, Finish, Hello,
-                      Lease, LeaseBatch, LeaseDone, Open, Progress, RolloutResult, RoundClosed,
-                      RunDone, Settled, SettledBatch, Shutdown, Start, Stop)
+                      Lease, LeaseBatch, LeaseDone, Open, RolloutResult, RoundClosed,
+                      RunDone, Settled, SettledBatch, Shutdown, Start)
 
 IDS = [f"t{i}" for i in range(10)]
 
