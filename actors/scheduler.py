@@ -3,8 +3,9 @@ registrations and credits, and the round barrier. A pure state machine.
 
 - Rollout leases come from the Planner in batches; eval leases are cut from the
   Merger's ``EvalRequest`` (held-out scoring is work done by workers too) and go first.
-- Never more than ``max_concurrency`` leases run at once, and a worker holds at most
-  ``slots`` leases.
+- Never more than ``max_concurrency`` leases run at once, and a worker runs at most
+  ``slots`` leases (in async mode it may hold its ``Hello.prefetch`` more, queued
+  behind them: rollout leases only, never evals).
 - ``Barrier(r)`` goes to the Merger once every lease of round r is settled, after the
   results themselves (one sender, FIFO: the Merger always sees results first).
 - A late answer for a lease already answered is dropped and counted.
@@ -14,12 +15,13 @@ registrations and credits, and the round barrier. A pure state machine.
   ``report_each`` asks for a ``Settled`` per lease (a budget checked per lease).
 
 Asynchronous mode (``asynchronous=True``) has no barrier: when the queue runs dry and a
-worker is free the Planner is asked for a wave (``NeedWork``); a worker is sent the head
+worker has room (a free slot, or room to queue a lease) the Planner is asked for a wave
+(``NeedWork``); a worker is sent the head
 before a lease once the head is more than ``async_ratio`` versions ahead of its
 snapshot (the lag budget); rollout leases are held back while more than
 ``async_ratio * n_workers`` proposals wait unmerged (backpressure), and the
-worker-seconds spent starved that way are counted; ``Drain`` cancels what has not
-started and, once the running leases settle, asks the Merger to ``Flush``.
+worker-seconds spent starved that way are counted; ``Drain`` cancels what no worker
+holds yet and, once the leases workers hold settle, asks the Merger to ``Flush``.
 """
 
 from __future__ import annotations
