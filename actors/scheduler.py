@@ -467,6 +467,8 @@ class Scheduler:
         self.last_seen[msg.worker] = self.elapsed
         back = self.lost.pop(msg.worker, None)
         if back is not None:
+            log.warning("scheduler: worker %s is back after being presumed lost (it "
+                        "registered again); its old leases were re-dispatched", msg.worker)
             return []  # _on_hello takes it back with an empty lease set
         known = self.workers.get(msg.worker)
         if known is None:

@@ -193,8 +193,20 @@ def record_group() -> None:
     print(f"{path.name}: {pauses} pause(s), then {out.status} with {len(out.results)} results")
 
 
-def record_redispatch() -> None:
-    """Process workers, one stopped past its deadline mid-lease, then continued."""
+def record_redispatch(attempts: int = 5) -> None:
+    """Process workers, one stopped past its deadline mid-lease, then continued. The
+    continued worker races the end of the run (the other worker finishes the round at
+    once): an attempt whose run ended before the worker was back is made again."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return _record_redispatch_once()
+        except SystemExit as exc:
+            if attempt == attempts:
+                raise
+            print(f"{exc} (attempt {attempt} of {attempts}; again)")
+
+
+def _record_redispatch_once() -> None:
     import logging
     import os
     import signal
