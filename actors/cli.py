@@ -156,9 +156,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return scenario
     parts = []
     if scenario.domain is not None:
+        parallel = type(scenario.parallel).__name__[:-4]
+        per_worker = getattr(scenario.parallel, "per_worker", None)
+        if per_worker is not None:
+            parallel += f"(per_worker={per_worker})"
         parts = [scenario.mode] + ([f"{scenario.rounds} rounds"] if scenario.mode == "sync"
-                                   else []) + [type(scenario.strategy).__name__[:-4],
-                                               type(scenario.parallel).__name__[:-4]]
+                                   else []) + [type(scenario.strategy).__name__[:-4], parallel]
     if scenario.groups:
         names = ", ".join(g.name for g in scenario.groups)
         parts.append(f"{len(scenario.groups)} parallel group"

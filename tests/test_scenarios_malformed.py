@@ -166,6 +166,15 @@ def test_a_good_scenario_validates(root, capsys):
     assert ": ok (" in capsys.readouterr().out
 
 
+def test_validate_names_the_minibatch_round(root, tmp_path, capsys):
+    text = (root / "scenarios" / "router.toml").read_text()
+    path = tmp_path / "mini.toml"
+    path.write_text(text.replace('kind = "DataParallel"\n',
+                                 'kind = "DataParallel"\nper_worker = 1\n'))
+    assert main(["validate", str(path)]) == 0
+    assert "KeyedRules, DataParallel(per_worker=1))" in capsys.readouterr().out
+
+
 def test_a_reference_whose_call_fails_is_one_line_at_run_time(tmp_path, capsys):
     # The schema and the imports are fine; calling tasks() with an argument is not.
     path = tmp_path / "bad-call.toml"
