@@ -353,10 +353,21 @@ class Collector:
             return out
         start = self.start
         popleft = self.queue.popleft
-        while self.queue:
-            worker = self._pick_worker()
-            if worker is None:
+        # The worker with the fewest leases out, the first in pool order among them (an
+        # idle one first); counted once here, then kept up to date as leases go out
+        # (the pool does not change in this loop).
+        pool = self.pool
+        counts = [len(self.by_worker[w]) for w in pool]
+        # Queue leases behind running ones only once every planned worker is ready:
+        # the first workers up must not hoard what the next ones would start at once.
+        cap = self.slots if len(pool) == len(self.planned) else 1
+        while self.queue and counts:
+            fewest = min(counts)
+            if fewest >= cap:
                 break
+            j = counts.index(fewest)
+            counts[j] += 1
+            worker = pool[j]
             queued = len(self.queue)
             if start.chunk > 0:
                 k = start.chunk
@@ -392,19 +403,6 @@ class Collector:
             out.append((worker, Branch(group_id=self.gid, lease_id=lease_id, indices=indices,
                                        items=items, journals=journals)))
         return out + self._rebalance() + self._release()
-
-    def _pick_worker(self) -> str | None:
-        """The worker with the fewest leases out (an idle one first), if any has a slot."""
-        # Queue leases behind running ones only once every planned worker is ready:
-        # the first workers up must not hoard what the next ones would start at once.
-        cap = self.slots if len(self.pool) == len(self.planned) else 1
-        if not self.pool:
-            return None
-        # The first worker in pool order with the fewest leases (loops in C: this runs
-        # once per lease, over every worker).
-        counts = list(map(len, map(self.by_worker.__getitem__, self.pool)))
-        fewest = min(counts)
-        return self.pool[counts.index(fewest)] if fewest < cap else None
 
     def _rebalance(self) -> list[Out]:
         """Nothing left to lease, yet a worker is idle while another holds a lease queued
