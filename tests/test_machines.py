@@ -261,8 +261,8 @@ def d(author: str, **ops) -> Diff:
     return Diff(f"{author}:{sorted(ops)}", author, 0, dict(ops))
 
 
-def opened_merger(score: float = 0.2, sections=None) -> Merger:
-    m = Merger()
+def opened_merger(score: float = 0.2, sections=None, **options) -> Merger:
+    m = Merger(**options)
     out = m.handle(Open(heldout_ids=["h1", "h2"], sections=sections))
     assert kinds(out) == [(SCHEDULER, "EvalRequest")]
     out = m.handle(EvalDone(eval_id=out[0][1].eval_id, score=score))
@@ -320,6 +320,33 @@ def test_a_conflict_is_resolved_by_held_out_score():
     commit = out[0][1]
     assert commit.state == {"k": "strong"}
     assert out[1][1].outcomes == {"conflict": 1, "committed": 1}
+
+
+def test_the_score_cache_keeps_the_states_used_last_and_scores_a_dropped_one_again():
+    m = opened_merger(0.9, cache_states=3)
+    asked: list[dict] = []
+
+    def scorer(state):
+        asked.append(dict(state))
+        return 0.1   # never beats the head: nothing commits, every round scores anew
+
+    heldout = m.cache[("h1", "h2")]
+    for r in range(6):   # each round: a conflict between two new values of k
+        proposals(m, r, d("a", k=f"x{r}"), d("b", k=f"y{r}"))
+        answer(m, m.handle(Barrier(round=r)), scorer)
+        assert len(heldout) <= 3, (r, len(heldout))
+    assert frozenset({("k", "y5")}) in heldout and frozenset({("k", "x0")}) not in heldout
+    # Met again: a state still cached is answered from it, a dropped one is scored again.
+    asked.clear()
+    proposals(m, 6, d("a", k="y5"), d("b", k="x0"))
+    answer(m, m.handle(Barrier(round=6)), scorer)
+    assert asked == [{"k": "x0"}]
+
+
+def test_cache_states_is_a_positive_integer():
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="cache_states"):
+            Merger(cache_states=bad)
 
 
 def test_the_first_proposer_wins_an_exact_tie_between_conflicting_diffs():
