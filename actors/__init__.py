@@ -7,7 +7,7 @@ from actors.parallel import (ClusterParallel, DataParallel, ParallelConfigError,
                              StageRecord, TensorParallel, TensorParallelMerge,
                              assign_key_sections, section_of, shard_round_robin)
 from actors.groups import (BranchCancelled, BranchContext, BudgetExhausted, Budgets,
-                           GroupFailed, GroupOutcome, GroupPaused, HostLimits,
+                           GroupFailed, GroupOutcome, GroupPaused, GroupProgress, HostLimits,
                            ResumeRefused, Store, parallel, resume_group, run_group)
 from actors.runtime import EvolveResult, Runtime, evolve
 from actors.sampling import DifficultyWeighted, RoundRobin, TaskSampler
@@ -20,5 +20,5 @@ __all__ = ["AppendRules", "ArtifactStrategy", "ClusterParallel", "ConfigError", 
            "Task", "TaskSampler", "TensorParallel", "TensorParallelMerge", "WorkUnit",
            "assign_key_sections", "evolve", "section_of", "shard_round_robin",
            "BranchCancelled", "BranchContext", "BudgetExhausted", "Budgets", "GroupFailed",
-           "GroupOutcome", "GroupPaused", "HostLimits", "ResumeRefused", "Store", "parallel",
+           "GroupOutcome", "GroupPaused", "GroupProgress", "HostLimits", "ResumeRefused", "Store", "parallel",
            "resume_group", "run_group"]

@@ -90,13 +90,22 @@ def cmd_resume(args: argparse.Namespace, previous=None) -> int:
         user_inputs, approvals = _read_answers(args.answers, ckpt)
     except ValueError as exc:
         return _err(f"{args.answers}: {exc}")
+    quiet, json_out = getattr(args, "quiet", False), getattr(args, "json", False)
     try:
-        outcome = resume_group(path, user_inputs=user_inputs, approvals=approvals,
-                               principal=args.principal)
+        with _progress(ckpt.group_id, quiet, json_out) as view:
+            outcome = resume_group(path, user_inputs=user_inputs, approvals=approvals,
+                                   principal=args.principal, on_progress=view)
     except ConfigError as exc:
         return _err(str(exc))
-    return _report(outcome, name=ckpt.group_id, quiet=getattr(args, "quiet", False),
-                   json_out=getattr(args, "json", False))
+    return _report(outcome, name=ckpt.group_id, quiet=quiet, json_out=json_out)
+
+
+def _progress(name: str, quiet: bool, json_out: bool):
+    """A group's live progress: on stderr when stdout carries the JSON summary."""
+    from actors.progress import GroupProgressView
+
+    return GroupProgressView(name, stream=sys.stderr if json_out else sys.stdout,
+                             quiet=quiet)
 
 
 def _read_answers(path: str, ckpt) -> tuple[dict[str, Any], dict[str, bool]]:
@@ -145,6 +154,10 @@ def _show(ckpt, path: str) -> None:
         print(f"  approvers: {', '.join(ckpt.approvers)}")
 
 
+#: A completed group's report lists this many results (``--json`` gives them all).
+SHOW_RESULTS = 20
+
+
 def _report(outcome, *, name: str, quiet: bool, json_out: bool) -> int:
     if json_out:
         print(json.dumps({
@@ -164,8 +177,12 @@ def _report(outcome, *, name: str, quiet: bool, json_out: bool) -> int:
         if not quiet and not json_out:
             print(f"group {name}: completed, {len(outcome.results)} results "
                   f"({outcome.stats.get('elapsed', 0):.3f} s, {len(outcome.effects)} effects)")
-            for r in outcome.results:
+            shown = outcome.results[:SHOW_RESULTS]
+            for r in shown:
                 print(f"  {json.dumps(r, default=str)}")
+            if len(outcome.results) > len(shown):
+                print(f"  ... {len(outcome.results) - len(shown):,} more (--json prints every "
+                      "result)")
             if outcome.store:
                 print(f"  store: {json.dumps(outcome.store, default=str, sort_keys=True)}")
         return 0
@@ -234,8 +251,11 @@ def run_groups(scenario, source: str, *, quiet: bool = False, json_out: bool = F
                 ".evolog") else log_path[:-len(".evolog")] + f".{spec.name}.evolog"
         try:
             items = _items_of(spec, where)
-            outcome = run_group(_target_of(spec), items, max_concurrency=spec.max_concurrency,
-                                max_items=spec.max_items, checkpoint=checkpoint, **options)
+            with _progress(spec.name, quiet, json_out) as view:
+                outcome = run_group(_target_of(spec), items,
+                                    max_concurrency=spec.max_concurrency,
+                                    max_items=spec.max_items, checkpoint=checkpoint,
+                                    on_progress=view, **options)
         except ConfigError as exc:
             code = _err(f"{source}: at `{where}` ({spec.name}): {exc}")
         else:

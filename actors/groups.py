@@ -49,14 +49,16 @@ log = logging.getLogger(__name__)
 
 __all__ = ["BranchCancelled", "BranchContext", "BranchError", "BudgetExhausted", "Budgets",
            "Consumed", "GroupCheckpoint", "GroupError", "GroupFailed", "GroupOutcome",
-           "GroupPaused", "HostLimitExceeded", "HostLimits", "ResumeRefused", "Store",
-           "load_checkpoint", "parallel", "resume_group", "run_group"]
+           "GroupPaused", "GroupProgress", "HostLimitExceeded", "HostLimits", "ResumeRefused",
+           "Store", "load_checkpoint", "parallel", "resume_group", "run_group"]
 
 #: How often the driver sends the Collector the time (seconds budget, cancel deadline).
 TICK_S = 0.05
 #: Guided leases are kept at least this long (by measured branch time) once the queue
 #: runs low: a lease shorter than a bus round trip leaves its worker idle after it.
 MIN_LEASE_S = 0.01
+#: How often ``on_progress`` hears how far a running group has got.
+PROGRESS_S = 1.0
 #: How long a group waits, by default, for its cancelled branches to stop.
 CANCEL_DEADLINE_S = 5.0
 #: How long starting the group's actors may take.
@@ -625,6 +627,7 @@ class _LeaseBox:
         self.queued: dict[str, Branch] = {}
         self.ref: pykka.ActorRef | None = None
         self.stop = False          # a Stop came before the worker's thread ran
+        self.finished = 0          # branches run to a value (written by the worker only)
 
     def put(self, lease: Branch) -> None:
         with self.lock:
@@ -776,6 +779,7 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
         _ambient.host = host
         fast = host.fast
         parent = host.parent
+        box = self.box
         starts = 0
 
         def answer(**kw) -> None:
@@ -834,6 +838,7 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
                         effects += ctx._effects
                     done.append(index)
                     values.append(value)
+                    box.finished += 1
                 finally:
                     if live:
                         _ambient.slots = ()
@@ -887,6 +892,25 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
 
 
 # -- the outcome, the checkpoint ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupProgress:
+    """What ``on_progress`` receives: about once a second while a group runs
+    (``PROGRESS_S``), and once more when it has ended (``done``), on the caller's thread.
+
+    ``total``: the group's items; ``finished``: branches that returned a value, those a
+    resumed group had finished before (``finished_before``) included; ``failed``:
+    branches that raised (the group stops at the first); ``elapsed``: seconds since this
+    call started."""
+
+    group_id: str
+    total: int
+    finished: int
+    failed: int
+    elapsed: float
+    done: bool = False
+    finished_before: int = 0
 
 
 @dataclass
@@ -1027,6 +1051,7 @@ _OPTIONS = {
     "allow": "module prefixes a target named by import path may come from",
     "trace": "True: record the start/error/cancel/hold decisions in outcome.trace",
     "pass_ctx": "True/False: pass ctx as the second argument (default: from the signature)",
+    "on_progress": "a callable given a GroupProgress about once a second and at the end",
 }
 _RESUME_ONLY = {"principal": "the resumer's name, checked against the group's approvers"}
 _FIXED_AT_START = ("budgets", "store", "approvers")
@@ -1181,6 +1206,10 @@ def _execute(plan: _Plan) -> GroupOutcome:
     prefetch = opts.get("prefetch", 1)
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
         raise ConfigError(f"prefetch must be an integer >= 0, got {prefetch!r}")
+    on_progress = opts.get("on_progress")
+    if on_progress is not None and not callable(on_progress):
+        raise ConfigError(f"on_progress must be a callable taking a GroupProgress, got "
+                          f"{type(on_progress).__name__}")
     pass_ctx = opts.get("pass_ctx")
     wants_ctx = _wants_ctx(plan.fn) if pass_ctx is None else bool(pass_ctx)
     concurrency = plan.max_concurrency
@@ -1239,6 +1268,7 @@ def _execute(plan: _Plan) -> GroupOutcome:
     started: list[pykka.ActorRef] = []
     attached: list[str] = []
     phases: dict[str, float] = {}
+    progress: Callable[[bool], None] | None = None
     t0 = time.monotonic()
     try:
         # The driver attaches every name itself, one after the other from one socket (a
@@ -1271,8 +1301,19 @@ def _execute(plan: _Plan) -> GroupOutcome:
             started.append(runtime.start_actor(GroupWorker, bus, name, host, collector_name,
                                                on_crash, box))
         phases["start"] = time.monotonic() - t0
+        if on_progress is not None:
+            before = len(plan.resume.finished) if plan.resume is not None else 0
+
+            def report(done: bool) -> None:
+                on_progress(GroupProgress(
+                    group_id=gid, total=len(plan.items),
+                    finished=before + sum(box.finished for box in boxes),
+                    failed=len(host.errors), elapsed=round(time.monotonic() - t0, 3),
+                    done=done, finished_before=before))
+            progress = report
         result_msg, crash = _drive(runtime, inbox, host, driver_name, collector_name, gid, t0,
-                                   ticks=ledger.remaining_seconds() is not None)
+                                   ticks=ledger.remaining_seconds() is not None,
+                                   progress=progress)
         phases["run"] = time.monotonic() - t0 - phases["start"]
     except BaseException:
         host.cancel()   # Ctrl-C or a driver bug: branches see ctx.cancelled, then teardown
@@ -1308,6 +1349,8 @@ def _execute(plan: _Plan) -> GroupOutcome:
     outcome = _outcome(plan, host, ledger, store, result_msg, time.monotonic() - t0,
                        n_workers, concurrency, PACKAGE_VERSION)
     outcome.stats["phases"] = {k: round(v, 6) for k, v in phases.items()}
+    if progress is not None:
+        progress(True)
     return outcome
 
 
@@ -1333,14 +1376,16 @@ def _group_start(plan: _Plan, gid: str, driver: str, workers: list[str], concurr
 
 
 def _drive(runtime, inbox, host: _Host, driver: str, collector: str, gid: str, t0: float,
-           ticks: bool):
+           ticks: bool, progress: Callable[[bool], None] | None = None):
     """Wait for the group's end, sending the time as ``Tick`` and a parent's cancellation
-    as ``GroupCancel``. Every wait is bounded (one tick); a crashed actor ends it.
+    as ``GroupCancel``, and calling ``progress`` every ``PROGRESS_S``. Every wait is
+    bounded (one tick); a crashed actor ends it.
 
     The Collector needs the time only for a seconds budget and for the cancel deadline
     once the group is stopping, so ticks go out only then."""
     bus = runtime.bus
     next_tick = t0 + TICK_S
+    next_progress = t0 + PROGRESS_S
     cancel_sent = False
     while True:
         timeout = max(0.0, next_tick - time.monotonic())
@@ -1358,6 +1403,9 @@ def _drive(runtime, inbox, host: _Host, driver: str, collector: str, gid: str, t
                 host.cancel()
                 bus.send(driver, collector, GroupCancel(group_id=gid,
                                                         reason="the parent branch was cancelled"))
+            if progress is not None and now >= next_progress:
+                next_progress = now + PROGRESS_S
+                progress(False)
         if item is None:
             continue
         if isinstance(item, _Crash):
@@ -1435,8 +1483,9 @@ def run_group(target, items, *, max_concurrency: int, max_items: int,
     ``checkpoint``: where to write the checkpoint if the group pauses (default: a new
     temporary file, ``outcome.checkpoint``). ``options``: ``limits``, ``budgets``,
     ``store``, ``approvers``, ``cancel_deadline``, ``chunk``, ``bus``, ``log``,
-    ``runtime``, ``allow``, ``trace``, ``pass_ctx`` (docs/groups.md). Called inside a
-    branch, it runs as a nested group sharing the branch's limits, budgets and store."""
+    ``runtime``, ``allow``, ``trace``, ``pass_ctx``, ``on_progress`` (docs/groups.md).
+    Called inside a branch, it runs as a nested group sharing the branch's limits,
+    budgets and store."""
     _check_options(options, _OPTIONS, "run_group()")
     _check_bounds(max_concurrency, max_items)
     taken = _take_items(items, max_items)

@@ -14,6 +14,7 @@ record (``workers_alive``, ``calls``) are shown when present.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import sys
@@ -22,7 +23,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator, TextIO
 
-__all__ = ["RunProgress", "interrupt_guard", "outcome_text"]
+__all__ = ["GroupProgressView", "RunProgress", "interrupt_guard", "outcome_text"]
 
 
 def outcome_text(outcomes: dict[str, int], sep: str = ", ") -> str:
@@ -49,7 +50,35 @@ def _clock(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-class RunProgress:
+class _Lines:
+    """Plain lines to a stream that may be a terminal, a file or a pipe that closes."""
+
+    stream: TextIO
+    _closed_pipe = False
+
+    def _print(self, text: str) -> None:
+        if self._closed_pipe:
+            return
+        try:
+            print(text, file=self.stream, flush=True)
+        except BrokenPipeError:
+            # The reader went away (`evobus run ... | head`): the run goes on, silently;
+            # later writes (and the one at exit) go to /dev/null instead of failing.
+            self._closed_pipe = True
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self.stream.fileno())
+            except (OSError, ValueError, AttributeError):  # not a real file: nothing to do
+                pass
+
+    def _isatty(self) -> bool:
+        try:
+            return self.stream.isatty() and os.environ.get("TERM") != "dumb"
+        except (AttributeError, ValueError):  # a closed or odd stream: not a terminal
+            return False
+
+
+class RunProgress(_Lines):
     """Progress of one scenario run. Use as a context manager and pass it as
     ``on_progress``; then call :meth:`summary` with the result (or :meth:`interrupted`).
 
@@ -73,7 +102,6 @@ class RunProgress:
         self.best = None
         self.since_commit = 0
         self._lock = threading.Lock()
-        self._closed_pipe = False
         self._console = None
         self._live = None
         if quiet:
@@ -88,12 +116,6 @@ class RunProgress:
             else:
                 self._console = Console(file=self.stream, highlight=False)
         self.live = bool(live)
-
-    def _isatty(self) -> bool:
-        try:
-            return self.stream.isatty() and os.environ.get("TERM") != "dumb"
-        except (AttributeError, ValueError):  # a closed or odd stream: not a terminal
-            return False
 
     # -- the run ------------------------------------------------------------------------
 
@@ -142,21 +164,6 @@ class RunProgress:
             self._print(self._round_line(record))
 
     # -- lines ----------------------------------------------------------------------------
-
-    def _print(self, text: str) -> None:
-        if self._closed_pipe:
-            return
-        try:
-            print(text, file=self.stream, flush=True)
-        except BrokenPipeError:
-            # The reader went away (`evobus run ... | head`): the run goes on, silently;
-            # later writes (and the one at exit) go to /dev/null instead of failing.
-            self._closed_pipe = True
-            try:
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, self.stream.fileno())
-            except (OSError, ValueError, AttributeError):  # not a real file: nothing to do
-                pass
 
     def _workers_text(self) -> str:
         w = self.scenario.workers
@@ -324,6 +331,89 @@ class RunProgress:
             held = ""
         return (f"{what}; the log {log_path}{held} is closed. Resume the run with:\n"
                 f"    evobus resume {log_path}")
+
+
+#: How often a group's plain progress line is printed (seconds).
+GROUP_LINE_EVERY_S = 5.0
+
+
+class GroupProgressView(_Lines):
+    """How far a group run by ``evobus run`` (or resumed by ``evobus resume``) has got:
+    pass it as ``on_progress`` (it takes :class:`actors.groups.GroupProgress`) and use it
+    as a context manager.
+
+    On a terminal: a progress bar (rich) while the group runs, gone when it ends (the
+    group's report follows). Elsewhere: a plain line every ``every`` seconds (default
+    ``GROUP_LINE_EVERY_S``). A group that ends within a second shows neither:
+    ``on_progress`` is first called after one. ``quiet`` shows nothing."""
+
+    def __init__(self, name: str, *, stream: TextIO | None = None, quiet: bool = False,
+                 live: bool | None = None, every: float | None = None) -> None:
+        self.name = name
+        self.stream = stream if stream is not None else sys.stdout
+        self.quiet = quiet
+        self.every = GROUP_LINE_EVERY_S if every is None else every
+        self._last_line = 0.0
+        self._bar = None
+        self._task = None
+        if quiet:
+            live = False
+        if live is None:
+            live = self._isatty()
+        if live and importlib.util.find_spec("rich") is None:
+            live = False   # rich missing: plain lines are the fallback
+        self.live = bool(live)
+
+    def __enter__(self) -> "GroupProgressView":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def __call__(self, p: Any) -> None:
+        if self.quiet:
+            return
+        if p.done:
+            self.stop()
+            return
+        if self.live:
+            self._update_bar(p)
+        elif p.elapsed >= self._last_line + self.every:
+            self._last_line = p.elapsed
+            self._print(self.line(p))
+
+    def line(self, p: Any) -> str:
+        ended = p.finished + p.failed
+        new = p.finished - p.finished_before
+        rate = new / p.elapsed if p.elapsed > 0 else 0.0
+        left = ""
+        if rate > 0 and not p.failed:
+            left = f", ~{_clock((p.total - ended) / rate)} left"
+        failed = f", {p.failed} failed (stopping)" if p.failed else ""
+        return (f"group {self.name}: {p.finished:,}/{p.total:,} finished "
+                f"({_rate(new, p.elapsed)}){failed}, {_clock(p.elapsed)} elapsed{left}")
+
+    def _update_bar(self, p: Any) -> None:
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn, TimeRemainingColumn)
+
+        if self._bar is None:
+            self._bar = Progress(TextColumn(f"group {self.name}"), BarColumn(),
+                                 MofNCompleteColumn(), TextColumn("{task.fields[failed]}"),
+                                 TimeElapsedColumn(), TimeRemainingColumn(),
+                                 console=Console(file=self.stream, highlight=False),
+                                 transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("group", total=p.total,
+                                            completed=p.finished_before, failed="")
+        self._bar.update(self._task, completed=p.finished + p.failed,
+                         failed=f"{p.failed} failed" if p.failed else "")
 
 
 @contextmanager

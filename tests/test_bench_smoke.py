@@ -33,3 +33,15 @@ def test_a_missing_bench_module_is_a_row_not_a_crash():
 
     rows = run_section("nothing", "bench.no_such_module", "(9) nothing", quick=True)
     assert len(rows) == 1 and "not present" in rows[0].note
+
+
+def test_group_ab_compares_two_checkouts_in_alternating_processes(root, tmp_path, capsys):
+    from bench import group_ab
+
+    with pytest.raises(SystemExit, match="not a checkout of evobus"):
+        group_ab.main([str(tmp_path), str(root)])
+    effs = group_ab.main([str(root), str(root), "--rounds", "2", "--calls", "1"])
+    # One key per checkout (here the same one twice: one key), a call per round each.
+    assert list(effs) == [str(root)] and len(effs[str(root)]) == 4
+    assert all(0 < e < 1 for e in effs[str(root)])
+    assert "b - a:" in capsys.readouterr().out
