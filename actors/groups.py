@@ -864,6 +864,7 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
                         f"the bus ({exc}): return JSON-like values (None, bool, int, float, "
                         "str, bytes, lists, dicts with str keys) or msgspec Structs")
                     after = self.host.fail(bad, error)
+                    self.box.finished -= 1   # counted when it returned: it failed instead
                     rest = [(i, v) for i, v in zip(done, values) if i != bad]
                     done = [i for i, _ in rest]
                     values = [v for _, v in rest]

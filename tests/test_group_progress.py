@@ -175,3 +175,11 @@ def test_a_large_groups_report_lists_the_first_results_and_says_how_many_more(tm
     listed = [line for line in out.splitlines() if line.startswith('  "')]
     assert listed == [f'  "{i}"' for i in range(20)], out
     assert "  ... 5 more (--json prints every result)" in out
+
+
+def test_a_result_that_cannot_cross_the_bus_counts_as_failed_not_finished(fast_progress):
+    seen: list[GroupProgress] = []
+    outcome = run_group(lambda i: object() if i == 1 else i, [0, 1, 2], max_concurrency=1,
+                        max_items=3, chunk=1, on_progress=seen.append)
+    assert outcome.status == "failed"
+    assert (seen[-1].finished, seen[-1].failed) == (1, 1)
