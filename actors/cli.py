@@ -201,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--summary", action="store_true",
                    help="no message lines: a table of rounds (leases, rollouts, proposals, "
                         "commit, discards), totals of commits, re-dispatches and discards, "
-                        "and counts per type")
+                        "a table of parallel groups if the log holds any, and counts per "
+                        "type")
     i.add_argument("--limit", type=int, help="print at most this many lines")
     i.set_defaults(func=cmd_inspect)
     v = sub.add_parser("validate", help="check a scenario file against the schema")

@@ -1,6 +1,6 @@
 """CLI verbs over recorded logs: ``evobus replay LOG [LOG ...]``, ``evobus resume LOG``,
 and the table ``evobus inspect LOG --summary`` prints (rounds, commits, re-dispatches,
-discards). Plugged in through ``actors.cli.VERB_MODULES``."""
+discards; parallel groups). Plugged in through ``actors.cli.VERB_MODULES``."""
 
 from __future__ import annotations
 
@@ -160,6 +160,7 @@ class LogSummary:
         self.discards: Counter[str] = Counter()
         self.late_answers = 0
         self._answered: set[str] = set()
+        self.groups: dict[str, dict[str, Any]] = {}   # parallel groups (actors.report)
 
     def _round(self, r: int) -> dict[str, Any]:
         return self.rounds.setdefault(r, {"leases": 0, "rollouts": 0, "proposals": 0,
@@ -167,9 +168,14 @@ class LogSummary:
                                           "discards": Counter()})
 
     def add(self, sender: str, receiver: str, msg: Any) -> None:
+        from actors.report import _GROUP_KINDS, track_group
         from protocol import (Commit, Lease, LeaseBatch, LeaseDone, RoundClosed, Settled,
                               SettledBatch)
 
+        kind = type(msg).__name__
+        if kind in _GROUP_KINDS:
+            track_group(self.groups, kind, msg)
+            return
         match msg:
             case LeaseBatch(round=r, leases=leases) if sender == "planner":
                 self._round(r)["leases"] += len(leases)
@@ -210,18 +216,28 @@ def summarize(items: Iterable[tuple[Any, Any]]) -> LogSummary:
     return s
 
 
+def _columns(header: tuple[str, ...], rows: list[tuple]) -> list[str]:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths)).rstrip()]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    return lines
+
+
 def format_summary(s: LogSummary) -> str:
-    header = ("round", "leases", "rollouts", "proposals", "result", "version", "held-out",
-              "discards")
+    group_lines = _columns(
+        ("group", "items", "bound", "leases", "finished", "failed", "waiting", "status"),
+        [(gid, g["items"], g["bound"], g["leases"], g["finished"], g["failed"], g["waiting"],
+          g["status"]) for gid, g in s.groups.items()]) if s.groups else []
+    if s.groups and not s.rounds:   # a log of parallel groups alone
+        return "\n".join(group_lines)
     rows = []
     for r in sorted(s.rounds):
         row = s.rounds[r]
         discards = ", ".join(f"{k} {v}" for k, v in sorted(row["discards"].items())) or "-"
         rows.append((r, row["leases"], row["rollouts"], row["proposals"],
                      row["result"] or "open", row["version"], row["heldout"], discards))
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths)).rstrip()]
-    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines = _columns(("round", "leases", "rollouts", "proposals", "result", "version",
+                      "held-out", "discards"), rows)
     closed = sum(1 for row in s.rounds.values() if row["result"])
     total = sum(s.discards.values())
     by_reason = ", ".join(f"{k} {v}" for k, v in sorted(s.discards.items()))
@@ -230,4 +246,6 @@ def format_summary(s: LogSummary) -> str:
                  f"re-dispatches {s.redispatches}, discards {total}"
                  + (f" ({by_reason})" if by_reason else "")
                  + f", late answers {s.late_answers}")
+    if group_lines:
+        lines += [""] + group_lines
     return "\n".join(lines)

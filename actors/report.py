@@ -114,6 +114,28 @@ _TO_WORKER = ("Lease", "Branch")
 _LEASE_END = ("LeaseDone", "BranchDone", "BranchFailed")
 
 
+_GROUP_KINDS = ("GroupStart", "Branch", "GroupResult", "GroupSuspended")
+
+
+def track_group(groups: dict[str, dict[str, Any]], kind: str, msg: Any) -> None:
+    """Fold one of a parallel group's messages (``_GROUP_KINDS``) into ``groups``: per
+    group id, its items, bound, leases sent, and once it ended or paused its status,
+    finished, failed and waiting branches."""
+    g = groups.setdefault(msg.group_id, {"items": 0, "bound": 0, "leases": 0,
+                                         "status": "running", "finished": 0, "failed": 0,
+                                         "waiting": 0})
+    if kind == "GroupStart":
+        g["items"], g["bound"] = len(msg.items), msg.max_concurrency
+    elif kind == "Branch":
+        g["leases"] += 1
+    else:
+        g["status"] = msg.status
+        done = msg.finished or {}
+        g["finished"] = max(len(done), len(getattr(msg, "results", []) or []))
+        g["failed"] = len(getattr(msg, "failed", []) or [])
+        g["waiting"] = len(getattr(msg, "pending", []) or [])
+
+
 def analyse(path: str | Path) -> RunAnalysis:
     """Read a log and gather what the report shows. Raises OSError / LogCorrupt."""
     from bus.log import read_log
@@ -178,18 +200,8 @@ def analyse(path: str | Path) -> RunAnalysis:
             a.rounds.append(RoundRow(round=msg.round, t=rec.t, version=msg.version,
                                      committed=msg.committed, heldout=msg.heldout_reward,
                                      proposals=msg.proposals, outcomes=dict(msg.outcomes)))
-        elif kind == "GroupStart":
-            a.groups[msg.group_id] = {"items": len(msg.items), "bound": msg.max_concurrency,
-                                      "status": "running", "finished": 0, "failed": 0,
-                                      "waiting": 0}
-        elif kind in ("GroupResult", "GroupSuspended"):
-            g = a.groups.setdefault(msg.group_id, {"items": 0, "bound": 0, "status": "",
-                                                   "finished": 0, "failed": 0, "waiting": 0})
-            g["status"] = msg.status
-            done = msg.finished or {}
-            g["finished"] = max(len(done), len(getattr(msg, "results", []) or []))
-            g["failed"] = len(getattr(msg, "failed", []) or [])
-            g["waiting"] = len(getattr(msg, "pending", []) or [])
+        elif kind in _GROUP_KINDS:
+            track_group(a.groups, kind, msg)
         elif kind == "RunDone":
             a.stop_reason = msg.stop_reason
             a.final_reward = msg.final_reward

@@ -512,6 +512,21 @@ def test_cli_inspect_summary_respects_the_round_filter(capsys):
     assert rows == ["1"]
 
 
+def test_cli_inspect_summary_of_a_group_log_tabulates_its_groups(capsys):
+    assert cli_main(["inspect", str(LOGS / "group_suspended_resumed.evolog"),
+                     "--summary"]) == 0
+    out = capsys.readouterr().out
+    assert "round  leases" not in out   # no evolve run in this log: no rounds table
+    header, *rows = out.split("group ")[1].split("\n\n")[0].strip().splitlines()
+    assert header.split() == ["items", "bound", "leases", "finished", "failed", "waiting",
+                              "status"]
+    cells = [row.split() for row in rows]
+    assert cells and all(len(c) == 8 for c in cells), rows
+    statuses = {c[7] for c in cells}
+    assert statuses <= {"user_input_pending", "approval_pending", "completed"}, statuses
+    assert any(int(c[3]) > 0 for c in cells)   # leases counted
+
+
 def test_replaying_ignores_warnings_of_a_whole_log():
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -128,8 +128,9 @@ def test_a_parallel_group_log_shows_branches_and_waiting(group_log):
     a = analyse(group_log)
     assert a.workers == ["branch-worker.g.0", "branch-worker.g.1"]
     assert not a.evolves and a.complete
-    assert a.groups == {"g": {"items": 2, "bound": 2, "status": "approval_pending",
-                              "finished": 1, "failed": 0, "waiting": 1}}
+    assert a.groups == {"g": {"items": 2, "bound": 2, "leases": 2,
+                              "status": "approval_pending", "finished": 1, "failed": 0,
+                              "waiting": 1}}
     assert [(s.worker, s.kind, s.start, s.end) for s in a.spans] == [
         ("branch-worker.g.0", "branch", 1.0, 3.0), ("branch-worker.g.1", "branch", 1.0, 2.0),
         ("branch-worker.g.1", "waiting", 2.0, 4.0)]
