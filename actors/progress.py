@@ -77,6 +77,15 @@ class _Lines:
         except (AttributeError, ValueError):  # a closed or odd stream: not a terminal
             return False
 
+    def _want_live(self, live: bool | None, quiet: bool) -> bool:
+        """A live display: asked for, or (None) on a terminal; never with ``quiet``, and
+        never without rich installed (plain lines are the fallback)."""
+        if quiet:
+            return False
+        if live is None:
+            live = self._isatty()
+        return bool(live) and importlib.util.find_spec("rich") is not None
+
 
 class RunProgress(_Lines):
     """Progress of one scenario run. Use as a context manager and pass it as
@@ -104,18 +113,11 @@ class RunProgress(_Lines):
         self._lock = threading.Lock()
         self._console = None
         self._live = None
-        if quiet:
-            live = False
-        if live is None:
-            live = self._isatty()
-        if live:
-            try:
-                from rich.console import Console
-            except ImportError:  # rich missing: plain lines are the fallback
-                live = False
-            else:
-                self._console = Console(file=self.stream, highlight=False)
-        self.live = bool(live)
+        self.live = self._want_live(live, quiet)
+        if self.live:
+            from rich.console import Console
+
+            self._console = Console(file=self.stream, highlight=False)
 
     # -- the run ------------------------------------------------------------------------
 
@@ -356,13 +358,7 @@ class GroupProgressView(_Lines):
         self._last_line = 0.0
         self._bar = None
         self._task = None
-        if quiet:
-            live = False
-        if live is None:
-            live = self._isatty()
-        if live and importlib.util.find_spec("rich") is None:
-            live = False   # rich missing: plain lines are the fallback
-        self.live = bool(live)
+        self.live = self._want_live(live, quiet)
 
     def __enter__(self) -> "GroupProgressView":
         return self
