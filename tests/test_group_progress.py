@@ -131,6 +131,13 @@ def test_quiet_shows_nothing_and_the_live_bar_ends_with_the_group():
     assert live._bar is None
 
 
+def _group_scenario(path, name: str, target: str, n: int, bound: int) -> None:
+    """A scenario file with one group: ``target`` over the integers below ``n``."""
+    path.write_text(f'name = "{path.stem}"\nseed = 0\n\n[[groups]]\nname = "{name}"\n'
+                    f'target = "{target}"\nitems = {list(range(n))}\n'
+                    f'max_concurrency = {bound}\nmax_items = {n}\n')
+
+
 def test_evobus_run_prints_a_long_groups_progress_and_keeps_stdout_for_json(tmp_path,
                                                                              monkeypatch,
                                                                              capsys):
@@ -145,10 +152,7 @@ def test_evobus_run_prints_a_long_groups_progress_and_keeps_stdout_for_json(tmp_
         "import time\n\ndef nap(i):\n    time.sleep(0.01)\n    return i\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "slow.toml").write_text(
-        'name = "slow"\nseed = 0\n\n[[groups]]\nname = "naps"\ntarget = "slowmod:nap"\n'
-        'items = [' + ", ".join(str(i) for i in range(30)) + ']\nmax_concurrency = 1\n'
-        'max_items = 30\n')
+    _group_scenario(tmp_path / "slow.toml", "naps", "slowmod:nap", 30, 1)
     assert main(["run", "slow.toml"]) == 0
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("group naps: ")]
@@ -166,10 +170,7 @@ def test_a_large_groups_report_lists_the_first_results_and_says_how_many_more(tm
     from actors.cli import main
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "many.toml").write_text(
-        'name = "many"\nseed = 0\n\n[[groups]]\nname = "ids"\ntarget = "json:dumps"\n'
-        'items = [' + ", ".join(str(i) for i in range(25)) + ']\nmax_concurrency = 2\n'
-        'max_items = 25\n')
+    _group_scenario(tmp_path / "many.toml", "ids", "json:dumps", 25, 2)
     assert main(["run", "many.toml"]) == 0
     out = capsys.readouterr().out
     listed = [line for line in out.splitlines() if line.startswith('  "')]
