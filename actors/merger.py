@@ -198,6 +198,7 @@ class Merger:
         self.outcomes: dict[str, int] = {}
         # Scores: task ids -> state key -> score (the held-out table is looked up once).
         self.cache: dict[tuple[str, ...], dict[frozenset, float]] = {}
+        self._over_cap: list[dict[frozenset, float]] = []   # tables to trim (_trim_cache)
         self._heldout_of: list[str] | None = None
         self._heldout_scores: dict[frozenset, float] = {}
         # The cache key of head + ops, per ops key, for the current head only.
@@ -300,20 +301,25 @@ class Merger:
 
     def _trim_cache(self) -> None:
         """Drop the least recently used states of each task set's table beyond
-        ``cache_states``. Only between merges: a merge reads back the scores it asked for."""
+        ``cache_states``. Only between merges: a merge reads back the scores it asked for.
+        Only the tables that went over since the last trim are looked at (there is one
+        per evidence task in async mode)."""
         cap = self.cache_states
-        for scores in self.cache.values():
+        for scores in self._over_cap:
             excess = len(scores) - cap
-            if excess > 0:
+            if excess > 0:   # (a table listed twice is trimmed once)
                 for key in list(itertools.islice(scores, excess)):
                     del scores[key]
+        self._over_cap.clear()
 
     def _on_eval(self, msg: EvalDone) -> list[Out]:
         pending = self.by_eval.pop(msg.eval_id, None)
         if pending is None:
             return []
         tag, scores, key = pending
-        scores[key] = msg.score
+        scores[key] = msg.score   # the only place a table grows
+        if len(scores) > self.cache_states:
+            self._over_cap.append(scores)
         return self._scored(tag, msg.score)
 
     def _scored(self, tag: str, score: float) -> list[Out]:
