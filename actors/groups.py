@@ -1241,6 +1241,17 @@ def _execute(plan: _Plan) -> GroupOutcome:
 
     own_runtime = None
     runtime = opts.get("runtime")
+    if runtime is not None and not isinstance(runtime, Runtime):
+        raise ConfigError(f"runtime must be an actors.Runtime, got {type(runtime).__name__}")
+    ignored = [name for name in ("bus", "log") if opts.get(name) is not None]
+    if ignored and (runtime is not None or parent is not None):
+        on = ("on the runtime given as runtime=" if runtime is not None else
+              "inside a branch, on its parent's runtime (and in its parent's log)")
+        names = " and ".join(ignored)
+        raise ConfigError(f"{names} would be ignored: this group runs {on}; {names} "
+                          f"appl{'y' if len(ignored) > 1 else 'ies'} only to a group that "
+                          "starts its own runtime; remove "
+                          f"{'them' if len(ignored) > 1 else 'it'}")
     if runtime is None and parent is not None:
         runtime = parent.runtime
     if runtime is None:

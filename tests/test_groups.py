@@ -121,6 +121,43 @@ def test_unknown_options_are_refused_by_name():
         parallel(abs, [1], max_concurrency=1, max_items=1, max_workers=4)
 
 
+@pytest.mark.parametrize("bus", ["zmq", "memory"])
+def test_groups_run_on_a_given_runtime_and_leave_it_running(bus):
+    from actors import Runtime
+
+    with Runtime(bus=bus) as rt:
+        assert parallel(lambda x: x * 2, [1, 2, 3], max_concurrency=2, max_items=3,
+                        runtime=rt) == [2, 4, 6]
+        # The runtime goes on: a second group runs on it, and neither left actors behind.
+        assert parallel(lambda x: x * 3, [1, 2, 3], max_concurrency=2, max_items=3,
+                        runtime=rt) == [3, 6, 9]
+        assert not [ref for ref in rt.refs if ref.is_alive()]
+
+
+def test_bus_and_log_are_refused_where_they_would_be_ignored(tmp_path):
+    from actors import Runtime
+
+    with Runtime(bus="memory") as rt:
+        with pytest.raises(ConfigError, match="^bus would be ignored: this group runs on "
+                                              "the runtime given as runtime=.*remove it$"):
+            parallel(abs, [1], max_concurrency=1, max_items=1, runtime=rt, bus="zmq")
+        with pytest.raises(ConfigError, match="^bus and log would be ignored"):
+            parallel(abs, [1], max_concurrency=1, max_items=1, runtime=rt, bus="memory",
+                     log=str(tmp_path / "g.evolog"))
+    with pytest.raises(ConfigError, match="runtime must be an actors.Runtime, got str"):
+        parallel(abs, [1], max_concurrency=1, max_items=1, runtime="zmq")
+
+    def branch(i):   # a nested group runs on its parent's runtime, in its parent's log
+        return parallel(abs, [i], max_concurrency=1, max_items=1,
+                        log=str(tmp_path / "nested.evolog"))
+
+    with pytest.raises(GroupFailed) as info:
+        parallel(branch, [1], max_concurrency=1, max_items=1)
+    assert isinstance(info.value.error, ConfigError)
+    assert "inside a branch, on its parent's runtime" in str(info.value.error)
+    assert not (tmp_path / "g.evolog").exists() and not (tmp_path / "nested.evolog").exists()
+
+
 # -- concurrency, host limits ----------------------------------------------------------------
 
 
