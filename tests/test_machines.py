@@ -294,6 +294,21 @@ def test_conflict_groups_connect_diffs_that_disagree_on_a_key():
     assert free == [c] and groups == [[a, b, e]]
 
 
+def test_conflict_groups_connect_multi_key_diffs_through_any_shared_clash():
+    # a and b clash on k, b and c on j: one group [a, b, c] (in diff order) though a and
+    # c share no key; e agrees with a on k (no clash of its own) but writes k, so it is
+    # in the group too; f is free (its key m is written once).
+    a, b = d("a", k="1"), d("b", k="2", j="x")
+    c, e, f = d("c", j="y"), d("e", k="1", n="0"), d("f", m="1")
+    free, groups = conflict_groups([a, f, b, c, e])
+    assert free == [f] and groups == [[a, b, c, e]]
+    # Two separate clashes: two groups, in the order of their first diff.
+    g, h = d("g", p="1", q="1"), d("h", p="2")
+    i, j = d("i", r="1"), d("j", r="2", s="1")
+    free, groups = conflict_groups([i, g, j, h, f])
+    assert free == [f] and groups == [[i, j], [g, h]]
+
+
 def test_fused_candidate_that_beats_the_head_is_committed():
     m = opened_merger(0.2)
     proposals(m, 0, d("a", k="1"), d("b", j="2"))
