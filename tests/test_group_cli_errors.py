@@ -1,0 +1,100 @@
+"""`evobus run` / `evobus resume` on parallel groups: what a user sees when something is
+wrong (a failed group, a bad checkpoint, a bad answers file, a group the schema accepts
+but the runtime refuses). Exit 2 for a refusal, 1 for a failed group; a message naming
+the file and the fix, never a traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from actors.cli import main
+
+MODULE = '''
+def pick(i, ctx):
+    return ctx.ask(f"label for {i}?") if i == 1 else i
+
+
+def fragile(i):
+    if i == 2:
+        raise ValueError("no such ticket")
+    return i
+'''
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    (tmp_path / "cli_targets.py").write_text(MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def scenario(path, target: str, n: int, max_items: int | None = None) -> str:
+    path.write_text(f'name = "{path.stem}"\nseed = 0\n\n[[groups]]\nname = "g"\n'
+                    f'target = "{target}"\nitems = {list(range(n))}\nmax_concurrency = 1\n'
+                    f'max_items = {max_items or n}\ncheckpoint = "g.ckpt"\n')
+    return str(path)
+
+
+def test_a_failed_group_exits_1_and_says_which_branch_and_what_is_left(workdir, capsys):
+    assert main(["run", scenario(workdir / "f.toml", "cli_targets:fragile", 5)]) == 1
+    err = capsys.readouterr().err
+    assert "evobus: group g failed at branch 2: ValueError: no such ticket" in err
+    assert "finished 2, failed 1, cancelled 0, never started 2" in err
+    assert "Traceback" not in err
+
+
+def test_a_group_the_runtime_refuses_names_the_scenario_field(workdir, capsys):
+    # max_items below the item count: the schema accepts it, the group refuses it.
+    assert main(["run", scenario(workdir / "r.toml", "cli_targets:fragile", 5, 3)]) == 2
+    err = capsys.readouterr().err
+    assert "r.toml: at `$.groups[0]` (g):" in err and "never truncates" in err
+
+
+@pytest.fixture
+def paused(workdir, capsys):
+    assert main(["run", scenario(workdir / "p.toml", "cli_targets:pick", 3)]) == 3
+    capsys.readouterr()
+    return workdir / "g.ckpt"
+
+
+def test_resume_refuses_a_file_that_is_not_a_checkpoint(workdir, capsys):
+    (workdir / "junk.ckpt").write_bytes(b"not msgpack at all")
+    assert main(["resume", str(workdir / "junk.ckpt"), "--answers", "a.json"]) == 2
+    assert "junk.ckpt: not a parallel-group checkpoint" in capsys.readouterr().err
+    assert main(["resume", str(workdir / "missing.ckpt")]) == 2
+    assert "missing.ckpt: cannot read the checkpoint" in capsys.readouterr().err
+
+
+def test_resume_without_answers_shows_what_waits_and_names_the_template(paused, capsys):
+    assert main(["resume", str(paused)]) == 2
+    out, err = capsys.readouterr()
+    assert "label for 1?" in out
+    assert "pass --answers FILE" in err and "g.answers.json" in err
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "cannot read the answers file"),
+    ("{not json", "not valid JSON"),
+    ('["an", "array"]', "expected a JSON object {interaction id: answer}"),
+])
+def test_a_bad_answers_file_is_refused_by_name(paused, capsys, content, message):
+    answers = paused.parent / "answers.json"
+    if content is not None:
+        answers.write_text(content)
+    assert main(["resume", str(paused), "--answers", str(answers)]) == 2
+    err = capsys.readouterr().err
+    assert f"answers.json: {message}" in err and "Traceback" not in err
+
+
+def test_answers_in_the_user_inputs_form_resume_the_group(paused, capsys):
+    from actors.groups import load_checkpoint
+
+    (pending,) = load_checkpoint(paused).pending
+    answers = paused.parent / "answers.json"
+    answers.write_text(json.dumps({"user_inputs": {pending.id: "one"}, "approvals": {}}))
+    assert main(["resume", str(paused), "--answers", str(answers), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["status"] == "completed" and summary["results"] == [0, "one", 2]
