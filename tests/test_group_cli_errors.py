@@ -98,3 +98,23 @@ def test_answers_in_the_user_inputs_form_resume_the_group(paused, capsys):
     assert main(["resume", str(paused), "--answers", str(answers), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["status"] == "completed" and summary["results"] == [0, "one", 2]
+
+
+def test_a_scenario_with_a_domain_and_groups_runs_evolve_then_the_groups(tmp_path,
+                                                                          monkeypatch,
+                                                                          capsys, root):
+    monkeypatch.chdir(tmp_path)
+    text = (root / "scenarios" / "router.toml").read_text()
+    path = tmp_path / "both.toml"
+    path.write_text(text + '\n[[groups]]\nname = "lengths"\ntarget = "builtins:len"\n'
+                           'items = ["a", "bb", "ccc"]\nmax_concurrency = 2\nmax_items = 3\n')
+    assert main(["run", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.index("held-out reward") < out.index("group lengths: completed, 3 results")
+    # --json: one JSON document per line, the run's then each group's.
+    assert main(["run", str(path), "--json"]) == 0
+    run, group = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert run["final_reward"] == 1.0 and run["log"].endswith("runs/router.evolog")
+    assert group == {**group, "group": "lengths", "status": "completed", "results": [1, 2, 3]}
+    # The group's log is next to the run's, named after the group.
+    assert (tmp_path / "runs" / "router.lengths.evolog").exists()
