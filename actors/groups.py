@@ -1105,6 +1105,10 @@ def _resolve_target(target, allow) -> tuple[Callable, refs.Ref | None]:
     if not callable(target):
         raise ConfigError(f"target must be a callable taking item or (item, ctx), or an "
                           f"import path 'package.module:function'; got {type(target).__name__}")
+    if allow is not None:
+        raise ConfigError("allow would be ignored: it checks a target named by import path "
+                          "('package.module:function'), and this target is a callable; "
+                          "remove allow, or name the target by its path")
     return target, _infer_ref(target)
 
 

@@ -121,6 +121,27 @@ def test_unknown_options_are_refused_by_name():
         parallel(abs, [1], max_concurrency=1, max_items=1, max_workers=4)
 
 
+def test_a_target_named_by_path_is_checked_against_allow_before_it_is_imported():
+    assert parallel("json:dumps", [1], max_concurrency=1, max_items=1,
+                    allow=["json"]) == ["1"]
+    with pytest.raises(ConfigError, match=r"target: module 'evobus_never_imported_mod' is "
+                                          r"not in the allowlist \['json'\]"):
+        parallel("evobus_never_imported_mod:f", [1], max_concurrency=1, max_items=1,
+                 allow=["json"])
+    assert "evobus_never_imported_mod" not in sys.modules
+    for target, message in [("json", "is not a reference; write it as "
+                                      "'package.module:attribute'"),
+                            ("evobus_no_such_module:f", "cannot import 'evobus_no_such_module'"),
+                            ("json:no_such_function", "module 'json' has no attribute "
+                                                      "'no_such_function'"),
+                            ("json:__name__", "names a str, not a callable")]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            parallel(target, [1], max_concurrency=1, max_items=1)
+    with pytest.raises(ConfigError, match="allow would be ignored: .* this target is a "
+                                          "callable"):
+        parallel(abs, [1], max_concurrency=1, max_items=1, allow=["json"])
+
+
 @pytest.mark.parametrize("bus", ["zmq", "memory"])
 def test_groups_run_on_a_given_runtime_and_leave_it_running(bus):
     from actors import Runtime
