@@ -285,8 +285,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            max_seconds: float | None = None, max_calls: int | None = None,
            target_reward: float | None = None, patience: int | None = None,
            initial_state: dict[str, str] | None = None, solved_threshold: float = SOLVED,
-           asynchronous: bool = False, async_ratio: int = 3, staleness: str = "guarded",
-           stall_merges: int = 3, lease_size: int | None = None,
+           asynchronous: bool = False, async_ratio: int | None = None,
+           staleness: str | None = None, stall_merges: int | None = None,
+           lease_size: int | None = None,
            bus: str = "zmq", on_progress: Callable[[RoundRecord], None] | None = None,
            log_meta: dict[str, Any] | None = None, log_fsync: str | None = None,
            resume_from: Any = None, workers: Any = None, refs: dict[str, Any] | None = None,
@@ -302,7 +303,24 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     ``rounds`` (default 15) counts synchronous rounds; in asynchronous mode it has no
     meaning (a warning says so if it is passed) and the run stops on a budget:
     ``max_rollouts``, ``max_calls``, ``max_seconds``, ``target_reward`` or ``patience``.
+    ``async_ratio`` (default 3), ``staleness`` (default "guarded") and ``stall_merges``
+    (default 3) shape asynchronous mode only (docs/async.md); passed to a synchronous
+    run, a warning names them.
     """
+    async_only = {"async_ratio": async_ratio, "staleness": staleness,
+                  "stall_merges": stall_merges}
+    if not asynchronous:
+        given = [name for name, value in async_only.items() if value is not None]
+        if given:
+            warnings.warn(f"evolve(asynchronous=False): {', '.join(given)} only shape"
+                          f"{'s' if len(given) == 1 else ''} asynchronous mode and "
+                          f"{'is' if len(given) == 1 else 'are'} ignored in synchronous "
+                          "rounds; pass asynchronous=True to use "
+                          f"{'it' if len(given) == 1 else 'them'}", RuntimeWarning,
+                          stacklevel=2)
+    async_ratio = 3 if async_ratio is None else async_ratio
+    staleness = "guarded" if staleness is None else staleness
+    stall_merges = 3 if stall_merges is None else stall_merges
     if asynchronous:
         if rounds is not None:
             warnings.warn("evolve(asynchronous=True): rounds has no meaning without rounds "
@@ -317,6 +335,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
             raise ConfigError(f"async_ratio must be an integer >= 1, got {async_ratio!r}")
         if staleness not in STALENESS:
             raise ConfigError(f"staleness={staleness!r}: choose one of {', '.join(STALENESS)}")
+        if isinstance(stall_merges, bool) or not isinstance(stall_merges, int) \
+                or stall_merges < 1:
+            raise ConfigError(f"stall_merges must be an integer >= 1, got {stall_merges!r}")
     rounds = 15 if rounds is None else rounds
     if lease_size is not None and (not isinstance(lease_size, int) or lease_size < 1):
         raise ConfigError(f"lease_size must be an integer >= 1 (tasks per lease), got "

@@ -187,6 +187,15 @@ def parse_scenario(data: bytes | str, source: str = "<scenario>") -> Scenario:
         if "rounds" in raw_toml(data):
             warnings.warn(f"{source}: `rounds` has no meaning in async mode and is ignored; "
                           "stop with a [budgets] entry", RuntimeWarning, stacklevel=2)
+    if scenario.mode == "sync" and d is not None:
+        given = [k for k in ("async_ratio", "staleness") if k in raw_toml(data)]
+        if given:
+            warnings.warn(f"{source}: {' and '.join(f'`{k}`' for k in given)} only "
+                          f"shape{'s' if len(given) == 1 else ''} mode = \"async\" and "
+                          f"{'is' if len(given) == 1 else 'are'} ignored in sync mode; set "
+                          "mode = \"async\" to use "
+                          f"{'it' if len(given) == 1 else 'them'}", RuntimeWarning,
+                          stacklevel=2)
     w = scenario.workers
     if w.local + w.processes + w.remote < 1 and scenario.domain is not None:
         raise ScenarioError(f"{source}: at `$.workers`: expected at least one worker, found "

@@ -106,6 +106,40 @@ def test_rounds_in_async_mode_is_warned_about_once_and_ignored():
     assert result.rollouts == 200
 
 
+def test_async_only_options_given_to_a_sync_run_are_warned_about_by_name():
+    kw = dict(tasks=router.tasks(), reward=router.reward, run=router.run,
+              propose=router.propose, strategy=KeyedRules(router.CATEGORIES), rounds=1)
+
+    def warned(**extra) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            evolve(**kw, **extra)
+        return [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+    assert warned() == []
+    (one,) = warned(async_ratio=5)
+    assert one.startswith("evolve(asynchronous=False): async_ratio only shapes "
+                          "asynchronous mode and is ignored")
+    (two,) = warned(staleness="full", stall_merges=2)
+    assert "staleness, stall_merges only shape asynchronous mode and are ignored" in two
+    with pytest.raises(ConfigError, match="stall_merges must be an integer >= 1"):
+        evolve(**{**kw, "rounds": None}, asynchronous=True, max_rollouts=10, stall_merges=0)
+
+
+def test_async_only_keys_in_a_sync_scenario_are_warned_about():
+    from protocol.scenario import parse_scenario
+
+    base = ('name = "s"\nmode = "sync"\n{extra}\n[domain]\ntasks = "scenarios.router:tasks"\n'
+            'reward = "scenarios.router:reward"\nagent = "scenarios.router:RouterAgent"\n')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        parse_scenario(base.format(extra=""), "s.toml")
+        parse_scenario(base.format(extra='async_ratio = 5\nstaleness = "full"'), "s.toml")
+    (message,) = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert message.startswith('s.toml: `async_ratio` and `staleness` only shape mode = '
+                              '"async" and are ignored in sync mode')
+
+
 def test_async_without_a_stop_condition_is_refused():
     with pytest.raises(ConfigError, match="needs a stop condition"):
         run_async()
