@@ -33,6 +33,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from typing import Any, Iterable
 
 import msgspec
@@ -447,14 +448,21 @@ def plan(workers, n_workers: int, *, bus: str, tasks: list[Task], reward, run, p
     when some workers live in other processes, name the run's code as data (refusing
     closures: this runs before the first rollout) and prepare the peer ports.
     None: every worker is a thread of this process."""
-    if workers is None:
-        return None
-    total = workers.local + workers.processes + workers.remote
-    if total != n_workers:
-        raise ConfigError(f"n_workers={n_workers} but workers declares {workers.local} local + "
-                          f"{workers.processes} processes + {workers.remote} remote = {total}: "
-                          f"set n_workers={total} (the plan has one logical worker per worker)")
-    if not workers.processes and not workers.remote:
+    if workers is not None:
+        total = workers.local + workers.processes + workers.remote
+        if total != n_workers:
+            raise ConfigError(f"n_workers={n_workers} but workers declares {workers.local} "
+                              f"local + {workers.processes} processes + {workers.remote} "
+                              f"remote = {total}: set n_workers={total} (the plan has one "
+                              "logical worker per worker)")
+    if workers is None or (not workers.processes and not workers.remote):
+        unused = [name for name, value in (("refs", refs), ("insecure", insecure)) if value]
+        if unused:
+            warnings.warn(f"{' and '.join(unused)} only concern workers in other processes "
+                          "(workers=Workers(processes=..., remote=...)); every worker of this "
+                          "run is a thread here, so "
+                          f"{'it is' if len(unused) == 1 else 'they are'} ignored",
+                          RuntimeWarning, stacklevel=3)
         return None
     if bus != "zmq":
         raise ConfigError(f"bus={bus!r} cannot reach workers in other processes; use bus='zmq'")

@@ -733,3 +733,29 @@ def test_a_worker_that_joins_before_the_registry_listens_joins_again():
         worker.done.set()
         thread.join(5)
         bus.close()
+
+
+def test_refs_and_insecure_without_workers_in_other_processes_are_warned_about():
+    import warnings
+
+    from protocol.scenario import Workers
+
+    kw = dict(tasks=router.tasks(), reward=router.reward, run=router.run,
+              propose=router.propose, strategy=KeyedRules(router.CATEGORIES), rounds=1,
+              n_workers=2)
+    for extra, names in [({}, None),
+                         ({"refs": {"tasks": "scenarios.router:tasks"}}, "refs only concern"),
+                         ({"insecure": True, "workers": Workers(local=2)},
+                          "insecure only concern"),
+                         ({"refs": {"tasks": "scenarios.router:tasks"}, "insecure": True},
+                          "refs and insecure only concern")]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            evolve(**kw, **extra)
+        messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        if names is None:
+            assert messages == []
+        else:
+            (message,) = messages
+            assert message.startswith(names) and "ignored" in message
+            assert caught[0].filename == __file__   # attributed to the caller's line
