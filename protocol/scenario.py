@@ -100,6 +100,11 @@ class Workers(_Section, frozen=True):
     env: list[str] = []
 
 
+#: ``[workers]`` keys that only concern workers in other processes (or machines).
+_ELSEWHERE_ONLY = ("bind", "wait_seconds", "allow", "heartbeat", "deadline", "max_tries",
+                   "keys", "insecure", "env")
+
+
 class Budgets(_Section, frozen=True):
     max_rollouts: Annotated[int, msgspec.Meta(ge=1)] | None = None
     max_calls: Annotated[int, msgspec.Meta(ge=1)] | None = None
@@ -197,6 +202,15 @@ def parse_scenario(data: bytes | str, source: str = "<scenario>") -> Scenario:
                           f"{'it' if len(given) == 1 else 'them'}", RuntimeWarning,
                           stacklevel=2)
     w = scenario.workers
+    raw_workers = raw_toml(data).get("workers")
+    if not w.processes and not w.remote and isinstance(raw_workers, dict):
+        unused = [k for k in _ELSEWHERE_ONLY if k in raw_workers]
+        if unused:
+            warnings.warn(f"{source}: {', '.join(f'`workers.{k}`' for k in unused)} only "
+                          f"concern{'s' if len(unused) == 1 else ''} workers in other "
+                          "processes, and every worker here is local (processes = remote = "
+                          f"0): {'it is' if len(unused) == 1 else 'they are'} ignored",
+                          RuntimeWarning, stacklevel=2)
     if w.local + w.processes + w.remote < 1 and scenario.domain is not None:
         raise ScenarioError(f"{source}: at `$.workers`: expected at least one worker, found "
                             "local = processes = remote = 0; fix: set local = 4 under [workers]")

@@ -140,6 +140,24 @@ def test_async_only_keys_in_a_sync_scenario_are_warned_about():
                               '"async" and are ignored in sync mode')
 
 
+def test_workers_keys_for_other_processes_in_an_all_local_scenario_are_warned_about():
+    from protocol.scenario import parse_scenario
+
+    base = ('name = "s"\n[domain]\ntasks = "scenarios.router:tasks"\n'
+            'reward = "scenarios.router:reward"\nagent = "scenarios.router:RouterAgent"\n'
+            '[workers]\n{extra}\n')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        parse_scenario(base.format(extra="local = 2\nmax_concurrency = 2"), "s.toml")
+        parse_scenario(base.format(extra="local = 1\nprocesses = 1\nheartbeat = 0.5"),
+                       "s.toml")
+        parse_scenario(base.format(extra='local = 2\nbind = "tcp://127.0.0.1:5555"\n'
+                                         'heartbeat = 0.5'), "s.toml")
+    (message,) = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert message.startswith("s.toml: `workers.bind`, `workers.heartbeat` only concern "
+                              "workers in other processes")
+
+
 def test_async_without_a_stop_condition_is_refused():
     with pytest.raises(ConfigError, match="needs a stop condition"):
         run_async()

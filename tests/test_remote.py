@@ -126,14 +126,17 @@ kind = "KeyedRules"
 categories = ["billing", "shipping", "technical", "account"]
 [workers]
 {workers}
-heartbeat = {hb}
-deadline = {deadline}
-wait_seconds = 30
 """
+#: Liveness settings: they concern workers in other processes only (a scenario whose
+#: workers are all local is warned about them).
+ELSEWHERE = "heartbeat = {hb}\ndeadline = {deadline}\nwait_seconds = 30\n"
 
 
 def scenario_text(workers: str, rounds: int = 4) -> str:
-    return SCENARIO.format(rounds=rounds, workers=workers, hb=HEARTBEAT, deadline=DEADLINE)
+    text = SCENARIO.format(rounds=rounds, workers=workers)
+    if "processes" in workers or "remote" in workers:
+        text += ELSEWHERE.format(hb=HEARTBEAT, deadline=DEADLINE)
+    return text
 
 
 def on_threads(text: str) -> dict[str, str]:
