@@ -339,6 +339,11 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                 or stall_merges < 1:
             raise ConfigError(f"stall_merges must be an integer >= 1, got {stall_merges!r}")
     rounds = 15 if rounds is None else rounds
+    if isinstance(solved_threshold, bool) or not isinstance(solved_threshold, (int, float)) \
+            or not 0.0 < solved_threshold <= 1.0:
+        raise ConfigError(f"solved_threshold must be in (0, 1] (a rollout scoring at least "
+                          f"this asks for no proposal; rewards are in [0, 1]), got "
+                          f"{solved_threshold!r}")
     if lease_size is not None and (not isinstance(lease_size, int) or lease_size < 1):
         raise ConfigError(f"lease_size must be an integer >= 1 (tasks per lease), got "
                           f"{lease_size!r}; None sends each worker's share as one lease")

@@ -136,6 +136,8 @@ def _never(*a):
     (dict(rounds=0), "rounds must be"),
     (dict(held_out_frac=1.0), "held_out_frac"),
     (dict(max_concurrency=0), "max_concurrency"),
+    (dict(solved_threshold=1.5), "solved_threshold must be in (0, 1]"),
+    (dict(solved_threshold=0), "solved_threshold must be in (0, 1]"),
     (dict(tasks=["not a task"] * 5), "Task(id, prompt, meta)"),
 ])
 def test_caller_mistakes_are_refused_before_the_first_rollout(kwargs, needle):
