@@ -1216,7 +1216,10 @@ def _execute(plan: _Plan) -> GroupOutcome:
         raise ConfigError(f"on_progress must be a callable taking a GroupProgress, got "
                           f"{type(on_progress).__name__}")
     pass_ctx = opts.get("pass_ctx")
-    wants_ctx = _wants_ctx(plan.fn) if pass_ctx is None else bool(pass_ctx)
+    for name in ("pass_ctx", "trace"):   # "no" would be true: only True/False mean it
+        if opts.get(name) is not None and not isinstance(opts[name], bool):
+            raise ConfigError(f"{name} must be True or False, got {opts[name]!r}")
+    wants_ctx = _wants_ctx(plan.fn) if pass_ctx is None else pass_ctx
     concurrency = plan.max_concurrency
     for cap in (limits.max_concurrency, limits.max_live_branches):
         if cap is not None:

@@ -121,6 +121,12 @@ def test_unknown_options_are_refused_by_name():
         parallel(abs, [1], max_concurrency=1, max_items=1, max_workers=4)
 
 
+@pytest.mark.parametrize("name", ["pass_ctx", "trace"])
+def test_flags_must_be_true_or_false(name):
+    with pytest.raises(ConfigError, match=f"{name} must be True or False, got 'no'"):
+        parallel(abs, [1], max_concurrency=1, max_items=1, **{name: "no"})
+
+
 def test_a_target_named_by_path_is_checked_against_allow_before_it_is_imported():
     assert parallel("json:dumps", [1], max_concurrency=1, max_items=1,
                     allow=["json"]) == ["1"]
