@@ -8,6 +8,7 @@ import importlib
 import json
 import logging
 import sys
+import warnings
 from collections import Counter
 
 log = logging.getLogger(__name__)
@@ -224,11 +225,20 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
-    try:
-        return args.func(args)
-    except KeyboardInterrupt:
-        print("evobus: interrupted", file=sys.stderr)
-        return 130
+    with warnings.catch_warnings():
+        if not args.verbose:   # one line each, not Python's file:line and source line
+            warnings.showwarning = _show_warning
+        try:
+            return args.func(args)
+        except KeyboardInterrupt:
+            print("evobus: interrupted", file=sys.stderr)
+            return 130
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning (an option that does not apply, say) as one line on stderr; with
+    ``evobus -v`` Python's own format says where it came from."""
+    print(f"evobus: warning: {message}", file=file or sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -226,3 +226,16 @@ def test_outcomes_read_in_a_fixed_order():
     assert outcome_text({"duplicate": 3, "committed": 1, "zzz": 2, "conflict": 0}) == \
         "committed 1, duplicate 3, zzz 2"
     assert outcome_text({}) == "none"
+
+
+def test_a_warning_is_one_line_naming_evobus_and_verbose_says_where(root, tmp_path, env):
+    (tmp_path / "warn.toml").write_text(
+        'name = "w"\nasync_ratio = 5\n[domain]\ntasks = "scenarios.router:tasks"\n'
+        'reward = "scenarios.router:reward"\nagent = "scenarios.router:RouterAgent"\n')
+    out = evobus("validate", "warn.toml", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines() == [
+        'evobus: warning: warn.toml: `async_ratio` only shapes mode = "async" and is '
+        'ignored in sync mode; set mode = "async" to use it']
+    verbose = evobus("-v", "validate", "warn.toml", cwd=tmp_path, env=env)
+    assert "RuntimeWarning: warn.toml: `async_ratio`" in verbose.stderr
