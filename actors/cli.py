@@ -116,7 +116,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     try:
         contents = read_log(args.log)
     except (OSError, LogCorrupt) as exc:
-        return _err(f"{args.log}: {exc}")
+        from actors.cli_replay import unreadable_log
+
+        return _err(unreadable_log(args.log, exc))
     h = contents.header
     print(f"log {args.log}: format {h.format_version}, evobus {h.package_version}, "
           f"scenario {h.scenario or '-'}, seed {h.seed}, run {h.run_id or '-'}, "

@@ -54,6 +54,26 @@ def _err(message: str) -> int:
     return 2
 
 
+def unreadable_log(path: str | Path, exc: Exception) -> str:
+    """Why a file given as a log does not read, naming the file once (a ``LogCorrupt``
+    names it already), and pointing at ``evobus resume`` when the file is a parallel
+    group's checkpoint rather than a log."""
+    if isinstance(exc, OSError):
+        text = f"{path}: cannot read the log ({exc.strerror or exc})"
+    else:
+        text = str(exc)
+        if not text.startswith(str(path)):
+            text = f"{path}: {text}"
+    from actors.groups import ResumeRefused, load_checkpoint
+
+    try:
+        load_checkpoint(path)
+    except ResumeRefused:   # not a checkpoint either
+        return text
+    return (f"{text}; it is a parallel group's checkpoint, not a log: "
+            f"`evobus resume {path} --show` lists what it waits on")
+
+
 # ---------------------------------------------------------------------------
 # replay
 
@@ -75,7 +95,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     worst = 0
     for path, result in replay_many(paths, strict=args.strict):
         if isinstance(result, Exception):
-            print(f"{'ERROR':<8} {path}: {result}")
+            print(f"{'ERROR':<8} {unreadable_log(path, result)}")
             worst = max(worst, 2)
             continue
         if args.quiet:
@@ -101,7 +121,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     try:
         point = ResumePoint(args.log)
-    except (OSError, LogCorrupt, ConfigError) as exc:
+    except (OSError, LogCorrupt) as exc:
+        return _err(unreadable_log(args.log, exc))
+    except ConfigError as exc:
         return _err(f"{args.log}: {exc}")
     if not args.quiet and point.dropped_tail:
         print(f"cut a torn tail off {point.path}: {point.dropped_tail} bytes, about "

@@ -16,8 +16,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"evobus: {exc}", file=sys.stderr)
         return 2
     except (OSError, LogCorrupt) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc)
-        print(f"evobus: {args.log}: cannot read the log ({reason})", file=sys.stderr)
+        from actors.cli_replay import unreadable_log
+
+        print(f"evobus: {unreadable_log(args.log, exc)}", file=sys.stderr)
         return 2
     print(f"report: {page}  (open it in a browser; the charts are also in {page.parent}/)")
     return 0

@@ -118,3 +118,22 @@ def test_a_scenario_with_a_domain_and_groups_runs_evolve_then_the_groups(tmp_pat
     assert group == {**group, "group": "lengths", "status": "completed", "results": [1, 2, 3]}
     # The group's log is next to the run's, named after the group.
     assert (tmp_path / "runs" / "router.lengths.evolog").exists()
+
+
+@pytest.mark.parametrize("verb", ["inspect", "report", "replay"])
+def test_a_checkpoint_given_as_a_log_is_named_once_and_pointed_at_resume(paused, capsys,
+                                                                          verb):
+    code = main([verb, str(paused)])
+    assert code == 2
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert text.count(str(paused)) == 2, text   # once as the file, once in the hint
+    assert "not an evobus log" in text
+    assert f"it is a parallel group's checkpoint, not a log: `evobus resume {paused} " \
+           "--show`" in text
+
+
+def test_a_missing_log_is_one_line_with_the_reason(tmp_path, capsys):
+    assert main(["inspect", str(tmp_path / "nope.evolog")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"evobus: {tmp_path / 'nope.evolog'}: cannot read the log (No such file or directory)")
