@@ -68,9 +68,24 @@ def _positional(args: argparse.Namespace) -> str:
     return getattr(args, "log", None) or getattr(args, "checkpoint", "")
 
 
+#: `evobus resume` flags that apply to one kind of file only: (flag, its dest).
+_CHECKPOINT_ONLY = (("--answers", "answers"), ("--as", "principal"), ("--show", "show"))
+_LOG_ONLY = (("--log", "new_log"), ("--fsync", "fsync"))
+
+
 def cmd_resume(args: argparse.Namespace, previous=None) -> int:
     path = _positional(args)
-    if previous is not None and _is_log(path):
+    is_log = previous is not None and _is_log(path)
+    wrong = [flag for flag, dest in (_CHECKPOINT_ONLY if is_log else _LOG_ONLY)
+             if getattr(args, dest, None)]
+    if wrong:
+        kind, other = (("a run's message log", "a group checkpoint") if is_log else
+                       ("not a run's message log (it is read as a group checkpoint)",
+                        "a run's message log"))
+        return _err(f"{path} is {kind}: {', '.join(wrong)} only appl"
+                    f"{'ies' if len(wrong) == 1 else 'y'} to {other}; remove "
+                    f"{'it' if len(wrong) == 1 else 'them'}")
+    if is_log:
         return previous(args)
     from actors.errors import ConfigError
     from actors.groups import ResumeRefused, load_checkpoint, resume_group

@@ -137,3 +137,13 @@ def test_a_missing_log_is_one_line_with_the_reason(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "nope.evolog")]) == 2
     assert capsys.readouterr().err.strip() == (
         f"evobus: {tmp_path / 'nope.evolog'}: cannot read the log (No such file or directory)")
+
+
+def test_resume_refuses_flags_for_the_other_kind_of_file(paused, capsys, root, tmp_path):
+    assert main(["resume", str(paused), "--log", str(tmp_path / "new.evolog")]) == 2
+    assert ("is not a run's message log (it is read as a group checkpoint): --log only "
+            "applies to a run's message log; remove it") in capsys.readouterr().err
+    log = root / "tests" / "logs" / "sync_data_parallel.evolog"
+    assert main(["resume", str(log), "--answers", "a.json", "--as", "lead"]) == 2
+    assert (f"{log} is a run's message log: --answers, --as only apply to a group "
+            "checkpoint; remove them") in capsys.readouterr().err
