@@ -52,6 +52,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if scenario.domain is None:  # only [[groups]]: actors.cli_groups runs them
         from actors.cli_groups import run_groups
 
+        if getattr(args, "insecure", False):
+            warnings.warn(f"{args.scenario} has no [domain], only groups (threads of this "
+                          "process): --insecure concerns remote workers and is ignored",
+                          RuntimeWarning, stacklevel=1)
+
         return run_groups(scenario, args.scenario, quiet=args.quiet, json_out=args.json,
                           log_path=args.log if args.log is not None else scenario.log)
     # Live progress on a terminal, plain lines otherwise; with --json on stderr, so

@@ -147,3 +147,10 @@ def test_resume_refuses_flags_for_the_other_kind_of_file(paused, capsys, root, t
     assert main(["resume", str(log), "--answers", "a.json", "--as", "lead"]) == 2
     assert (f"{log} is a run's message log: --answers, --as only apply to a group "
             "checkpoint; remove them") in capsys.readouterr().err
+
+
+def test_insecure_on_a_groups_only_scenario_is_warned_about(workdir, capsys):
+    assert main(["run", scenario(workdir / "f.toml", "cli_targets:pick", 1),
+                 "--insecure"]) == 0
+    assert ("evobus: warning: " in capsys.readouterr().err.split(
+        "--insecure concerns remote workers and is ignored")[0])
