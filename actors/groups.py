@@ -18,6 +18,7 @@ decision about which branch runs when lives in :mod:`actors.collector`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import itertools
@@ -709,6 +710,11 @@ class _CollectorActor(ControlActor):
 _WAKE = object()   # a worker's note to itself: look into the box
 
 
+async def _as_coroutine(awaitable) -> Any:
+    """Any awaitable (a coroutine, a future-like object) as a coroutine for the loop."""
+    return await awaitable
+
+
 class GroupWorker(_FastInbox, pykka.ThreadingActor):
     """Runs one group's branches: one lease at a time, one branch at a time, in the
     order the leases came (from its :class:`_LeaseBox`; a message only wakes it).
@@ -761,6 +767,21 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
 
     def on_failure(self, exception_type, exception_value, traceback) -> None:
         self.on_crash(self.name, exception_value)
+
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    def _until_done(self, awaitable) -> Any:
+        """An async target's branch, run to its end on this worker's own event loop (one
+        per worker thread, kept for its next branches: a client the target made on it
+        stays usable; the worker still runs one branch at a time)."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(_as_coroutine(awaitable))
+
+    def on_stop(self) -> None:
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
 
     def _run(self, lease: Branch) -> None:
         host = self.host
@@ -817,6 +838,8 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
                             value = target(items[pos], ctx)
                         else:
                             value = target(items[pos])
+                        if hasattr(value, "__await__"):   # an async target: run it here
+                            value = self._until_done(value)
                     except _Suspend as suspend:
                         host.hold(index)
                         if ctx is not None:

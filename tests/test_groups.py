@@ -185,6 +185,72 @@ def test_bus_and_log_are_refused_where_they_would_be_ignored(tmp_path):
     assert not (tmp_path / "g.evolog").exists() and not (tmp_path / "nested.evolog").exists()
 
 
+# -- async targets ---------------------------------------------------------------------------
+
+
+def test_an_async_target_runs_on_its_workers_loops_in_order_and_within_the_bound():
+    import asyncio
+
+    meter = Meter()
+    loops: set[int] = set()
+    together = threading.Barrier(3, timeout=WAIT)
+
+    async def fetch(i):
+        meter.enter(i)
+        try:
+            loops.add(id(asyncio.get_running_loop()))
+            if i < 3:
+                together.wait()   # three at once: the bound is reached, never passed
+            await asyncio.sleep(0)
+            return i * 10
+        finally:
+            meter.leave()
+
+    assert parallel(fetch, list(range(30)), max_concurrency=3, max_items=30,
+                    chunk=1) == [i * 10 for i in range(30)]
+    assert meter.peak == 3 and sum(meter.calls.values()) == 30
+    assert 1 <= len(loops) <= 3   # one event loop per worker, kept across its branches
+
+
+def test_an_async_targets_error_fails_the_group_and_its_siblings_see_cancelled():
+    import asyncio
+
+    started = threading.Event()
+    saw_cancel = threading.Event()
+
+    async def branch(i, ctx):
+        if i == 0:
+            started.set()
+            for _ in range(1000):   # bounded: 10 s at most
+                if ctx.cancelled:
+                    saw_cancel.set()
+                    return "stopped"
+                await asyncio.sleep(0.01)
+            return "never cancelled"
+        assert started.wait(WAIT)
+        raise ValueError(f"branch {i} broke")
+
+    with pytest.raises(GroupFailed) as info:
+        parallel(branch, [0, 1], max_concurrency=2, max_items=2, chunk=1)
+    assert isinstance(info.value.error, ValueError) and info.value.failed == [1]
+    assert saw_cancel.is_set()
+
+
+def test_an_async_target_pauses_on_ask_and_resumes_with_the_answer(tmp_path):
+    import asyncio
+
+    async def label(i, ctx):
+        await asyncio.sleep(0)
+        return ctx.ask(f"label for {i}?") if i == 1 else f"auto {i}"
+
+    paused = run_group(label, [0, 1, 2], max_concurrency=1, max_items=3, chunk=1,
+                       checkpoint=tmp_path / "a.ckpt")
+    assert paused.status == "user_input_pending"
+    (p,) = paused.pending_interactions
+    resumed = resume_group(paused.checkpoint, target=label, user_inputs={p.id: "urgent"})
+    assert resumed.results == ["auto 0", "urgent", "auto 2"]
+
+
 # -- concurrency, host limits ----------------------------------------------------------------
 
 
