@@ -18,7 +18,6 @@ decision about which branch runs when lives in :mod:`actors.collector`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import inspect
 import itertools
@@ -38,6 +37,7 @@ import msgspec
 import pykka
 
 from actors import refs
+from actors.worker import Awaiter
 from actors.collector import ENDED, Collector, check_inputs
 from actors.errors import ConfigError, EvobusError, RunFailed
 from actors.shell import ControlActor, _FastInbox, teller
@@ -710,10 +710,6 @@ class _CollectorActor(ControlActor):
 _WAKE = object()   # a worker's note to itself: look into the box
 
 
-async def _as_coroutine(awaitable) -> Any:
-    """Any awaitable (a coroutine, a future-like object) as a coroutine for the loop."""
-    return await awaitable
-
 
 class GroupWorker(_FastInbox, pykka.ThreadingActor):
     """Runs one group's branches: one lease at a time, one branch at a time, in the
@@ -736,6 +732,7 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
         self.collector = collector
         self.on_crash = on_crash
         self.box = box
+        self.settle = Awaiter()   # async targets: one event loop for this worker's thread
 
     def on_start(self) -> None:
         threading.current_thread().name = f"evobus-{self.name}"
@@ -768,20 +765,8 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
     def on_failure(self, exception_type, exception_value, traceback) -> None:
         self.on_crash(self.name, exception_value)
 
-    _loop: asyncio.AbstractEventLoop | None = None
-
-    def _until_done(self, awaitable) -> Any:
-        """An async target's branch, run to its end on this worker's own event loop (one
-        per worker thread, kept for its next branches: a client the target made on it
-        stays usable; the worker still runs one branch at a time)."""
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-        return self._loop.run_until_complete(_as_coroutine(awaitable))
-
     def on_stop(self) -> None:
-        if self._loop is not None:
-            self._loop.close()
-            self._loop = None
+        self.settle.close()   # the event loop async targets ran on, if any
 
     def _run(self, lease: Branch) -> None:
         host = self.host
@@ -801,6 +786,7 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
         fast = host.fast
         parent = host.parent
         box = self.box
+        settle = self.settle
         starts = 0
 
         def answer(**kw) -> None:
@@ -838,8 +824,7 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
                             value = target(items[pos], ctx)
                         else:
                             value = target(items[pos])
-                        if hasattr(value, "__await__"):   # an async target: run it here
-                            value = self._until_done(value)
+                        value = settle(value)   # an async target runs to its end here
                     except _Suspend as suspend:
                         host.hold(index)
                         if ctx is not None:

@@ -268,15 +268,18 @@ class RemoteWorker:
             q.put(None)
 
     def _slot(self, index: int, core: WorkerCore, q: queue.SimpleQueue) -> None:
-        while not self.done.is_set():
-            item = q.get()  # None (a new run, or the worker's end) releases it
-            if item is None:
-                return
-            match item:
-                case Commit() as commit:
-                    core.on_commit(commit)
-                case Lease() as lease:
-                    self._run_lease(index, core, lease)
+        try:
+            while not self.done.is_set():
+                item = q.get()  # None (a new run, or the worker's end) releases it
+                if item is None:
+                    return
+                match item:
+                    case Commit() as commit:
+                        core.on_commit(commit)
+                    case Lease() as lease:
+                        self._run_lease(index, core, lease)
+        finally:
+            core.close()
 
     def _run_lease(self, index: int, core: WorkerCore, lease: Lease) -> None:
         try:

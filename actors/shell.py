@@ -140,3 +140,4 @@ class WorkerActor(_FastInbox, pykka.ThreadingActor):
 
     def on_stop(self) -> None:
         self.bus.detach(self.core.name)
+        self.core.close()

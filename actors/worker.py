@@ -7,6 +7,7 @@ nondeterminism lives (a model's answer, a crash); everything it reports is a mes
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from typing import Any, Callable
@@ -22,6 +23,35 @@ SOLVED = 0.999
 def describe(exc: BaseException, limit: int = 300) -> str:
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class Awaiter:
+    """Settles what user code returned: an awaitable (an ``async def`` target, run,
+    propose, reward or agent method) runs to its end on this object's own event loop,
+    made at first use and kept (a client the code opened on it stays usable); anything
+    else is returned as it is. One per worker thread: a loop runs on one thread."""
+
+    __slots__ = ("_loop",)
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __call__(self, value: Any) -> Any:
+        if not hasattr(value, "__await__"):
+            return value
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(_as_coroutine(value))
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+
+
+async def _as_coroutine(awaitable) -> Any:
+    """Any awaitable (a coroutine, a future-like object) as a coroutine for the loop."""
+    return await awaitable
 
 
 def check_reward(value: Any, task: Task) -> float:
@@ -51,6 +81,11 @@ class WorkerCore:
         self.state: dict[str, str] = dict(initial_state if initial_state is not None
                                           else strategy.initial())
         self.rendered = strategy.render(self.state)
+        self.settle = Awaiter()   # async run / propose / reward (one core per thread)
+
+    def close(self) -> None:
+        """The worker is done: close the event loop async code ran on, if any."""
+        self.settle.close()
 
     def on_commit(self, msg: Commit) -> None:
         if msg.version >= self.version:
@@ -86,15 +121,16 @@ class WorkerCore:
                          version=version, results=results, fatal=fatal)
 
     def _one(self, task: Task, rendered: str, state, version: int, may_propose: bool):
+        settle = self.settle
         try:
-            output = self.run(rendered, task)
+            output = settle(self.run(rendered, task))
         except Exception as exc:  # a flaky backend is evidence: reported in the result
             return RolloutResult(task_id=task.id, error=describe(exc), calls=1)
-        score = check_reward(self.reward(task, output), task)
+        score = check_reward(settle(self.reward(task, output)), task)
         if not may_propose or score >= self.solved:
             return RolloutResult(task_id=task.id, score=score, calls=1)
         try:
-            text = self.propose(rendered, task, output, score)
+            text = settle(self.propose(rendered, task, output, score))
         except Exception as exc:  # reported with the rollout; the score still counts
             return RolloutResult(task_id=task.id, score=score, error="propose: " + describe(exc),
                                  calls=2)

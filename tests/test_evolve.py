@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -175,3 +176,48 @@ def test_progress_reports_the_workers_alive(router_kwargs):
     seen = []
     evolve(**router_kwargs, rounds=2, n_workers=3, on_progress=seen.append)
     assert [r.workers_alive for r in seen] == [3, 3]
+
+
+def test_async_run_propose_and_reward_give_the_same_run_as_their_sync_forms(router_kwargs):
+    import asyncio
+
+    sync = evolve(**router_kwargs, rounds=4, seed=3)
+
+    async def run(rendered, task):
+        await asyncio.sleep(0)
+        return router.run(rendered, task)
+
+    async def propose(rendered, task, output, score):
+        await asyncio.sleep(0)
+        return router.propose(rendered, task, output, score)
+
+    async def reward(task, output):
+        return router.reward(task, output)
+
+    result = evolve(**{**router_kwargs, "run": run, "propose": propose, "reward": reward},
+                    rounds=4, seed=3)
+    assert result.error is None and result.state == sync.state
+    assert result.final_reward == sync.final_reward and result.rollouts == sync.rollouts
+
+
+def test_an_async_agent_works_and_a_failing_async_run_is_evidence(router_kwargs):
+    import asyncio
+
+    timeouts = []
+
+    class AsyncRouter(router.RouterAgent):
+        async def solve(self, rendered, task):
+            await asyncio.sleep(0)
+            if task.id.endswith("-3"):
+                timeouts.append(task.id)
+                raise TimeoutError("the backend timed out")   # evidence, not a crash
+            return super().solve(rendered, task)
+
+    kw = {k: v for k, v in router_kwargs.items() if k not in ("run", "propose")}
+    result = evolve(**kw, agent=AsyncRouter(), rounds=3)
+    # The run goes on; the failures are reported, counted, with the first one's error.
+    assert timeouts and result.rollouts > 0
+    # (train rollouts: the held-out scoring that also timed out is not in this count)
+    assert re.match(r"\d+ rollout\(s\) failed in the backend; first: ", result.error)
+    assert "TimeoutError: the backend timed out" in result.error
+    assert result.final_reward > result.initial_reward

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import types
 import time
 
 import pykka
@@ -253,9 +254,11 @@ def test_idle_slot_threads_end_when_the_worker_does():
     w = RemoteWorker("tcp://127.0.0.1:1")
     q: queue.SimpleQueue = queue.SimpleQueue()
     w.slot_queues = [q]
-    t = threading.Thread(target=w._slot, args=(0, None, q), daemon=True)
+    closed = threading.Event()   # the slot closes its core (its event loop) as it ends
+    core = types.SimpleNamespace(close=closed.set)
+    t = threading.Thread(target=w._slot, args=(0, core, q), daemon=True)
     t.start()
     w.done.set()
     w._release_slots()  # what run() does on its way out
     t.join(WAIT_S)
-    assert not t.is_alive()
+    assert not t.is_alive() and closed.is_set()
