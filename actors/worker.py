@@ -121,16 +121,20 @@ class WorkerCore:
                          version=version, results=results, fatal=fatal)
 
     def _one(self, task: Task, rendered: str, state, version: int, may_propose: bool):
-        settle = self.settle
         try:
-            output = settle(self.run(rendered, task))
+            output = self.run(rendered, task)
+            if output.__class__ is not str and hasattr(output, "__await__"):   # async run
+                output = self.settle(output)
         except Exception as exc:  # a flaky backend is evidence: reported in the result
             return RolloutResult(task_id=task.id, error=describe(exc), calls=1)
-        score = check_reward(settle(self.reward(task, output)), task)
+        score = self.reward(task, output)
+        if score.__class__ is not float:   # an int, or an async reward's coroutine
+            score = self.settle(score)
+        score = check_reward(score, task)
         if not may_propose or score >= self.solved:
             return RolloutResult(task_id=task.id, score=score, calls=1)
         try:
-            text = settle(self.propose(rendered, task, output, score))
+            text = self.settle(self.propose(rendered, task, output, score))
         except Exception as exc:  # reported with the rollout; the score still counts
             return RolloutResult(task_id=task.id, score=score, error="propose: " + describe(exc),
                                  calls=2)
