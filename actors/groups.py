@@ -579,20 +579,53 @@ class BranchContext:
         return bool(self._interact("approve", action))
 
     def effect(self, name: str, fn: Callable[..., Any], *args, **kwargs) -> Any:
+        """Run ``fn(*args, **kwargs)`` once for this branch, journaled: on a resume the
+        journaled result is returned and ``fn`` does not run again. With an ``async def``
+        ``fn`` (in an async target) it returns an awaitable: ``await ctx.effect(...)``,
+        one effect at a time."""
         if not isinstance(name, str):
             raise TypeError(f"ctx.effect(name, fn): name must be a str, got {name!r}")
+        pos = self._pos
         entry = self._replay("effect", name)
+        if inspect.iscoroutinefunction(fn):
+            return self._effect_async(name, pos, entry, fn, args, kwargs)
         if entry is not None:
             return entry.value
-        gates = self._host.external
-        if gates and not _enter_all(gates, lambda: self._host.cancelled):
-            raise BranchCancelled(f"branch {self.branch}: cancelled while waiting for an "
-                                  "external-call slot")
+        gates = self._external_slot()
         try:
             value = fn(*args, **kwargs)
         finally:
             for gate in gates:
                 gate.leave()
+        return self._journal_effect(name, pos, value)
+
+    async def _effect_async(self, name: str, pos: int, entry: JournalEntry | None, fn,
+                            args, kwargs) -> Any:
+        if entry is not None:
+            return entry.value
+        gates = self._external_slot()
+        try:
+            value = await fn(*args, **kwargs)
+        finally:
+            for gate in gates:
+                gate.leave()
+        return self._journal_effect(name, pos, value)
+
+    def _external_slot(self) -> tuple[_Gate, ...]:
+        """Wait for a slot under every external-call limit (host limits); the caller
+        leaves them once the effect has run."""
+        gates = self._host.external
+        if gates and not _enter_all(gates, lambda: self._host.cancelled):
+            raise BranchCancelled(f"branch {self.branch}: cancelled while waiting for an "
+                                  "external-call slot")
+        return gates
+
+    def _journal_effect(self, name: str, pos: int, value: Any) -> Any:
+        if len(self._journal) != pos:   # effects awaited together, ending out of order
+            raise GroupError(f"branch {self.branch}: effect {name!r} (step {pos}) ended out "
+                             f"of order ({len(self._journal)} steps journaled so far); await "
+                             "each effect before the next ask, approve or effect: the "
+                             "journal replays them in order")
         value = msgspec.msgpack.decode(_encodable(value, f"the result of effect {name!r}"))
         self._journal.append(JournalEntry(kind="effect", key=name, value=value))
         self._effects.append((self.branch, name))

@@ -251,6 +251,50 @@ def test_an_async_target_pauses_on_ask_and_resumes_with_the_answer(tmp_path):
     assert resumed.results == ["auto 0", "urgent", "auto 2"]
 
 
+def test_an_async_effect_is_awaited_journaled_and_not_run_again_on_resume(tmp_path):
+    import asyncio
+
+    charged: list[int] = []
+
+    async def charge(i):
+        await asyncio.sleep(0)
+        charged.append(i)
+        return f"receipt-{i}"
+
+    async def branch(i, ctx):
+        receipt = await ctx.effect("charge", charge, i)
+        note = ctx.ask(f"note for {i}?") if i == 1 else "-"
+        return [receipt, note]
+
+    paused = run_group(branch, [0, 1], max_concurrency=1, max_items=2, chunk=1,
+                       checkpoint=tmp_path / "e.ckpt")
+    assert paused.status == "user_input_pending" and charged == [0, 1]
+    (p,) = paused.pending_interactions
+    resumed = resume_group(paused.checkpoint, target=branch, user_inputs={p.id: "ok"})
+    assert resumed.results == [["receipt-0", "-"], ["receipt-1", "ok"]]
+    assert charged == [0, 1]   # the journaled effect returned its result, did not run again
+    assert resumed.effects == [(0, "charge"), (1, "charge")]
+
+
+def test_async_effects_awaited_out_of_order_are_refused():
+    import asyncio
+
+    async def slow(x):
+        await asyncio.sleep(0.01)
+        return x
+
+    async def fast(x):
+        return x
+
+    async def branch(i, ctx):
+        return await asyncio.gather(ctx.effect("slow", slow, 1), ctx.effect("fast", fast, 2))
+
+    with pytest.raises(GroupFailed) as info:
+        parallel(branch, [0], max_concurrency=1, max_items=1)
+    assert "effect 'fast' (step 1) ended out of order (0 steps journaled so far); await " \
+        "each effect before the next" in str(info.value.error)
+
+
 # -- concurrency, host limits ----------------------------------------------------------------
 
 
