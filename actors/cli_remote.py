@@ -62,13 +62,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_keys(args: argparse.Namespace) -> int:
     from bus.security import create_keys
 
+    from pathlib import Path
+
+    before = {p for p in Path(args.dir).glob("*.key*")} if Path(args.dir).is_dir() else set()
     try:
         paths = create_keys(args.dir, args.client or ["client"])
     except (ValueError, OSError) as exc:
         return _err(f"keys: {exc}")
-    print(f"keys in {args.dir}:")
+    print(f"keys in {args.dir} (existing pairs are kept, never replaced):")
     for name, path in sorted(paths.items()):
-        print(f"  {name:<28} {path}")
+        print(f"  {name:<28} {path}" + ("  (kept)" if path in before else ""))
     clients = args.client or ["client"]
     print(f"\ncoordinator: [workers] keys = \"{args.dir}\"  (keep server.key_secret there)\n"
           f"each worker: evobus worker --connect tcp://HOST:PORT "

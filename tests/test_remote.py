@@ -762,3 +762,20 @@ def test_refs_and_insecure_without_workers_in_other_processes_are_warned_about()
             (message,) = messages
             assert message.startswith(names) and "ignored" in message
             assert caught[0].filename == __file__   # attributed to the caller's line
+
+
+def test_evobus_keys_keeps_existing_pairs_and_says_so(tmp_path, capsys):
+    from actors.cli import main
+
+    keys = tmp_path / "keys"
+    assert main(["keys", str(keys)]) == 0
+    first = capsys.readouterr().out
+    assert "(kept)" not in first
+    secret = (keys / "server.key_secret").read_bytes()
+    assert main(["keys", str(keys), "--client", "alice"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert (keys / "server.key_secret").read_bytes() == secret   # never replaced
+    kept = {line.split()[0] for line in lines if line.endswith("(kept)")}
+    assert kept == {"server.key", "server.key_secret"}
+    assert any(line.split()[0] == "alice.key_secret" and "(kept)" not in line
+               for line in lines if line.startswith("  "))
