@@ -577,12 +577,13 @@ def render_html(a: RunAnalysis, pngs: dict[str, bytes]) -> str:
                   _img(pngs, "reward", "held-out reward over time")]
     if a.groups:
         parts.append("<h2>Parallel groups</h2><table><tr><th>group</th><th>items</th>"
-                     "<th>at most at once</th><th class=l>status</th><th>finished</th>"
-                     "<th>failed</th><th>waiting on a person</th></tr>")
+                     "<th>at most at once</th><th>leases</th><th class=l>status</th>"
+                     "<th>finished</th><th>failed</th><th>waiting on a person</th></tr>")
         for gid, g in a.groups.items():
             parts.append(f"<tr><td>{e(gid)}</td><td>{g['items']}</td><td>{g['bound']}</td>"
-                         f"<td class=l>{e(g['status'])}</td><td>{g['finished']}</td>"
-                         f"<td>{g['failed']}</td><td>{g['waiting']}</td></tr>")
+                         f"<td>{g['leases']}</td><td class=l>{e(g['status'])}</td>"
+                         f"<td>{g['finished']}</td><td>{g['failed']}</td>"
+                         f"<td>{g['waiting']}</td></tr>")
         parts.append("</table>")
     if a.mode == "async":
         starved = "no work for it: the wave ran dry, or backpressure held new leases back"

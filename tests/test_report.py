@@ -141,6 +141,7 @@ def test_the_page_of_a_group_log_has_no_reward_chart(group_log):
     assert main(["report", str(group_log)]) == 0
     page = (group_log.with_name("group-report") / "index.html").read_text()
     assert "Parallel groups" in page and "approval_pending" in page
+    assert "<th>leases</th>" in page and "<td>g</td><td>2</td><td>2</td><td>2</td>" in page
     assert "Held-out reward" not in page and "did not finish" not in page
     assert page.count("data:image/png") == 1
 
