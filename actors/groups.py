@@ -857,7 +857,8 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
                             value = target(items[pos], ctx)
                         else:
                             value = target(items[pos])
-                        value = settle(value)   # an async target runs to its end here
+                        if hasattr(value, "__await__"):   # an async target: run it here
+                            value = settle(value)
                     except _Suspend as suspend:
                         host.hold(index)
                         if ctx is not None:
