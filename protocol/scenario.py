@@ -181,6 +181,7 @@ def parse_scenario(data: bytes | str, source: str = "<scenario>") -> Scenario:
     if d is not None and d.agent is not None and (d.run is not None or d.propose is not None):
         raise ScenarioError(f"{source}: at `$.domain`: expected `agent` or `run`/`propose`, "
                             "found both; fix: keep one of them")
+    raw = raw_toml(data)   # which keys the file sets itself (not their defaults)
     if scenario.mode == "async" and d is not None:
         b = scenario.budgets
         if all(v is None for v in (b.max_rollouts, b.max_calls, b.max_seconds,
@@ -189,11 +190,11 @@ def parse_scenario(data: bytes | str, source: str = "<scenario>") -> Scenario:
                                 "mode = \"async\", found none; fix: set max_rollouts, "
                                 "max_calls, max_seconds, target_reward or patience under "
                                 "[budgets] (async mode has no rounds and no default time limit)")
-        if "rounds" in raw_toml(data):
+        if "rounds" in raw:
             warnings.warn(f"{source}: `rounds` has no meaning in async mode and is ignored; "
                           "stop with a [budgets] entry", RuntimeWarning, stacklevel=2)
     if scenario.mode == "sync" and d is not None:
-        given = [k for k in ("async_ratio", "staleness") if k in raw_toml(data)]
+        given = [k for k in ("async_ratio", "staleness") if k in raw]
         if given:
             warnings.warn(f"{source}: {' and '.join(f'`{k}`' for k in given)} only "
                           f"shape{'s' if len(given) == 1 else ''} mode = \"async\" and "
@@ -202,7 +203,7 @@ def parse_scenario(data: bytes | str, source: str = "<scenario>") -> Scenario:
                           f"{'it' if len(given) == 1 else 'them'}", RuntimeWarning,
                           stacklevel=2)
     w = scenario.workers
-    raw_workers = raw_toml(data).get("workers")
+    raw_workers = raw.get("workers")
     if not w.processes and not w.remote and isinstance(raw_workers, dict):
         unused = [k for k in _ELSEWHERE_ONLY if k in raw_workers]
         if unused:
