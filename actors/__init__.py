@@ -1,24 +1,73 @@
-"""Behaviour: the actors, the policies they consult, the Python API."""
+"""Behaviour: the actors, the policies they consult, the Python API.
 
-from actors.artifacts import AppendRules, ArtifactStrategy, KeyedRules, SingleSlot
-from actors.errors import ConfigError, EvobusError, RunFailed
-from actors.parallel import (ClusterParallel, DataParallel, ParallelConfigError,
-                             ParallelStrategy, PipelineChain, PipelineParallel, SectionViolation,
-                             StageRecord, TensorParallel, TensorParallelMerge,
-                             assign_key_sections, section_of, shard_round_robin)
-from actors.groups import (BranchCancelled, BranchContext, BudgetExhausted, Budgets,
-                           GroupFailed, GroupOutcome, GroupPaused, GroupProgress, HostLimits,
-                           ResumeRefused, Store, parallel, resume_group, run_group)
-from actors.runtime import EvolveResult, Runtime, evolve
-from actors.sampling import DifficultyWeighted, RoundRobin, TaskSampler
-from protocol import Diff, Task, WorkUnit
+General layout (each room imports only from the rooms listed after it):
 
-__all__ = ["AppendRules", "ArtifactStrategy", "ClusterParallel", "ConfigError", "DataParallel",
-           "Diff", "DifficultyWeighted", "EvobusError", "EvolveResult", "KeyedRules",
-           "ParallelConfigError", "ParallelStrategy", "PipelineChain", "PipelineParallel",
-           "RoundRobin", "Runtime", "RunFailed", "SectionViolation", "SingleSlot", "StageRecord",
-           "Task", "TaskSampler", "TensorParallel", "TensorParallelMerge", "WorkUnit",
-           "assign_key_sections", "evolve", "section_of", "shard_round_robin",
-           "BranchCancelled", "BranchContext", "BudgetExhausted", "Budgets", "GroupFailed",
-           "GroupOutcome", "GroupPaused", "GroupProgress", "HostLimits", "ResumeRefused", "Store", "parallel",
-           "resume_group", "run_group"]
+- cli/       the ``evobus`` verbs, live progress, HTML reports (nothing imports it)
+- replay/    rebuild control machines from a log; verify (replay); resume
+- groups/    bounded parallel groups: parallel(), run_group(), resume_group()
+- runtime/   Runtime (bus, actors, teardown), pykka shells, evolve(), worker pools,
+             launching a scenario
+- workers/   the worker loop (WorkerCore), the thread and remote workers, naming code
+- machines/  the pure control machines (planner, scheduler, merger, collector, registry)
+- policies/  pure strategies they consult (parallelism, pipeline, sampling)
+- artifacts, errors, addresses, version, openai_agent, testing: shared leaves
+
+The public names below are loaded on first use, so importing one pure machine
+(``actors.machines.collector``) does not start pykka or ZeroMQ.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_WHERE = {
+    "actors.artifacts": ["AppendRules", "ArtifactStrategy", "KeyedRules", "SingleSlot"],
+    "actors.errors": ["BranchCancelled", "BudgetExhausted", "ConfigError", "EvobusError",
+                      "GroupFailed", "GroupPaused", "ParallelConfigError", "ResumeRefused",
+                      "RunFailed", "SectionViolation"],
+    "actors.policies.parallelism": ["ClusterParallel", "DataParallel", "ParallelStrategy",
+                                    "TensorParallel", "TensorParallelMerge",
+                                    "assign_key_sections", "section_of", "shard_round_robin"],
+    "actors.policies.pipeline": ["PipelineChain", "PipelineParallel", "StageRecord"],
+    "actors.policies.sampling": ["DifficultyWeighted", "RoundRobin", "TaskSampler"],
+    "actors.groups": ["BranchContext", "Budgets", "GroupOutcome", "GroupProgress",
+                      "HostLimits", "Store", "parallel", "resume_group", "run_group"],
+    "actors.runtime.evolve": ["EvolveResult", "evolve"],
+    "actors.runtime.runtime": ["Runtime"],
+    "protocol": ["Diff", "Task", "WorkUnit"],
+}
+_MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'actors' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value   # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # what a type checker and an IDE see: the same names, eagerly
+    from actors.artifacts import AppendRules, ArtifactStrategy, KeyedRules, SingleSlot
+    from actors.errors import (BranchCancelled, BudgetExhausted, ConfigError, EvobusError,
+                               GroupFailed, GroupPaused, ParallelConfigError,
+                               ResumeRefused, RunFailed, SectionViolation)
+    from actors.groups import (BranchContext, Budgets, GroupOutcome, GroupProgress,
+                               HostLimits, Store, parallel, resume_group, run_group)
+    from actors.policies.parallelism import (ClusterParallel, DataParallel,
+                                             ParallelStrategy, TensorParallel,
+                                             TensorParallelMerge, assign_key_sections,
+                                             section_of, shard_round_robin)
+    from actors.policies.pipeline import PipelineChain, PipelineParallel, StageRecord
+    from actors.policies.sampling import DifficultyWeighted, RoundRobin, TaskSampler
+    from actors.runtime.evolve import EvolveResult, evolve
+    from actors.runtime.runtime import Runtime
+    from protocol import Diff, Task, WorkUnit

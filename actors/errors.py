@@ -1,4 +1,8 @@
-"""The handful of exception types evobus raises."""
+"""Every exception type of actors/: what callers catch, in one place."""
+
+from __future__ import annotations
+
+from protocol import JournalEntry, PendingInteraction
 
 
 class EvobusError(Exception):
@@ -11,3 +15,107 @@ class ConfigError(EvobusError, ValueError):
 
 class RunFailed(EvobusError):
     """The runtime itself failed (an actor crashed, the bus died); carries the cause."""
+
+
+class ParallelConfigError(ConfigError):
+    """A parallelism strategy cannot work with the configuration it was given.
+
+    Raised before the first rollout (``validate``) or by ``plan``; the message says
+    what was expected, what was found, and the fix."""
+
+
+
+class SectionViolation(Exception):
+    """A tensor-parallel diff writes a key outside the section it was proposed from.
+
+    ``owner`` is the section that does own ``key``, or None when no section does
+    (a key outside the declared key space)."""
+
+    def __init__(self, message: str, *, diff_id: str, key: str, section: int,
+                 owner: int | None) -> None:
+        super().__init__(message)
+        self.diff_id = diff_id
+        self.key = key
+        self.section = section
+        self.owner = owner
+
+
+# -- parallel groups ------------------------------------------------------------------
+
+
+class GroupError(EvobusError):
+    """Base of the errors of parallel groups."""
+
+
+class BudgetExhausted(GroupError):
+    """A run budget (calls, seconds, cost units) is used up; an error of the whole group."""
+
+
+class HostLimitExceeded(GroupError):
+    """A host limit refuses the request (a group nested deeper than ``max_depth``)."""
+
+
+class BranchError(GroupError):
+    """A branch's error known only by its text (it was raised where the object could not
+    travel back, e.g. in another process)."""
+
+
+class ResumeRefused(ConfigError):
+    """A resume that does not fit its checkpoint: unknown or already-used interaction ids,
+    no approval rights, a checkpoint that already ended. Nothing ran."""
+
+
+class GroupFailed(GroupError):
+    """The group failed: ``error`` is the first error (also ``__cause__``); the lists say
+    which branches finished, failed, were cancelled, never started or were abandoned."""
+
+    def __init__(self, outcome) -> None:
+        self.outcome = outcome
+        self.error = outcome.error
+        self.finished = outcome.finished
+        self.failed = outcome.failed
+        self.cancelled = outcome.cancelled
+        self.never_started = outcome.never_started
+        self.abandoned = outcome.abandoned
+        self.effects = outcome.effects
+        where = (f" at branch {outcome.error_branch}" if outcome.error_branch is not None
+                 else "")
+        text = f"{type(self.error).__name__}: {self.error}" if self.error else "unknown error"
+        parts = [f"finished {len(self.finished)}", f"failed {len(self.failed)}",
+                 f"cancelled {len(self.cancelled)}",
+                 f"never started {len(self.never_started)}"]
+        if self.abandoned:
+            parts.append(f"abandoned {len(self.abandoned)} (still running past the "
+                         "cancel deadline)")
+        if self.effects:
+            parts.append(f"{len(self.effects)} effect(s) already performed, not undone")
+        super().__init__(f"parallel group {outcome.group_id} failed{where}: {text} "
+                         f"({', '.join(parts)})")
+
+
+class GroupPaused(GroupError):
+    """``parallel()`` cannot return: the group waits on answers or approvals. The
+    checkpoint is written; resume it with :func:`resume_group`."""
+
+    def __init__(self, outcome) -> None:
+        self.outcome = outcome
+        ids = ", ".join(p.id for p in outcome.pending_interactions)
+        super().__init__(f"parallel group {outcome.group_id} is paused ({outcome.status}: "
+                         f"{ids}); answer with resume_group({str(outcome.checkpoint)!r}, "
+                         "user_inputs={id: answer}, approvals={id: True}) or `evobus resume "
+                         f"{outcome.checkpoint} --answers FILE`")
+
+
+class BranchCancelled(BaseException):
+    """Raised by ``ctx.raise_if_cancelled()``: the branch stops because the group is
+    stopping. A ``BaseException`` (like trio's ``Cancelled``) so ``except Exception`` in
+    the target does not swallow it."""
+
+
+class _Suspend(BaseException):
+    """Unwinds a branch at an unanswered ``ask``/``approve``; never seen by the caller."""
+
+    def __init__(self, pending: PendingInteraction, journal: list[JournalEntry]) -> None:
+        super().__init__(pending.id)
+        self.pending = pending
+        self.journal = journal

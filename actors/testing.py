@@ -20,7 +20,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from actors.replay import ReplayReport, replay_log
+from actors.replay.report import ReplayReport
+from actors.replay.verify import replay_log
 
 __all__ = ["recorded_logs", "replay"]
 

@@ -21,7 +21,7 @@ import time
 import warnings
 from typing import Callable, Sequence
 
-from actors.planner import split_tasks
+from actors.machines.planner import split_tasks
 
 
 class NotInstalled(RuntimeError):

@@ -56,8 +56,9 @@ def main(argv=None) -> dict[str, list[float]]:
     args = p.parse_args(argv)
     roots = [os.path.abspath(args.a), os.path.abspath(args.b)]
     for root in roots:
-        if not os.path.isfile(os.path.join(root, "actors", "groups.py")):
-            raise SystemExit(f"{root}: not a checkout of evobus (no actors/groups.py)")
+        if not (os.path.isfile(os.path.join(root, "actors", "groups.py"))
+                or os.path.isdir(os.path.join(root, "actors", "groups"))):
+            raise SystemExit(f"{root}: not a checkout of evobus (no actors/groups)")
     effs: dict[str, list[float]] = {root: [] for root in roots}
     for r in range(args.rounds):
         for root in roots if r % 2 == 0 else roots[::-1]:

@@ -27,7 +27,7 @@ import tempfile
 import time
 
 from actors import AppendRules, Task, evolve
-from actors.planner import split_tasks
+from actors.machines.planner import split_tasks
 from bench.common import stats, table
 from bus.log import read_log
 from protocol import LeaseBatch, LeaseDone, decode

@@ -30,7 +30,7 @@ import time
 from typing import Sequence
 
 from actors import DataParallel, KeyedRules, evolve
-from actors.planner import split_tasks
+from actors.machines.planner import split_tasks
 from bench import agentdescent_side as ad
 from bench.common import Row, figure, median, table
 from scenarios import router

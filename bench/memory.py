@@ -73,7 +73,7 @@ def child(lib: str, mode: str, rollouts: int, log_path: str | None) -> dict:
     asynchronous = mode == "async"
     if lib == "evobus":
         from actors import AppendRules, Task, evolve
-        from actors.planner import split_tasks
+        from actors.machines.planner import split_tasks
 
         tasks = [Task(f"t{i}", f"task {i}") for i in range(N_TASKS)]
         train = len(split_tasks([t.id for t in tasks], 0.4, 0)[0])

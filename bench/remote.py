@@ -4,7 +4,7 @@ per message, with 64 and 256 worker connections spread over a few processes.
     python -m bench.remote [--connections 64 256] [--procs 4] [--rollout 0.05]
                            [--tasks-per-lease 10] [--rounds 5] [--repeats 3] [--no-log]
 
-Each worker is a real ``evobus worker`` (actors.remote_worker.RemoteWorker, its own
+Each worker is a real ``evobus worker`` (actors.workers.remote.RemoteWorker, its own
 DEALER connection over loopback tcp, its own I/O thread (which also heartbeats) and
 slot thread); the worker processes host ``connections / procs`` of them each (one zmq
 context per process). The coordinator is the production path minus planner and
@@ -64,7 +64,7 @@ def _worker_process(address: str, first: int, count: int, rollout: float) -> Non
     logging.basicConfig(level=logging.WARNING)
     import zmq
 
-    from actors.remote_worker import RemoteWorker
+    from actors.workers.remote import RemoteWorker
 
     ctx = zmq.Context(io_threads=2)
     workers = [RemoteWorker(address, worker_id=f"bench-{i}", allow=["bench"],
@@ -104,9 +104,12 @@ def measure(connections: int, procs: int, rollout: float, tasks_per_lease: int, 
             write_log: bool = True, in_flight: int = 1) -> dict[str, float]:
     from actors.addresses import MERGER, PLANNER, SCHEDULER
     from actors.artifacts import AppendRules
-    from actors.coordinator import REGISTRY, Registry, build_spec
-    from actors.runtime import PACKAGE_VERSION, Runtime
-    from actors.scheduler import Scheduler
+    from actors.addresses import REGISTRY
+    from actors.machines.registry import Registry
+    from actors.workers.code import build_spec
+    from actors.version import PACKAGE_VERSION
+    from actors.runtime.runtime import Runtime
+    from actors.machines.scheduler import Scheduler
     from bus.remote import PeerPort
     from protocol import Barrier, Hello, Lease, LeaseBatch, Shutdown, Tick
 

@@ -38,7 +38,7 @@ import zlib
 from pathlib import Path
 
 from actors import KeyedRules, Task, evolve
-from actors.replay import replay_contents, replay_log
+from actors.replay.verify import replay_contents, replay_log
 from bench.common import fmt, stats
 from bus.log import read_log
 from protocol import decode
@@ -151,7 +151,7 @@ FORWARD = object()
 def _oracle_machines(contents):
     """Factory of machines that answer each input with what the real machine answered
     (recorded once, here): replaying with them times the engine alone."""
-    from actors.replay import build_machines, _find_start
+    from actors.replay.engine import build_machines, _find_start
 
     _, start = _find_start([contents])
     real = build_machines(dict(contents.header.meta), start)

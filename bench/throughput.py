@@ -29,7 +29,7 @@ import msgspec
 import zmq
 
 from actors import AppendRules, Task, evolve
-from actors.planner import split_tasks
+from actors.machines.planner import split_tasks
 from bench import agentdescent_side as ad
 from bench.common import Row, figure, ratio, table
 

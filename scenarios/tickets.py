@@ -96,7 +96,7 @@ def triage(ticket: dict, ctx) -> dict:
 def stand_in_answers(checkpoint: str) -> dict:
     """A stand-in for the human, for demos and docs: approve every pending action and
     file every unclear ticket under ``account``. Prints nothing; returns the answers."""
-    from actors.groups import load_checkpoint
+    from actors.groups.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(checkpoint)
     return {p.id: (True if p.kind == "approve" else "account") for p in ckpt.pending}

@@ -6,10 +6,10 @@ import warnings
 
 import pytest
 
-from actors import (ClusterParallel, ConfigError, KeyedRules, TensorParallel, evolve)
+from actors import ClusterParallel, ConfigError, KeyedRules, TensorParallel, evolve
 from actors.addresses import MERGER, PLANNER, SCHEDULER
-from actors.merger import Merger
-from actors.scheduler import Scheduler
+from actors.machines.merger import Merger
+from actors.machines.scheduler import Scheduler
 from bus.log import read_log
 from protocol import (Commit, Diff, Drain, EvalDone, EvalRequest, Flush, Hello, Lease,
                       LeaseBatch, LeaseDone, Merged, NeedWork, Open, Refresh, RolloutResult,
@@ -324,7 +324,7 @@ def test_the_scheduler_refreshes_a_worker_whose_snapshot_lags_past_the_budget():
 
 
 def test_an_async_scenario_file_runs_async(tmp_path):
-    from actors.launch import run_scenario
+    from actors.runtime.launch import run_scenario
     from protocol.scenario import load_scenario
 
     result = run_scenario(load_scenario("scenarios/router_async.toml"),

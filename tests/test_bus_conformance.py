@@ -137,7 +137,7 @@ def test_every_delivered_message_is_in_the_log_with_its_sequence_number(make_bus
 
 
 def test_numbering_starts_at_first_seq_in_deliveries_and_the_log(make_bus, tmp_path):
-    """A resumed run's log goes on after the one it continues (actors/resume.py)."""
+    """A resumed run's log goes on after the one it continues (actors/replay/resume.py)."""
     bus = make_bus(log=True, first_seq=178)
     inbox = Inbox()
     bus.attach("a", inbox)

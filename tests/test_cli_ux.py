@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.progress import RunProgress, interrupt_guard, outcome_text
+from actors.cli.progress import RunProgress, interrupt_guard, outcome_text
 from protocol import RoundRecord
 from protocol.scenario import parse_scenario
 from scenarios.router import RouterAgent

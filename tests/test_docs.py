@@ -134,7 +134,7 @@ def test_the_scenario_reference_lists_every_field_of_every_table():
 def test_the_json_schema_is_what_evobus_schema_prints(capsys):
     import json
 
-    from actors.cli import main
+    from actors.cli.main import main
     from protocol.scenario import Scenario, json_schema
 
     assert main(["schema"]) == 0

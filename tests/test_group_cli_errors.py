@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from actors.cli import main
+from actors.cli.main import main
 
 MODULE = '''
 def pick(i, ctx):
@@ -90,7 +90,7 @@ def test_a_bad_answers_file_is_refused_by_name(paused, capsys, content, message)
 
 
 def test_answers_in_the_user_inputs_form_resume_the_group(paused, capsys):
-    from actors.groups import load_checkpoint
+    from actors.groups.checkpoint import load_checkpoint
 
     (pending,) = load_checkpoint(paused).pending
     answers = paused.parent / "answers.json"

@@ -1,5 +1,5 @@
 """``on_progress``: how far a running group has got, from the driver's thread; and the
-view ``evobus run`` / ``evobus resume`` show with it (actors/progress.py)."""
+view ``evobus run`` / ``evobus resume`` show with it (actors/cli/progress.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-import actors.groups as groups
+import actors.groups.driver as groups
 from actors import ConfigError, GroupProgress, resume_group, run_group
-from actors.progress import GroupProgressView
+from actors.cli.progress import GroupProgressView
 
 
 @pytest.fixture
@@ -143,8 +143,8 @@ def test_evobus_run_prints_a_long_groups_progress_and_keeps_stdout_for_json(tmp_
                                                                              capsys):
     import json
 
-    import actors.progress as progress
-    from actors.cli import main
+    import actors.cli.progress as progress
+    from actors.cli.main import main
 
     monkeypatch.setattr(groups, "PROGRESS_S", 0.02)
     monkeypatch.setattr(progress, "GROUP_LINE_EVERY_S", 0.0)   # a line per report
@@ -167,7 +167,7 @@ def test_evobus_run_prints_a_long_groups_progress_and_keeps_stdout_for_json(tmp_
 def test_a_large_groups_report_lists_the_first_results_and_says_how_many_more(tmp_path,
                                                                               monkeypatch,
                                                                               capsys):
-    from actors.cli import main
+    from actors.cli.main import main
 
     monkeypatch.chdir(tmp_path)
     _group_scenario(tmp_path / "many.toml", "ids", "json:dumps", 25, 2)

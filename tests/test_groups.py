@@ -22,10 +22,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors import (BranchCancelled, BudgetExhausted, Budgets, ConfigError, GroupFailed,
-                    GroupPaused, HostLimits, ResumeRefused, parallel, resume_group, run_group)
-from actors.collector import Collector, check_inputs
-from actors.groups import HostLimitExceeded, load_checkpoint
+from actors import BranchCancelled, BudgetExhausted, Budgets, ConfigError, GroupFailed, GroupPaused, HostLimits, ResumeRefused, parallel, resume_group, run_group
+from actors.machines.collector import Collector, check_inputs
+from actors.errors import HostLimitExceeded
+from actors.groups.checkpoint import load_checkpoint
 from protocol import (Branch, BranchDone, BranchFailed, Cancel, GroupResult, GroupStart,
                       GroupSuspended, Hello, Hold, Interaction, JournalEntry,
                       PendingInteraction, Revoke, Stop, Tick, UserInputs, decode)
@@ -587,7 +587,7 @@ def test_idle_workers_are_let_go_while_the_last_branch_still_runs():
 
 
 def test_a_lease_or_a_stop_that_comes_before_the_workers_thread_waits_in_its_box():
-    from actors.groups import GroupWorker, _LeaseBox, _worker_deliver
+    from actors.groups.worker import GroupWorker, _LeaseBox, _worker_deliver
     from bus.base import Delivery
     from bus.memory import InMemoryBus
 
@@ -1230,7 +1230,7 @@ def test_property_order_bound_and_no_start_after_the_first_error(n, bound, chunk
 def test_evobus_run_pauses_the_scenarios_group_and_evobus_resume_finishes_it(tmp_path,
                                                                            monkeypatch,
                                                                            capsys):
-    from actors.cli import main
+    from actors.cli.main import main
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("EVOBUS_TICKETS_OUTBOX", str(tmp_path / "outbox.jsonl"))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from actors.addresses import DRIVER, MERGER, PLANNER, SCHEDULER
-from actors.merger import Merger, conflict_groups
-from actors.parallel import DataParallel
-from actors.planner import Planner, split_tasks
-from actors.scheduler import Scheduler
+from actors.machines.merger import Merger, conflict_groups
+from actors.policies.parallelism import DataParallel
+from actors.machines.planner import Planner, split_tasks
+from actors.machines.scheduler import Scheduler
 from protocol import (Barrier, Baseline, Commit, Diff, EvalDone, EvalRequest, Finish, Hello,
                       Lease, LeaseBatch, LeaseDone, Open, RolloutResult, RoundClosed,
                       RunDone, Settled, SettledBatch, Shutdown, Start)

@@ -270,7 +270,7 @@ def router_model(body: dict):
 
 
 def test_a_scenario_runs_the_agent_against_the_endpoint(tmp_path, key, capsys):
-    from actors.cli import main
+    from actors.cli.main import main
 
     server = FakeServer(default=router_model)
     try:

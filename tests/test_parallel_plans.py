@@ -6,23 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.parallel import (
-    ClusterParallel,
-    CounterfactualOutcome,
-    DataParallel,
-    ParallelConfigError,
-    ParallelStrategy,
-    PipelineChain,
-    PipelineParallel,
-    SectionViolation,
-    StageRecord,
-    TensorParallel,
-    TensorParallelMerge,
-    assign_key_sections,
-    section_of,
-    shard_round_robin,
-)
-from actors.sampling import DifficultyWeighted, RoundRobin, TaskSampler
+from actors.policies.parallelism import ClusterParallel, DataParallel, ParallelStrategy, TensorParallel, TensorParallelMerge, assign_key_sections, section_of, shard_round_robin
+from actors.policies.pipeline import CounterfactualOutcome, PipelineChain, PipelineParallel, StageRecord
+from actors.errors import ParallelConfigError, SectionViolation
+from actors.policies.sampling import DifficultyWeighted, RoundRobin, TaskSampler
 from protocol.domain import Diff, WorkUnit
 
 # Derandomized and database-free: a property test runs the same examples every time

@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from actors import (AppendRules, ClusterParallel, ConfigError, DataParallel, DifficultyWeighted,
-                    KeyedRules, ParallelStrategy, PipelineParallel, SingleSlot, TensorParallel,
-                    evolve)
+from actors import AppendRules, ClusterParallel, ConfigError, DataParallel, DifficultyWeighted, KeyedRules, ParallelStrategy, PipelineParallel, SingleSlot, TensorParallel, evolve
 from bus.log import read_log
 from protocol import Lease, decode
 from scenarios import parallelism, router
@@ -153,7 +151,7 @@ def test_a_minibatch_round_rolls_out_per_worker_tasks_and_learns_from_each(tmp_p
 
 
 def test_a_scenario_declares_the_minibatch_round():
-    from actors.launch import build_parallel
+    from actors.runtime.launch import build_parallel
     from protocol.scenario import parse_scenario
 
     toml = Path(__file__).resolve().parent.parent / "scenarios" / "router.toml"

@@ -25,11 +25,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors import ConfigError, KeyedRules, evolve
-from actors.coordinator import Registry, build_spec, code_ref
-from actors.launch import run_scenario
-from actors.refs import Ref
-from actors.remote_worker import resolve_spec
-from actors.scheduler import Scheduler
+from actors.machines.registry import Registry
+from actors.workers.code import build_spec
+from actors.workers.code import code_ref
+from actors.runtime.launch import run_scenario
+from actors.workers.code import Ref
+from actors.workers.remote import resolve_spec
+from actors.machines.scheduler import Scheduler
 from bus.remote import PeerPort, RemoteEndpoint
 from bus.security import create_keys, load_client_keys, load_server_keys
 from bus.zmq_bus import ZmqBus
@@ -262,7 +264,7 @@ def reference_state():
 def test_two_worker_processes_complete_a_scenario_with_curve_keys(topology, tmp_path,
                                                                    reference_state):
     keys = tmp_path / "keys"
-    from actors.cli import main
+    from actors.cli.main import main
 
     assert main(["keys", str(keys)]) == 0
     t = topology(2, keys=keys)
@@ -285,7 +287,7 @@ def test_kill_9_of_a_worker_mid_lease_still_completes_with_the_same_artifact(top
     assert out["bus"]["lost_workers"] == 1
     assert out["error"] is None
     # Time and heartbeats reached the Scheduler as messages: its log replays exactly.
-    from actors.cli import main
+    from actors.cli.main import main
 
     assert main(["replay", str(t.log)]) == 0
 
@@ -700,7 +702,7 @@ def test_the_python_example_of_the_remote_page_runs(tmp_path):
 
 
 def test_a_worker_that_joins_before_the_registry_listens_joins_again():
-    from actors.remote_worker import RemoteWorker
+    from actors.workers.remote import RemoteWorker
     from protocol import Stop
 
     port = PeerPort(["tcp://127.0.0.1:0"], receivers=["scheduler", "registry"])
@@ -714,7 +716,7 @@ def test_a_worker_that_joins_before_the_registry_listens_joins_again():
         # Its first Join finds no registry: dropped and counted ...
         wait_for(lambda: bus.stats.unroutable >= 1, 10, "the first Join to be dropped")
         hellos = Inbox()
-        spec = _spec(package_version=__import__("actors.runtime").runtime.PACKAGE_VERSION)
+        spec = _spec(package_version=__import__("actors.version").version.PACKAGE_VERSION)
 
         def registry(delivery) -> None:
             if isinstance(delivery.msg, Join):
@@ -765,7 +767,7 @@ def test_refs_and_insecure_without_workers_in_other_processes_are_warned_about()
 
 
 def test_evobus_keys_keeps_existing_pairs_and_says_so(tmp_path, capsys):
-    from actors.cli import main
+    from actors.cli.main import main
 
     keys = tmp_path / "keys"
     assert main(["keys", str(keys)]) == 0

@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_bus_conformance import WAIT_S, Inbox  # deliveries collected, waits bounded
 
-from actors.remote_worker import EXIT_LOST, EXIT_STOPPED, RemoteWorker
-from actors.shell import ControlActor
+from actors.workers.remote import EXIT_LOST, EXIT_STOPPED, RemoteWorker
+from actors.runtime.shell import ControlActor
 from bus.frames import (
     batch,
     delivery,

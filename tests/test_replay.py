@@ -15,11 +15,12 @@ import pytest
 
 from actors import KeyedRules, evolve
 from actors.addresses import DRIVER, MERGER, PLANNER, SCHEDULER
-from actors.cli import main as cli_main
+from actors.cli.main import main as cli_main
 from actors.errors import ConfigError
-from actors.parallel import ClusterParallel, DataParallel, TensorParallel
-from actors.replay import field_diff, replay_log
-from actors.scheduler import Scheduler
+from actors.policies.parallelism import ClusterParallel, DataParallel, TensorParallel
+from actors.replay.report import field_diff
+from actors.replay.verify import replay_log
+from actors.machines.scheduler import Scheduler
 from actors.testing import recorded_logs, replay
 from bus.log import FORMAT_VERSION, LogWriter, TornTailWarning, read_log
 from protocol import (Barrier, Commit, Lease, LeaseBatch, Message, Start, decode,
@@ -140,7 +141,7 @@ def test_a_group_resumed_on_its_collector_name_needs_a_fresh_collector():
     """Each GroupStart begins a new group at that name (a resumed group keeps its id):
     one Collector fed every life ignores the second GroupStart, and replay says so at
     the first message the resumed group's Collector sent."""
-    from actors.collector import Collector
+    from actors.machines.collector import Collector
 
     path = LOGS / "group_suspended_resumed.evolog"
     msgs = records_of(path)
@@ -155,7 +156,7 @@ def test_a_group_resumed_on_its_collector_name_needs_a_fresh_collector():
 
 
 def test_a_collector_that_leases_differently_is_caught_at_that_lease():
-    from actors.collector import Collector
+    from actors.machines.collector import Collector
 
     class OneAtATime(Collector):
         """Takes one worker fewer than the group allows."""

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from actors.cli import main
-from actors.report import analyse
+from actors.cli.main import main
+from actors.cli.render import analyse
 from bus.log import FORMAT_VERSION, LogHeader, LogWriter
 from protocol import (Baseline, Branch, BranchDone, EvalDone, EvalRequest, GroupStart,
                       GroupSuspended, Hello, Interaction, Lease, LeaseDone, Open,

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from actors import KeyedRules, evolve
-from actors.replay import replay_log
-from actors.resume import ResumePoint, next_log_path, resume
+from actors.replay.verify import replay_log
+from actors.replay.resume import ResumePoint, next_log_path, resume
 from actors.testing import replay
 from bus.log import LogWriter, TornTailWarning, read_log
 from protocol import Lease, LeaseDone, RunDone, decode
@@ -122,7 +122,7 @@ def test_eval_leases_in_flight_are_reissued_under_their_ids(full_run, tmp_path):
 
 
 def test_scheduler_reopen_forgets_workers_and_requeues_held_leases_evals_first():
-    from actors.scheduler import Scheduler
+    from actors.machines.scheduler import Scheduler
     from protocol import EvalRequest, Hello, LeaseBatch
 
     s = Scheduler(3)
@@ -143,7 +143,7 @@ def test_scheduler_reopen_forgets_workers_and_requeues_held_leases_evals_first()
 
 
 def test_scheduler_reopen_orders_named_leases_first_and_refuses_unknown_ones():
-    from actors.scheduler import Scheduler
+    from actors.machines.scheduler import Scheduler
     from protocol import Hello, LeaseBatch
 
     def busy() -> Scheduler:
@@ -244,7 +244,7 @@ def test_next_log_path_numbers_the_chain(tmp_path):
 
 def test_resuming_a_log_that_does_not_replay_is_refused(full_run, tmp_path):
     from actors.errors import RunFailed
-    from actors.parallel import TensorParallel
+    from actors.policies.parallelism import TensorParallel
 
     full_path, _ = full_run
     n = len(read_log(full_path).records)
@@ -303,7 +303,7 @@ def wait_for_seq(path: Path, seq: int, proc: subprocess.Popen, deadline_s: float
 
 
 def test_kill_9_mid_run_then_evobus_resume_gives_the_uninterrupted_artifact(tmp_path):
-    from actors.launch import run_scenario
+    from actors.runtime.launch import run_scenario
     from protocol.scenario import parse_scenario
 
     log = tmp_path / "run.evolog"

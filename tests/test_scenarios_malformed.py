@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from actors.cli import main
+from actors.cli.main import main
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -118,8 +118,8 @@ kind = "DataParallel"
 
 
 def record(name: str, text: str, path: Path) -> Path:
-    from actors.launch import evolve_kwargs
-    from actors.runtime import evolve
+    from actors.runtime.launch import evolve_kwargs
+    from actors.runtime.evolve import evolve
     from protocol.scenario import parse_scenario
 
     scenario = parse_scenario(text, f"tests/logs/record.py:{name}")
@@ -135,7 +135,7 @@ def record(name: str, text: str, path: Path) -> Path:
 def record_killed() -> None:
     """Run, keep the prefix up to the first rollout result of round 1 (leases of that
     round are still in flight there), and resume it."""
-    from actors.resume import resume_scenario_log
+    from actors.replay.resume import resume_scenario_log
     from bus.log import LogWriter, read_log
     from protocol import LeaseDone, decode
 
@@ -161,8 +161,9 @@ def record_group() -> None:
     """The tickets group, paused and resumed (stand-in answers) until it completes."""
     import tempfile
 
-    from actors.groups import load_checkpoint, resume_group, run_group
-    from actors.runtime import Runtime
+    from actors.groups.checkpoint import load_checkpoint
+    from actors.groups.api import resume_group, run_group
+    from actors.runtime.runtime import Runtime
     from scenarios.tickets import stand_in_answers, tickets
 
     path = HERE / f"{GROUP}.evolog"
@@ -226,7 +227,7 @@ def _record_redispatch_once() -> None:
                 back.set()
 
     watch = Watch()
-    logging.getLogger("actors.scheduler").addHandler(watch)
+    logging.getLogger("actors.machines.scheduler").addHandler(watch)
     with tempfile.TemporaryDirectory() as gate:
         os.environ["EVOBUS_TEST_GATE"] = gate  # the process workers inherit it
         result: list = []
@@ -253,7 +254,7 @@ def _record_redispatch_once() -> None:
             thread.join(120)
         finally:
             del os.environ["EVOBUS_TEST_GATE"]
-            logging.getLogger("actors.scheduler").removeHandler(watch)
+            logging.getLogger("actors.machines.scheduler").removeHandler(watch)
     if not result or not back.is_set():
         raise SystemExit(f"{path.name}: the run did not finish with the worker back "
                          f"(finished: {bool(result)}, back: {back.is_set()})")

@@ -1,0 +1,279 @@
+"""CLI for parallel groups: ``evobus run`` runs a scenario's ``[[groups]]`` (through
+:func:`run_groups`), and ``evobus resume CHECKPOINT --answers FILE [--as NAME]`` resumes
+a paused group. Plugged in through ``actors.cli.VERB_MODULES``.
+
+``resume`` is shared with ``evobus resume LOG`` (actors.cli.replay): a message log
+(it starts with ``EVOLOG``) goes to that verb, anything else is read as a checkpoint.
+
+Exit codes: 0 completed, 1 failed, 2 a caller's mistake (refused), 3 paused (waiting
+for answers or approvals; the checkpoint and an answers template are written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+from actors.errors import ConfigError
+from actors.errors import ResumeRefused
+from actors.groups.checkpoint import load_checkpoint
+from actors.groups.api import resume_group
+from actors.cli.progress import GroupProgressView
+from actors.workers import code as refs
+from protocol import scenario as sc
+from actors.groups.api import run_group
+
+log = logging.getLogger(__name__)
+
+EXIT_PAUSED = 3
+
+
+def _err(message: str) -> int:
+    print(f"evobus: {message}", file=sys.stderr)
+    return 2
+
+
+def _is_log(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(6) == b"EVOLOG"
+    except OSError:
+        return False
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    existing = sub.choices.get("resume")
+    if existing is None:
+        p = sub.add_parser(
+            "resume", help="resume a paused parallel group from its checkpoint",
+            description="Resume a parallel group paused on questions (ctx.ask) or "
+                        "approvals (ctx.approve) from its checkpoint file.")
+        p.add_argument("log", metavar="CHECKPOINT", help="the group's checkpoint file")
+        p.add_argument("--quiet", action="store_true", help="print only errors")
+        p.add_argument("--json", action="store_true", help="print a JSON summary at the end")
+        p.set_defaults(func=cmd_resume)
+        previous = None
+    else:
+        # `evobus resume LOG` exists (cli_replay): share the verb, dispatch on the file.
+        p = existing
+        previous = existing.get_default("func")
+        p.description = ((p.description or "") + " Given a parallel group's checkpoint "
+                         "instead of a log, resumes that group (--answers, --as, --show).")
+        p.set_defaults(func=lambda args: cmd_resume(args, previous=previous))
+    p.add_argument("--answers", metavar="FILE",
+                   help="group checkpoints: a JSON file {interaction id: answer} (null: not "
+                        "answered yet), or {\"user_inputs\": {...}, \"approvals\": {...}}")
+    p.add_argument("--as", dest="principal", metavar="NAME",
+                   help="group checkpoints: who resumes (approvals need an approver)")
+    p.add_argument("--show", action="store_true",
+                   help="group checkpoints: print the pending interactions and stop")
+
+
+def _positional(args: argparse.Namespace) -> str:
+    return getattr(args, "log", None) or getattr(args, "checkpoint", "")
+
+
+#: `evobus resume` flags that apply to one kind of file only: (flag, its dest).
+_CHECKPOINT_ONLY = (("--answers", "answers"), ("--as", "principal"), ("--show", "show"))
+_LOG_ONLY = (("--log", "new_log"), ("--fsync", "fsync"))
+
+
+def cmd_resume(args: argparse.Namespace, previous=None) -> int:
+    path = _positional(args)
+    is_log = previous is not None and _is_log(path)
+    wrong = [flag for flag, dest in (_CHECKPOINT_ONLY if is_log else _LOG_ONLY)
+             if getattr(args, dest, None)]
+    if wrong:
+        kind, other = (("a run's message log", "a group checkpoint") if is_log else
+                       ("not a run's message log (it is read as a group checkpoint)",
+                        "a run's message log"))
+        return _err(f"{path} is {kind}: {', '.join(wrong)} only appl"
+                    f"{'ies' if len(wrong) == 1 else 'y'} to {other}; remove "
+                    f"{'it' if len(wrong) == 1 else 'them'}")
+    if is_log:
+        return previous(args)
+
+    try:
+        ckpt = load_checkpoint(path)
+    except ResumeRefused as exc:
+        return _err(str(exc))
+    if getattr(args, "show", False):
+        _show(ckpt, path)
+        return 0
+    if not args.answers:
+        _show(ckpt, path)
+        return _err(f"{path}: pass --answers FILE (a JSON object {{interaction id: answer}}); "
+                    f"a template: {_template_path(Path(path))}")
+    try:
+        user_inputs, approvals = _read_answers(args.answers, ckpt)
+    except ValueError as exc:
+        return _err(f"{args.answers}: {exc}")
+    quiet, json_out = getattr(args, "quiet", False), getattr(args, "json", False)
+    try:
+        with _progress(ckpt.group_id, quiet, json_out) as view:
+            outcome = resume_group(path, user_inputs=user_inputs, approvals=approvals,
+                                   principal=args.principal, on_progress=view)
+    except ConfigError as exc:
+        return _err(str(exc))
+    return _report(outcome, name=ckpt.group_id, quiet=quiet, json_out=json_out)
+
+
+def _progress(name: str, quiet: bool, json_out: bool):
+    """A group's live progress: on stderr when stdout carries the JSON summary."""
+
+    return GroupProgressView(name, stream=sys.stderr if json_out else sys.stdout,
+                             quiet=quiet)
+
+
+def _read_answers(path: str, ckpt) -> tuple[dict[str, Any], dict[str, bool]]:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"cannot read the answers file ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object {interaction id: answer}")
+    if set(data) <= {"user_inputs", "approvals"} and data:
+        user_inputs = dict(data.get("user_inputs") or {})
+        approvals = dict(data.get("approvals") or {})
+    else:
+        # A flat object: each id goes where its kind says (ask -> answer, approve -> decision).
+        kinds = {p.id: p.kind for p in ckpt.pending}
+        user_inputs = {k: v for k, v in data.items() if kinds.get(k) != "approve"}
+        approvals = {k: v for k, v in data.items() if kinds.get(k) == "approve"}
+    # null means "not answered yet": a partly filled template resumes what it can.
+    user_inputs = {k: v for k, v in user_inputs.items() if v is not None}
+    approvals = {k: v for k, v in approvals.items() if v is not None}
+    return user_inputs, approvals
+
+
+def _template_path(checkpoint: Path) -> Path:
+    name = checkpoint.name[:-5] if checkpoint.name.endswith(".ckpt") else checkpoint.name
+    return checkpoint.with_name(name + ".answers.json")
+
+
+def _write_template(checkpoint: Path, pending) -> Path:
+    path = _template_path(checkpoint)
+    path.write_text(json.dumps({p.id: None for p in pending}, indent=2) + "\n",
+                    encoding="utf-8")
+    return path
+
+
+def _show(ckpt, path: str) -> None:
+    print(f"{path}: group {ckpt.group_id}, {ckpt.status}; {len(ckpt.finished)} of "
+          f"{len(ckpt.items)} branches finished, {len(ckpt.not_started)} not started; "
+          f"consumed {ckpt.consumed.calls} calls, {ckpt.consumed.seconds:.3f} s")
+    for p in ckpt.pending:
+        what = "approve" if p.kind == "approve" else "answer"
+        print(f"  {p.id}  branch {p.branch}  {what}: {p.prompt}")
+    if ckpt.approvers:
+        print(f"  approvers: {', '.join(ckpt.approvers)}")
+
+
+#: A completed group's report lists this many results (``--json`` gives them all).
+SHOW_RESULTS = 20
+
+
+def _report(outcome, *, name: str, quiet: bool, json_out: bool) -> int:
+    if json_out:
+        print(json.dumps({
+            "group": name, "status": outcome.status, "results": outcome.results,
+            "error": None if outcome.error is None else
+            f"{type(outcome.error).__name__}: {outcome.error}",
+            "pending": [{"id": p.id, "branch": p.branch, "kind": p.kind, "prompt": p.prompt}
+                        for p in outcome.pending_interactions],
+            "checkpoint": str(outcome.checkpoint) if outcome.checkpoint else None,
+            "finished": len(outcome.finished), "failed": outcome.failed,
+            "cancelled": outcome.cancelled, "never_started": outcome.never_started,
+            "effects": len(outcome.effects), "store": outcome.store,
+            "consumed": {"calls": outcome.consumed.calls,
+                         "seconds": outcome.consumed.seconds, "cost": outcome.consumed.cost},
+        }, default=str))
+    if outcome.status == "completed":
+        if not quiet and not json_out:
+            print(f"group {name}: completed, {len(outcome.results)} results "
+                  f"({outcome.stats.get('elapsed', 0):.3f} s, {len(outcome.effects)} effects)")
+            shown = outcome.results[:SHOW_RESULTS]
+            for r in shown:
+                print(f"  {json.dumps(r, default=str)}")
+            if len(outcome.results) > len(shown):
+                print(f"  ... {len(outcome.results) - len(shown):,} more (--json prints every "
+                      "result)")
+            if outcome.store:
+                print(f"  store: {json.dumps(outcome.store, default=str, sort_keys=True)}")
+        return 0
+    if outcome.status == "failed":
+        print(f"evobus: group {name} failed at branch {outcome.error_branch}: "
+              f"{type(outcome.error).__name__}: {outcome.error} (finished "
+              f"{len(outcome.finished)}, failed {len(outcome.failed)}, cancelled "
+              f"{len(outcome.cancelled)}, never started {len(outcome.never_started)}"
+              + (f", {len(outcome.effects)} effects performed, not undone" if outcome.effects
+                 else "") + ")", file=sys.stderr)
+        return 1
+    template = _write_template(Path(outcome.checkpoint), outcome.pending_interactions)
+    if not json_out:
+        print(f"group {name}: paused ({outcome.status}); {len(outcome.finished)} finished, "
+              f"{len(outcome.pending_interactions)} waiting:")
+        for p in outcome.pending_interactions:
+            what = "approve" if p.kind == "approve" else "answer"
+            print(f"  {p.id}  branch {p.branch}  {what}: {p.prompt}")
+        print(f"checkpoint: {outcome.checkpoint}\nanswers template: {template} (fill in, "
+              f"then: evobus resume {outcome.checkpoint} --answers {template}"
+              + (" --as NAME" if any(p.kind == "approve" for p in outcome.pending_interactions)
+                 else "") + ")")
+    return EXIT_PAUSED
+
+
+def _items_of(spec, where: str) -> list[Any]:
+
+    if isinstance(spec.items, list):
+        return spec.items
+    ref = spec.items
+    if isinstance(ref, sc.RefSpec):
+        ref = refs.Ref(ref=ref.ref, args=list(ref.args), kwargs=dict(ref.kwargs), call=ref.call)
+    items = refs.resolve(ref, None, what=f"{where}.items")
+    return list(items() if callable(items) else items)
+
+
+def _target_of(spec):
+
+    if isinstance(spec.target, sc.RefSpec):
+        t = spec.target
+        return refs.Ref(ref=t.ref, args=list(t.args), kwargs=dict(t.kwargs), call=t.call)
+    return spec.target
+
+
+def run_groups(scenario, source: str, *, quiet: bool = False, json_out: bool = False,
+               log_path: str | None = None) -> int:
+    """Run every ``[[groups]]`` entry of a scenario, one after the other; the exit code
+    of the worst outcome (failed 1 > paused 3 > completed 0; a refusal is 2)."""
+
+    worst = 0
+    rank = {0: 0, EXIT_PAUSED: 1, 1: 2, 2: 3}
+    for i, spec in enumerate(scenario.groups):
+        where = f"$.groups[{i}]"
+        checkpoint = spec.checkpoint or f"runs/{scenario.name}.{spec.name}.ckpt"
+        options: dict[str, Any] = {}
+        if spec.approvers is not None:
+            options["approvers"] = list(spec.approvers)
+        if log_path:
+            options["log"] = f"{log_path}.{spec.name}.evolog" if not log_path.endswith(
+                ".evolog") else log_path[:-len(".evolog")] + f".{spec.name}.evolog"
+        try:
+            items = _items_of(spec, where)
+            with _progress(spec.name, quiet, json_out) as view:
+                outcome = run_group(_target_of(spec), items,
+                                    max_concurrency=spec.max_concurrency,
+                                    max_items=spec.max_items, checkpoint=checkpoint,
+                                    on_progress=view, **options)
+        except ConfigError as exc:
+            code = _err(f"{source}: at `{where}` ({spec.name}): {exc}")
+        else:
+            code = _report(outcome, name=spec.name, quiet=quiet, json_out=json_out)
+        if rank[code] > rank[worst]:
+            worst = code
+    return worst

@@ -1,0 +1,251 @@
+"""The ``evobus`` command line. Every verb returns an exit code; a caller's mistake is
+one line on stderr naming the fix, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+import warnings
+from collections import Counter
+from actors.runtime.checks import check_refs
+from protocol.scenario import ScenarioError, load_scenario
+from actors.errors import ConfigError
+from actors.runtime.launch import run_scenario
+from actors.cli.progress import RunProgress, interrupt_guard
+from bus.log import LogCorrupt, read_log
+from protocol import decode
+from protocol.scenario import json_schema
+from actors.cli.groups import run_groups
+from actors.cli.replay import format_summary, summarize
+from actors.cli.replay import unreadable_log
+
+log = logging.getLogger(__name__)
+
+#: Modules adding verbs (replay, resume, worker, keys, report, ...): each defines
+#: ``register(subparsers)`` which adds its parser and sets ``func``.
+VERB_MODULES: list[str] = ["actors.cli.replay", "actors.cli.report", "actors.cli.groups"]
+VERB_MODULES.append("actors.cli.remote")  # issue 6: `evobus worker`, `evobus keys`
+
+
+def _err(message: str) -> int:
+    print(f"evobus: {message}", file=sys.stderr)
+    return 2
+
+
+def _load_checked(path: str):
+    """The scenario at ``path``, validated and with every reference importable (nothing
+    is called: no tasks built, no agent constructed); or the exit code after saying why."""
+
+    try:
+        scenario = load_scenario(path)
+    except ScenarioError as exc:
+        return _err(str(exc))
+    problems = check_refs(scenario, path)
+    for problem in problems:
+        _err(problem)
+    return 2 if problems else scenario
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+
+    scenario = _load_checked(args.scenario)
+    if isinstance(scenario, int):
+        return scenario
+
+    if scenario.domain is None:  # only [[groups]]: actors.cli.groups runs them
+
+        if getattr(args, "insecure", False):
+            warnings.warn(f"{args.scenario} has no [domain], only groups (threads of this "
+                          "process): --insecure concerns remote workers and is ignored",
+                          RuntimeWarning, stacklevel=1)
+
+        return run_groups(scenario, args.scenario, quiet=args.quiet, json_out=args.json,
+                          log_path=args.log if args.log is not None else scenario.log)
+    # Live progress on a terminal, plain lines otherwise; with --json on stderr, so
+    # stdout holds only the JSON summary.
+    log_path = args.log if args.log is not None else scenario.log
+    progress = RunProgress(scenario, source=args.scenario, quiet=args.quiet,
+                           stream=sys.stderr if args.json else sys.stdout, log_path=log_path)
+    try:
+        with progress, interrupt_guard():
+            result = run_scenario(scenario, source=args.scenario, log=args.log,
+                                  on_progress=progress,
+                                  insecure=getattr(args, "insecure", False))  # issue 6
+    except ConfigError as exc:
+        return _err(f"{args.scenario}: {exc}")
+    except KeyboardInterrupt:  # Ctrl-C: the runtime closed its actors and the log
+        print(f"evobus: {progress.interrupted(log_path)}", file=sys.stderr)
+        return 130
+    except Exception as exc:  # the user's code (tasks, agent) or a crashed actor: one line
+        log.debug("run failed", exc_info=True)
+        _err(f"{args.scenario}: the run failed: {type(exc).__name__}: {exc} "
+             "(evobus -v run ... shows the traceback)")
+        return 1
+    if args.json:
+        print(json.dumps({
+            "scenario": args.scenario, "stop_reason": result.stop_reason,
+            "final_reward": result.final_reward, "initial_reward": result.initial_reward,
+            "version": result.version, "rollouts": result.rollouts, "calls": result.calls,
+            "elapsed": result.elapsed, "outcomes": result.outcomes(), "error": result.error,
+            "log": result.log_path, "state": result.state, "bus": result.bus}))
+    else:
+        progress.summary(result)
+    code = 1 if result.error and result.rollouts == 0 else 0
+    if scenario.groups:  # a domain and [[groups]]: the groups run after evolve
+
+        group_code = run_groups(scenario, args.scenario, quiet=args.quiet, json_out=args.json,
+                                log_path=log_path)
+        code = code or group_code
+    return code
+
+
+def _summary_of(msg) -> str:
+    import msgspec
+
+    fields = msgspec.structs.asdict(msg)
+    parts = []
+    for key, value in fields.items():
+        if isinstance(value, (list, dict)):
+            if key in ("results", "scores", "task_ids", "leases", "history", "state",
+                       "initial_state", "heldout_ids"):
+                parts.append(f"{key}=[{len(value)}]")
+                continue
+        text = repr(value)
+        parts.append(f"{key}={text if len(text) <= 40 else text[:37] + '...'}")
+    return " ".join(parts)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+
+    try:
+        contents = read_log(args.log)
+    except (OSError, LogCorrupt) as exc:
+
+        return _err(unreadable_log(args.log, exc))
+    h = contents.header
+    print(f"log {args.log}: format {h.format_version}, evobus {h.package_version}, "
+          f"scenario {h.scenario or '-'}, seed {h.seed}, run {h.run_id or '-'}, "
+          f"started {h.started_at or '-'}")
+    counts: Counter[str] = Counter()
+    shown = 0
+    selected = []  # (record, message) pairs for --summary
+    for rec in contents.records:
+        msg = decode(rec.body)
+        kind = type(msg).__name__
+        if args.type and kind not in args.type:
+            continue
+        if args.actor and rec.sender not in args.actor and rec.receiver not in args.actor:
+            continue
+        if args.round is not None and getattr(msg, "round", None) != args.round:
+            continue
+        counts[kind] += 1
+        if args.summary:
+            selected.append((rec, msg))
+        if not args.summary and (args.limit is None or shown < args.limit):
+            print(f"{rec.seq:>7} {rec.t:9.4f}s {rec.sender:>11} -> {rec.receiver:<11} "
+                  f"{kind:<12} {_summary_of(msg)}")
+            shown += 1
+    if args.summary:
+
+        print("\n" + format_summary(summarize(selected)))
+    total = sum(counts.values())
+    print(f"\n{total} messages: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
+    if contents.dropped_tail:
+        print(f"warning: a torn tail was cut back ({contents.dropped_tail} dropped)")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    scenario = _load_checked(args.scenario)
+    if isinstance(scenario, int):
+        return scenario
+    parts = []
+    if scenario.domain is not None:
+        parallel = type(scenario.parallel).__name__[:-4]
+        per_worker = getattr(scenario.parallel, "per_worker", None)
+        if per_worker is not None:
+            parallel += f"(per_worker={per_worker})"
+        parts = [scenario.mode] + ([f"{scenario.rounds} rounds"] if scenario.mode == "sync"
+                                   else []) + [type(scenario.strategy).__name__[:-4], parallel]
+    if scenario.groups:
+        names = ", ".join(g.name for g in scenario.groups)
+        parts.append(f"{len(scenario.groups)} parallel group"
+                     f"{'s' if len(scenario.groups) > 1 else ''}: {names}")
+    print(f"{args.scenario}: ok ({', '.join(parts)})")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+
+    print(json.dumps(json_schema(), indent=2, sort_keys=True))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="evobus",
+        description="Evolve text artifacts (prompts, skills, rule sets) with parallel "
+                    "workers on a ZeroMQ bus.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug output")
+    sub = p.add_subparsers(dest="verb", metavar="VERB")
+    r = sub.add_parser("run", help="run a scenario file (TOML)")
+    r.add_argument("scenario")
+    r.add_argument("--log", help="write the message log here (overrides the scenario's)")
+    r.add_argument("--quiet", action="store_true", help="print only errors")
+    r.add_argument("--json", action="store_true", help="print a JSON summary at the end")
+    r.add_argument("--insecure", action="store_true",  # issue 6 (docs/remote.md)
+                   help="let [workers] bind a non-loopback address without CURVE keys: "
+                        "unauthenticated, unencrypted peers")
+    r.set_defaults(func=cmd_run)
+    i = sub.add_parser("inspect", help="print a recorded message log readably")
+    i.add_argument("log")
+    i.add_argument("--actor", action="append", help="only messages from/to this actor")
+    i.add_argument("--type", action="append", help="only this message type (e.g. Commit)")
+    i.add_argument("--round", type=int, help="only messages of this round")
+    i.add_argument("--summary", action="store_true",
+                   help="no message lines: a table of rounds (leases, rollouts, proposals, "
+                        "commit, discards), totals of commits, re-dispatches and discards, "
+                        "a table of parallel groups if the log holds any, and counts per "
+                        "type")
+    i.add_argument("--limit", type=int, help="print at most this many lines")
+    i.set_defaults(func=cmd_inspect)
+    v = sub.add_parser("validate", help="check a scenario file against the schema")
+    v.add_argument("scenario")
+    v.set_defaults(func=cmd_validate)
+    s = sub.add_parser("schema", help="print the JSON Schema of scenario files")
+    s.set_defaults(func=cmd_schema)
+    # Verbs that live in modules of their own: each has register(subparsers).
+    for module in VERB_MODULES:
+        importlib.import_module(module).register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    with warnings.catch_warnings():
+        if not args.verbose:   # one line each, not Python's file:line and source line
+            warnings.showwarning = _show_warning
+        try:
+            return args.func(args)
+        except KeyboardInterrupt:
+            print("evobus: interrupted", file=sys.stderr)
+            return 130
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning (an option that does not apply, say) as one line on stderr; with
+    ``evobus -v`` Python's own format says where it came from."""
+    print(f"evobus: warning: {message}", file=file or sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,442 @@
+"""What ``evobus run`` shows while a run goes on and when it ends.
+
+On a terminal: a live panel (rich) under one line per round (or merge, in async mode)
+with the held-out reward, commits, rollouts per second, workers and the budget left;
+the clock ticks between rounds. Anywhere else (a pipe, a file, CI): one plain line per
+round, flushed at once, so ``evobus run ... | tee`` and log collectors read it as it
+comes. ``--quiet`` shows nothing but errors; ``--json`` keeps stdout for the JSON
+summary and shows progress on stderr.
+
+The display only reads what the runtime reports through ``on_progress`` (one
+``RoundRecord`` per round) plus the scenario; fields a newer runtime adds to the
+record (``workers_alive``, ``calls``) are shown when present.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator, TextIO
+from bus.log import LogCorrupt, read_log
+
+__all__ = ["GroupProgressView", "RunProgress", "interrupt_guard", "outcome_text"]
+
+
+def outcome_text(outcomes: dict[str, int], sep: str = ", ") -> str:
+    """``{"committed": 4, "duplicate": 35}`` -> ``"committed 4, duplicate 35"``."""
+    order = ["committed", "conflict", "below-threshold", "duplicate", "unchanged",
+             "section-violation", "rollout-error"]
+    keys = sorted(outcomes, key=lambda k: (order.index(k) if k in order else len(order), k))
+    return sep.join(f"{k} {outcomes[k]}" for k in keys if outcomes[k]) or "none"
+
+
+def _rate(n: float, seconds: float) -> str:
+    if seconds <= 0:
+        return "-"
+    r = n / seconds
+    return f"{r:,.0f}/s" if r >= 100 else f"{r:.1f}/s"
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class _Lines:
+    """Plain lines to a stream that may be a terminal, a file or a pipe that closes."""
+
+    stream: TextIO
+    _closed_pipe = False
+
+    def _print(self, text: str) -> None:
+        if self._closed_pipe:
+            return
+        try:
+            print(text, file=self.stream, flush=True)
+        except BrokenPipeError:
+            # The reader went away (`evobus run ... | head`): the run goes on, silently;
+            # later writes (and the one at exit) go to /dev/null instead of failing.
+            self._closed_pipe = True
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self.stream.fileno())
+            except (OSError, ValueError, AttributeError):  # not a real file: nothing to do
+                pass
+
+    def _isatty(self) -> bool:
+        try:
+            return self.stream.isatty() and os.environ.get("TERM") != "dumb"
+        except (AttributeError, ValueError):  # a closed or odd stream: not a terminal
+            return False
+
+    def _want_live(self, live: bool | None, quiet: bool) -> bool:
+        """A live display: asked for, or (None) on a terminal; never with ``quiet``, and
+        never without rich installed (plain lines are the fallback)."""
+        if quiet:
+            return False
+        if live is None:
+            live = self._isatty()
+        return bool(live) and importlib.util.find_spec("rich") is not None
+
+
+class RunProgress(_Lines):
+    """Progress of one scenario run. Use as a context manager and pass it as
+    ``on_progress``; then call :meth:`summary` with the result (or :meth:`interrupted`).
+
+    ``live``: None picks the live panel when ``stream`` is a terminal (and rich is
+    installed), plain lines otherwise; True/False force one or the other.
+    """
+
+    def __init__(self, scenario: Any, *, source: str = "", quiet: bool = False,
+                 stream: TextIO | None = None, live: bool | None = None,
+                 log_path: str | None = None) -> None:
+        self.scenario = scenario
+        self.source = source or getattr(scenario, "name", "scenario")
+        self.quiet = quiet
+        self.stream = stream if stream is not None else sys.stdout
+        self.log_path = log_path
+        self.word = "merge" if getattr(scenario, "mode", "sync") == "async" else "round"
+        self.t0 = time.monotonic()
+        self.records: list[Any] = []
+        self.rollouts = 0
+        self.commits = 0
+        self.best = None
+        self.since_commit = 0
+        self._lock = threading.Lock()
+        self._console = None
+        self._live = None
+        self.live = self._want_live(live, quiet)
+        if self.live:
+            from rich.console import Console
+
+            self._console = Console(file=self.stream, highlight=False)
+
+    # -- the run ------------------------------------------------------------------------
+
+    def __enter__(self) -> "RunProgress":
+        self.t0 = time.monotonic()
+        if self.live:
+            from rich.live import Live
+
+            self._live = Live(console=self._console, get_renderable=self._panel,
+                              refresh_per_second=4, transient=True,
+                              redirect_stdout=False, redirect_stderr=True)
+            self._live.start()
+        elif not self.quiet:
+            limit = f", up to {self.scenario.rounds} rounds" if self.word == "round" else ""
+            self._print(f"{self.scenario.name}: running {self.source} with "
+                        f"{self._workers_text()}{limit}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def __call__(self, record: Any) -> None:
+        """``on_progress``: one round (or merge) has closed."""
+        with self._lock:
+            prev = self.records[-1].heldout_reward if self.records else None
+            self.records.append(record)
+            self.rollouts += record.rollouts
+            self.commits += bool(record.committed)
+            self.since_commit = 0 if record.committed else self.since_commit + 1
+            self.best = record.heldout_reward if self.best is None \
+                else max(self.best, record.heldout_reward)
+        if self.quiet:
+            return
+        if self.live:
+            # One line per round, whatever the terminal's width: the tail gives way.
+            self._console.print(self._round_line_rich(record, prev), no_wrap=True,
+                                overflow="ellipsis")
+            if self._live is not None:
+                self._live.refresh()  # the panel shows this round now, not at the next tick
+        else:
+            self._print(self._round_line(record))
+
+    # -- lines ----------------------------------------------------------------------------
+
+    def _workers_text(self) -> str:
+        w = self.scenario.workers
+        parts = [(n, kind) for n, kind in ((w.local, "local"), (w.processes, "process"),
+                                           (getattr(w, "remote", 0), "remote")) if n]
+        total = sum(n for n, _ in parts)
+        plural = "s" if total != 1 else ""
+        if len(parts) == 1:
+            return f"{total} {parts[0][1]} worker{plural}"
+        return f"{total} worker{plural} ({', '.join(f'{n} {k}' for n, k in parts)})"
+
+    def _round_line(self, r: Any) -> str:
+        mark = "committed" if r.committed else "kept"
+        elapsed = r.elapsed or (time.monotonic() - self.t0)
+        reasons = outcome_text(dict(r.reasons))
+        return (f"{elapsed:8.2f}s  {self.word} {r.round:<3} v{r.version:<3} held-out "
+                f"{r.heldout_reward:.3f}  {mark:<9}  {r.rollouts:>4} rollouts "
+                f"{'(' + _rate(self.rollouts, elapsed) + ')':<10} {r.proposals:>3} proposals"
+                + (f": {reasons}" if r.proposals or r.reasons else ""))
+
+    def _round_line_rich(self, r: Any, prev: float | None):
+        from rich.text import Text
+
+        t = Text()
+        t.append(f"{(r.elapsed or time.monotonic() - self.t0):7.2f}s  ", style="dim")
+        t.append(f"{self.word} {r.round:<3} ", style="bold")
+        t.append(f"v{r.version:<3}", style="cyan")
+        t.append("held-out ")
+        t.append(f"{r.heldout_reward:.3f}", style="bold green" if r.committed else "bold")
+        if prev is not None and r.heldout_reward != prev:
+            t.append(f" {r.heldout_reward - prev:+.3f}", style="green"
+                     if r.heldout_reward > prev else "red")
+        else:
+            t.append("       ")
+        t.append("  ")
+        t.append("committed" if r.committed else "kept     ",
+                 style="green" if r.committed else "dim")
+        t.append(f" {r.rollouts:>4} rollouts {r.proposals:>3} proposals")
+        if r.proposals or r.reasons:
+            t.append(f": {outcome_text(dict(r.reasons))}", style="dim")
+        return t
+
+    # -- the live panel --------------------------------------------------------------------
+
+    def budget_left(self, elapsed: float) -> list[str]:
+        """What is left of each budget, in words (rounds always; others when set)."""
+        s = self.scenario
+        b = s.budgets
+        done = len(self.records)
+        out = [f"{max(0, s.rounds - done)} of {s.rounds} rounds"] if self.word == "round" else []
+        if b.max_rollouts is not None:
+            out.append(f"{max(0, b.max_rollouts - self.rollouts):,} of {b.max_rollouts:,} rollouts")
+        if b.max_seconds is not None:
+            out.append(f"{_clock(b.max_seconds - elapsed)} of {_clock(b.max_seconds)}")
+        calls = getattr(self.records[-1], "calls", None) if self.records else None
+        if b.max_calls is not None:
+            out.append(f"{max(0, b.max_calls - calls):,} of {b.max_calls:,} calls"
+                       if calls is not None else f"max {b.max_calls:,} calls")
+        if b.patience is not None:
+            out.append(f"patience {max(0, b.patience - self.since_commit)} of {b.patience}")
+        if b.target_reward is not None:
+            out.append(f"target {b.target_reward:.3f}")
+        return out
+
+    def _panel(self):
+        from rich.panel import Panel
+        from rich.table import Table
+        from rich.text import Text
+
+        elapsed = time.monotonic() - self.t0
+        with self._lock:
+            last = self.records[-1] if self.records else None
+            done = len(self.records)
+            rollouts, commits, best = self.rollouts, self.commits, self.best
+        s = self.scenario
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="dim", justify="right", no_wrap=True)
+        grid.add_column()
+        width = 24
+        if self.word == "round":
+            part, whole, what = done, s.rounds, "rounds"
+        else:  # async: no rounds; measure against the rollout budget, if any
+            part, whole, what = rollouts, s.budgets.max_rollouts, "rollouts"
+        filled = min(width, int(width * part / whole)) if whole else 0
+        bar = Text("━" * filled, style="green")
+        bar.append("━" * (width - filled), style="grey30")
+        bar.append(f"  {part:,}/{whole:,} {what}" if whole else f"  {done} merges")
+        bar.append(f"  ·  {_clock(elapsed)}", style="dim")
+        reward = Text("-" if last is None else f"{last.heldout_reward:.3f}", style="bold")
+        if last is not None:
+            reward.append(f"  (v{last.version}, best {best:.3f})", style="dim")
+        alive = getattr(last, "workers_alive", None) if last is not None else None
+        workers = self._workers_text() if alive is None else f"{alive} alive"
+        grid.add_row("progress", bar)
+        grid.add_row("held-out", reward)
+        grid.add_row("commits", f"{commits} of {done} {self.word}s")
+        grid.add_row("rollouts", f"{rollouts:,}  ({_rate(rollouts, elapsed)})")
+        grid.add_row("workers", workers)
+        grid.add_row("budget left", Text(" · ".join(self.budget_left(elapsed))))
+        title = Text(f" evobus run {self.source} ", style="bold")
+        return Panel(grid, title=title, title_align="left", border_style="blue",
+                     subtitle=Text(" Ctrl-C stops cleanly ", style="dim"),
+                     subtitle_align="right", expand=False)
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def summary(self, result: Any) -> None:
+        """The closing lines: reward before -> after, outcomes, the log, the artifact."""
+        if self.quiet:
+            return
+        s = self.scenario
+        head = (f"{s.name}: held-out reward {result.initial_reward:.3f} -> "
+                f"{result.final_reward:.3f} at version {result.version} "
+                f"({result.stop_reason}; {result.rollouts} rollouts in {result.elapsed:.2f} s)")
+        lines = [f"outcomes: {outcome_text(result.outcomes())}"]
+        usage = getattr(result, "usage", None)
+        if usage:
+            lines.append("tokens: " + ", ".join(f"{k} {v:,}" for k, v in dict(usage).items()))
+        if result.error:
+            lines.append(f"backend errors: {result.error}")
+        if result.log_path:
+            lines.append(f"log: {result.log_path}  (evobus inspect {result.log_path}; "
+                         f"evobus report {result.log_path})")
+        if not self.live:
+            self._print("\n" + head)
+            for line in lines:
+                self._print(line)
+            self._print("\n" + result.rendered)
+            return
+        from rich.panel import Panel
+        from rich.text import Text
+
+        c = self._console
+        c.print()
+        style = "bold green" if result.final_reward > result.initial_reward else "bold"
+        c.print(Text(head, style=style))
+        for line in lines:
+            key, _, rest = line.partition(": ")
+            text = Text(f"{key}: ", style="dim")
+            text.append(rest, style="red" if key == "backend errors" else "")
+            c.print(text)
+        c.print(Panel(Text(result.rendered), title=f"artifact v{result.version}",
+                      title_align="left", border_style="dim", expand=False))
+
+    def interrupted(self, log_path: str | None) -> str:
+        """The message for a run stopped with Ctrl-C (the caller prints it to stderr)."""
+        self.stop()
+        done = len(self.records)
+        what = (f"interrupted after {done} {self.word}{'s' if done != 1 else ''} "
+                f"({time.monotonic() - self.t0:.1f} s)")
+        if not log_path:
+            return (f"{what}; no log was written (set `log` in the scenario or pass --log), "
+                    "so this run cannot be resumed")
+        if not os.path.exists(log_path):
+            return f"{what}, before the run started: nothing was logged, nothing to resume"
+        held = ""
+        try:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                held = f" holds {len(read_log(log_path).records):,} messages and"
+        except (OSError, LogCorrupt):  # the log could not be read back: say nothing of it
+            held = ""
+        return (f"{what}; the log {log_path}{held} is closed. Resume the run with:\n"
+                f"    evobus resume {log_path}")
+
+
+#: How often a group's plain progress line is printed (seconds).
+GROUP_LINE_EVERY_S = 5.0
+
+
+class GroupProgressView(_Lines):
+    """How far a group run by ``evobus run`` (or resumed by ``evobus resume``) has got:
+    pass it as ``on_progress`` (it takes :class:`actors.groups.GroupProgress`) and use it
+    as a context manager.
+
+    On a terminal: a progress bar (rich) while the group runs, gone when it ends (the
+    group's report follows). Elsewhere: a plain line every ``every`` seconds (default
+    ``GROUP_LINE_EVERY_S``). A group that ends within a second shows neither:
+    ``on_progress`` is first called after one. ``quiet`` shows nothing."""
+
+    def __init__(self, name: str, *, stream: TextIO | None = None, quiet: bool = False,
+                 live: bool | None = None, every: float | None = None) -> None:
+        self.name = name
+        self.stream = stream if stream is not None else sys.stdout
+        self.quiet = quiet
+        self.every = GROUP_LINE_EVERY_S if every is None else every
+        self._last_line = 0.0
+        self._bar = None
+        self._task = None
+        self.live = self._want_live(live, quiet)
+
+    def __enter__(self) -> "GroupProgressView":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def __call__(self, p: Any) -> None:
+        if self.quiet:
+            return
+        if p.done:
+            self.stop()
+            return
+        if self.live:
+            self._update_bar(p)
+        elif p.elapsed >= self._last_line + self.every:
+            self._last_line = p.elapsed
+            self._print(self.line(p))
+
+    def line(self, p: Any) -> str:
+        ended = p.finished + p.failed
+        new = p.finished - p.finished_before
+        rate = new / p.elapsed if p.elapsed > 0 else 0.0
+        left = ""
+        if rate > 0 and not p.failed:
+            left = f", ~{_clock((p.total - ended) / rate)} left"
+        failed = f", {p.failed} failed (stopping)" if p.failed else ""
+        return (f"group {self.name}: {p.finished:,}/{p.total:,} finished "
+                f"({_rate(new, p.elapsed)}){failed}, {_clock(p.elapsed)} elapsed{left}")
+
+    def _update_bar(self, p: Any) -> None:
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn, TimeRemainingColumn)
+
+        if self._bar is None:
+            self._bar = Progress(TextColumn(f"group {self.name}"), BarColumn(),
+                                 MofNCompleteColumn(), TextColumn("{task.fields[failed]}"),
+                                 TimeElapsedColumn(), TimeRemainingColumn(),
+                                 console=Console(file=self.stream, highlight=False),
+                                 transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("group", total=p.total,
+                                            completed=p.finished_before, failed="")
+        self._bar.update(self._task, completed=p.finished + p.failed,
+                         failed=f"{p.failed} failed" if p.failed else "")
+
+
+@contextmanager
+def interrupt_guard(stream: TextIO | None = None) -> Iterator[None]:
+    """The first Ctrl-C raises KeyboardInterrupt (the run stops, closing its actors and
+    its log); a second one only says the run is still stopping; a third quits at once.
+    Does nothing outside the main thread (signal handlers live there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    stream = stream or sys.stderr
+    presses = [0]
+
+    def on_sigint(signum, frame):
+        presses[0] += 1
+        if presses[0] == 1:
+            raise KeyboardInterrupt
+        if presses[0] == 2:
+            print("\nevobus: still stopping (workers finishing, the log being flushed); "
+                  "press Ctrl-C once more to quit at once and risk the log's tail",
+                  file=stream, flush=True)
+            return
+        print("\nevobus: quitting at once", file=stream, flush=True)
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

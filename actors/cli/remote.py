@@ -1,0 +1,105 @@
+"""CLI verbs for workers in other processes (docs/remote.md):
+
+    evobus worker --connect tcp://HOST:PORT [--slots N] [--key FILE --server-key FILE]
+                  [--allow MODULE ...] [--id NAME]
+    evobus keys DIR [--client NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from actors.errors import ConfigError
+from actors.workers.remote import RemoteWorker
+from bus.security import load_client_keys
+from bus.security import create_keys
+from bus.remote import loopback_only
+
+log = logging.getLogger(__name__)
+
+
+def _err(message: str, code: int = 2) -> int:
+    print(f"evobus: {message}", file=sys.stderr)
+    return code
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+
+    if bool(args.key) != bool(args.server_key):
+        return _err("--key and --server-key go together: --key NAME.key_secret (this worker's "
+                    "key pair) and --server-key server.key (the broker's public key)")
+    keys = None
+    if args.key:
+        try:
+            keys = load_client_keys(args.key, args.server_key)
+        except ValueError as exc:
+            return _err(str(exc))
+    if not args.connect.startswith(("tcp://", "ipc://")):
+        return _err(f"--connect {args.connect!r}: expected tcp://HOST:PORT (or ipc://PATH)")
+    if keys is None and args.connect.startswith("tcp://"):
+
+        if not loopback_only(args.connect):
+            log.warning("connecting to %s without CURVE keys: traffic is neither encrypted "
+                        "nor authenticated (pass --key and --server-key)", args.connect)
+    try:
+        worker = RemoteWorker(args.connect, worker_id=args.id, slots=args.slots,
+                              allow=args.allow or [], keys=keys,
+                              broker_timeout=args.broker_timeout, give_up=args.give_up)
+    except ConfigError as exc:
+        return _err(str(exc))
+    if not args.allow:
+        log.warning("no --allow given: this worker will only run evobus's own strategies; "
+                    "allow the modules the coordinator names (e.g. --allow scenarios)")
+    code = worker.run()
+    if code == 2:
+        return _err(f"worker {worker.name}: refused the run: {worker.stop_reason or 'see above'}")
+    if code == 1:
+        return _err(f"worker {worker.name}: lost the broker at {args.connect}: "
+                    f"{worker.stop_reason}", 1)
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+
+    from pathlib import Path
+
+    before = {p for p in Path(args.dir).glob("*.key*")} if Path(args.dir).is_dir() else set()
+    try:
+        paths = create_keys(args.dir, args.client or ["client"])
+    except (ValueError, OSError) as exc:
+        return _err(f"keys: {exc}")
+    print(f"keys in {args.dir} (existing pairs are kept, never replaced):")
+    for name, path in sorted(paths.items()):
+        print(f"  {name:<28} {path}" + ("  (kept)" if path in before else ""))
+    clients = args.client or ["client"]
+    print(f"\ncoordinator: [workers] keys = \"{args.dir}\"  (keep server.key_secret there)\n"
+          f"each worker: evobus worker --connect tcp://HOST:PORT "
+          f"--key {args.dir}/{clients[0]}.key_secret --server-key {args.dir}/server.key\n"
+          f"revoke a worker: delete {args.dir}/authorized/NAME.key (from the next run)")
+    return 0
+
+
+def register(sub) -> None:
+    w = sub.add_parser("worker", help="serve a coordinator's run from this process/machine",
+                       description="Connect to a coordinator started with `evobus run` "
+                                   "([workers] remote = N, bind = ...) and take leases.")
+    w.add_argument("--connect", required=True, metavar="tcp://HOST:PORT",
+                   help="the coordinator's [workers] bind address")
+    w.add_argument("--slots", type=int, default=1, help="leases run at once (threads)")
+    w.add_argument("--key", metavar="FILE", help="this worker's secret key (NAME.key_secret)")
+    w.add_argument("--server-key", metavar="FILE", help="the broker's public key (server.key)")
+    w.add_argument("--allow", action="append", metavar="MODULE",
+                   help="a module (prefix) the coordinator may name; checked before import; "
+                        "repeat for several")
+    w.add_argument("--id", help="this worker's name (default: HOST-PID-XXXX)")
+    w.add_argument("--broker-timeout", type=float, default=5.0, metavar="S",
+                   help="reconnect after this long without a word from the broker")
+    w.add_argument("--give-up", type=float, default=120.0, metavar="S",
+                   help="exit (status 1) after this long without the broker")
+    w.set_defaults(func=cmd_worker)
+    k = sub.add_parser("keys", help="write CURVE key pairs for the broker and workers")
+    k.add_argument("dir", help="directory for the key files (created)")
+    k.add_argument("--client", action="append", metavar="NAME",
+                   help="a worker key pair to create and authorise (default: client)")
+    k.set_defaults(func=cmd_keys)

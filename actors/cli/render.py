@@ -1,0 +1,669 @@
+"""A run report from a message log: one self-contained HTML page (charts embedded as
+PNG data) plus the PNGs themselves. ``evobus report LOG [-o DIR]``.
+
+What it shows, all read back from the log (nothing is sampled or estimated):
+
+- the held-out reward over time: the head's score after every round (or merge),
+  commits marked, and every candidate the merger scored as a faint dot;
+- a timeline per worker: when it held a lease (a rollout, an eval, a group branch),
+  when it was *starved* (free while other workers still held leases: waiting at the
+  barrier on stragglers, or held back by ``max_concurrency``) and when it was *idle*
+  (free while no lease was out anywhere: the merger or planner was deciding);
+  re-dispatched leases are marked;
+- outcome counts (committed, conflict, duplicate, below-threshold, ...), late answers
+  dropped, re-dispatches, and a table of rounds.
+
+:func:`analyse` is pure (no matplotlib); :func:`charts` needs matplotlib (the
+``report`` extra); :func:`write_report` does both and writes the files.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from bus.log import read_log
+from protocol import decode
+
+__all__ = ["MissingExtra", "RunAnalysis", "analyse", "charts", "render_html", "write_report"]
+
+INSTALL_HINT = 'pip install "evobus[report]"'
+#: The timeline draws at most this many workers (the rest are counted in the caption).
+MAX_TIMELINE_WORKERS = 48
+
+
+class MissingExtra(ImportError):
+    """matplotlib is not installed; the message names the extra to install."""
+
+
+@dataclass
+class LeaseSpan:
+    lease_id: str
+    worker: str
+    kind: str  # rollout | eval | branch
+    start: float
+    end: float | None = None
+    redispatch: bool = False
+
+
+@dataclass
+class RoundRow:
+    round: int
+    t: float
+    version: int
+    committed: bool
+    heldout: float
+    proposals: int
+    outcomes: dict[str, int]
+    rollouts: int = 0
+
+
+@dataclass
+class RunAnalysis:
+    """Everything the report shows, read from one log."""
+
+    path: str
+    header: Any
+    records: int = 0
+    undecodable: int = 0
+    dropped_tail: int = 0
+    duration: float = 0.0
+    kinds: Counter = field(default_factory=Counter)
+    baseline: tuple[float, float] | None = None  # (t, held-out reward of version 0)
+    rounds: list[RoundRow] = field(default_factory=list)
+    candidates: list[tuple[float, float]] = field(default_factory=list)  # (t, score)
+    other_evals: int = 0  # scored on other tasks than the held-out set (re-verification)
+    spans: list[LeaseSpan] = field(default_factory=list)
+    workers: list[str] = field(default_factory=list)
+    lifetimes: dict[str, tuple[float, float]] = field(default_factory=dict)
+    redispatches: int = 0
+    late_answers: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    stop_reason: str | None = None
+    final_reward: float | None = None
+    initial_reward: float | None = None
+    rollouts: int | None = None
+    stats: dict[str, float] = field(default_factory=dict)
+    mode: str = "sync"
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def evolves(self) -> bool:
+        """Whether the log holds an evolve run (rounds, a baseline), not only groups."""
+        return bool(self.rounds or self.baseline or self.candidates or self.kinds["Start"])
+
+    @property
+    def complete(self) -> bool:
+        """The log reaches its run's end (a result, or every group ended or paused)."""
+        if self.evolves:
+            return self.stop_reason is not None
+        return bool(self.groups) and all(g["status"] != "running"
+                                         for g in self.groups.values())
+
+    def worker_time(self, worker: str) -> dict[str, float]:
+        """Seconds busy / starved / idle over the worker's lifetime."""
+        return _states(self, worker)[1]
+
+
+#: Messages that show their sender (or, for leases, their receiver) is a worker.
+_FROM_WORKER = ("Hello", "Heartbeat", "LeaseDone", "BranchDone", "BranchFailed", "Interaction")
+_TO_WORKER = ("Lease", "Branch")
+_LEASE_END = ("LeaseDone", "BranchDone", "BranchFailed")
+
+
+_GROUP_KINDS = ("GroupStart", "Branch", "GroupResult", "GroupSuspended")
+
+
+def track_group(groups: dict[str, dict[str, Any]], kind: str, msg: Any) -> None:
+    """Fold one of a parallel group's messages (``_GROUP_KINDS``) into ``groups``: per
+    group id, its items, bound, leases sent, and once it ended or paused its status,
+    finished, failed and waiting branches."""
+    g = groups.setdefault(msg.group_id, {"items": 0, "bound": 0, "leases": 0,
+                                         "status": "running", "finished": 0, "failed": 0,
+                                         "waiting": 0})
+    if kind == "GroupStart":
+        g["items"], g["bound"] = len(msg.items), msg.max_concurrency
+    elif kind == "Branch":
+        g["leases"] += 1
+    else:
+        g["status"] = msg.status
+        done = msg.finished or {}
+        g["finished"] = max(len(done), len(getattr(msg, "results", []) or []))
+        g["failed"] = len(getattr(msg, "failed", []) or [])
+        g["waiting"] = len(getattr(msg, "pending", []) or [])
+
+
+def analyse(path: str | Path) -> RunAnalysis:
+    """Read a log and gather what the report shows. Raises OSError / LogCorrupt."""
+
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        contents = read_log(path)
+    a = RunAnalysis(path=str(path), header=contents.header, records=len(contents.records),
+                    dropped_tail=contents.dropped_tail)
+    open_spans: dict[str, LeaseSpan] = {}
+    dispatched: set[str] = set()
+    answered: set[str] = set()
+    first_seen: dict[str, float] = {}
+    workers: set[str] = set()
+    last_seen: dict[str, float] = {}
+    rollouts_by_round: Counter = Counter()
+    heldout: frozenset = frozenset()
+    heldout_evals: dict[str, bool] = {}
+    merges = 0
+    for rec in contents.records:
+        try:
+            msg = decode(rec.body)
+        except ValueError:  # a newer or damaged body: counted and shown in the report
+            a.undecodable += 1
+            continue
+        kind = type(msg).__name__
+        a.kinds[kind] += 1
+        a.duration = max(a.duration, rec.t)
+        for name in (rec.sender, rec.receiver):
+            first_seen.setdefault(name, rec.t)
+            last_seen[name] = rec.t
+        # A worker's own message (the Scheduler forwards LeaseDone to the Merger: that copy
+        # names the worker in `worker`, not as its sender).
+        from_worker = kind in _FROM_WORKER and getattr(msg, "worker", "") in ("", rec.sender)
+        if from_worker:
+            workers.add(rec.sender)
+        elif kind in _TO_WORKER:
+            workers.add(rec.receiver)
+        lease_id = getattr(msg, "lease_id", None)
+        if kind == "Start":
+            a.mode = "async" if getattr(msg, "asynchronous", False) else "sync"
+        elif kind == "Baseline":
+            a.baseline = (rec.t, msg.heldout_reward)
+        elif kind == "Open":
+            heldout = frozenset(msg.heldout_ids)
+        elif kind == "EvalRequest":
+            # Held-out scoring of a candidate, or (async) a re-verification on other tasks.
+            heldout_evals[msg.eval_id] = frozenset(msg.task_ids) == heldout
+        elif kind == "EvalDone":
+            if heldout_evals.pop(msg.eval_id, True):
+                a.candidates.append((rec.t, msg.score))
+            else:
+                a.other_evals += 1
+        elif kind == "Settled":
+            rollouts_by_round[msg.round] += len(msg.scores)
+        elif kind == "SettledBatch":
+            for one in msg.settled:
+                rollouts_by_round[one.round] += len(one.scores)
+        elif kind == "RoundClosed":
+            merges += 1
+            a.rounds.append(RoundRow(round=msg.round, t=rec.t, version=msg.version,
+                                     committed=msg.committed, heldout=msg.heldout_reward,
+                                     proposals=msg.proposals, outcomes=dict(msg.outcomes)))
+        elif kind in _GROUP_KINDS:
+            track_group(a.groups, kind, msg)
+        elif kind == "RunDone":
+            a.stop_reason = msg.stop_reason
+            a.final_reward = msg.final_reward
+            a.initial_reward = msg.initial_reward
+            a.rollouts = msg.rollouts
+            a.outcomes = dict(msg.outcomes)
+            a.stats = dict(getattr(msg, "stats", {}) or {})
+        if lease_id is not None and kind in _TO_WORKER:
+            lease_kind = getattr(msg, "kind", "branch") if kind == "Lease" else "branch"
+            span = LeaseSpan(lease_id, rec.receiver, lease_kind, rec.t,
+                             redispatch=lease_id in dispatched)
+            a.redispatches += span.redispatch
+            dispatched.add(lease_id)
+            previous = open_spans.get(f"{rec.receiver}\0{lease_id}")
+            if previous is not None:  # the same worker got it again: close the old span
+                previous.end = rec.t
+            open_spans[f"{rec.receiver}\0{lease_id}"] = span
+            a.spans.append(span)
+        elif lease_id is not None and from_worker and kind == "Interaction":
+            # The branch stopped to ask a person; the worker holds the lease, waiting.
+            key = f"{rec.sender}\0{lease_id}"
+            span = open_spans.get(key)
+            if span is not None:
+                span.end = rec.t
+                waiting = LeaseSpan(lease_id, rec.sender, "waiting", rec.t)
+                open_spans[key] = waiting
+                a.spans.append(waiting)
+        elif lease_id is not None and from_worker and kind in _LEASE_END:
+            span = open_spans.pop(f"{rec.sender}\0{lease_id}", None)
+            if span is not None:
+                span.end = rec.t
+            if lease_id in answered:
+                a.late_answers += 1
+            answered.add(lease_id)
+    for span in open_spans.values():  # never answered (the run stopped): to the end
+        span.end = a.duration
+    for row in a.rounds:
+        row.rollouts = rollouts_by_round.get(row.round, 0)
+    if not a.outcomes:
+        total: Counter = Counter()
+        for row in a.rounds:
+            total.update(row.outcomes)
+        a.outcomes = dict(total)
+    a.workers = sorted(workers, key=_natural)
+    a.lifetimes = {w: (first_seen[w], max(last_seen[w], first_seen[w])) for w in a.workers}
+    if a.initial_reward is None and a.baseline is not None:
+        a.initial_reward = a.baseline[1]
+    if a.final_reward is None and a.rounds:
+        a.final_reward = a.rounds[-1].heldout
+    return a
+
+
+def _natural(name: str) -> tuple:
+    head, _, tail = name.rpartition("-")
+    return (head, int(tail)) if tail.isdigit() else (name, -1)
+
+
+def _states(a: RunAnalysis, worker: str) -> tuple[list[tuple[str, float, float]], dict[str, float]]:
+    """The worker's lifetime cut into (state, start, end): busy-<kind>, starved, idle."""
+    start, end = a.lifetimes[worker]
+    mine = sorted((s for s in a.spans if s.worker == worker), key=lambda s: s.start)
+    others = [(s.start, s.end or a.duration) for s in a.spans if s.worker != worker]
+    pieces: list[tuple[str, float, float]] = []
+    t = start
+    for s in mine:
+        s_end = s.end if s.end is not None else a.duration
+        if s.start > t:
+            pieces += _free(t, s.start, others)
+        pieces.append((f"busy-{s.kind}", max(t, s.start), s_end))
+        t = max(t, s_end)
+    if end > t:
+        pieces += _free(t, end, others)
+    totals: dict[str, float] = Counter()
+    for state, s0, s1 in pieces:
+        if s1 > s0:
+            totals["busy" if state.startswith("busy") else state] += s1 - s0
+    return pieces, dict(totals)
+
+
+def _free(t0: float, t1: float,
+          others: list[tuple[float, float]]) -> list[tuple[str, float, float]]:
+    """Split a free interval into starved (someone else busy) and idle (nobody busy)."""
+    cover = sorted((max(t0, s), min(t1, e)) for s, e in others if e > t0 and s < t1)
+    merged: list[list[float]] = []
+    for s, e in cover:
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    out: list[tuple[str, float, float]] = []
+    t = t0
+    for s, e in merged:
+        if s > t:
+            out.append(("idle", t, s))
+        out.append(("starved", s, e))
+        t = e
+    if t1 > t:
+        out.append(("idle", t, t1))
+    return out
+
+
+# -- charts ---------------------------------------------------------------------------------
+
+COLOURS = {
+    "busy-rollout": "#2b7bba", "busy-eval": "#7fb3d5", "busy-branch": "#8e6bbf",
+    "busy-waiting": "#d6c4ec",
+    "starved": "#f0a04b", "idle": "#e3e3e3", "redispatch": "#d62728",
+    "committed": "#2ca02c", "kept": "#9e9e9e", "head": "#1f4e79", "candidate": "#b0b0b0",
+}
+OUTCOME_COLOURS = {"committed": "#2ca02c", "rollout-error": "#d62728",
+                   "section-violation": "#d62728", "conflict": "#f0a04b",
+                   "below-threshold": "#9e9e9e", "duplicate": "#c7c7c7",
+                   "unchanged": "#c7c7c7"}
+
+
+def _matplotlib():
+    try:
+        import matplotlib
+    except ImportError:
+        raise MissingExtra(f"the report draws its charts with matplotlib, which is not "
+                           f"installed: {INSTALL_HINT}") from None
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def charts(a: RunAnalysis) -> dict[str, bytes]:
+    """PNG bytes per chart: ``timeline``, and for an evolve run ``reward`` and
+    ``outcomes`` (a log of parallel groups alone has neither)."""
+    plt = _matplotlib()
+    out: dict[str, bytes] = {}
+    plt.rcParams.update({"font.size": 9, "axes.spines.top": False,
+                         "axes.spines.right": False})
+    try:
+        if a.evolves:
+            out["reward"] = _reward_chart(plt, a)
+        out["timeline"] = _timeline_chart(plt, a)
+        if a.evolves:
+            out["outcomes"] = _outcome_chart(plt, a)
+    finally:
+        plt.close("all")
+    return out
+
+
+def _reward_chart(plt, a: RunAnalysis) -> bytes:
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    word = "merge" if a.mode == "async" else "round"
+    if a.candidates:
+        ax.scatter([t for t, _ in a.candidates], [s for _, s in a.candidates], s=9,
+                   color=COLOURS["candidate"], alpha=0.6, label="candidate scored", zorder=1)
+    xs, ys = [], []
+    if a.baseline is not None:
+        xs.append(a.baseline[0])
+        ys.append(a.baseline[1])
+    for r in a.rounds:
+        xs.append(r.t)
+        ys.append(r.heldout)
+    if xs:
+        xs.append(max(a.duration, xs[-1]))
+        ys.append(ys[-1])
+        ax.step(xs, ys, where="post", color=COLOURS["head"], lw=2, label="head (held-out)",
+                zorder=2)
+    if a.baseline is not None:
+        ax.scatter([a.baseline[0]], [a.baseline[1]], marker="s", color=COLOURS["head"],
+                   s=28, zorder=3, label="version 0")
+    committed = [r for r in a.rounds if r.committed]
+    kept = [r for r in a.rounds if not r.committed]
+    if committed:
+        ax.scatter([r.t for r in committed], [r.heldout for r in committed],
+                   color=COLOURS["committed"], s=36, zorder=4, label=f"{word} committed")
+    if kept:
+        ax.scatter([r.t for r in kept], [r.heldout for r in kept], facecolors="white",
+                   edgecolors=COLOURS["kept"], s=30, zorder=4, label=f"{word} kept head")
+    if len(a.rounds) <= 20:
+        for r in a.rounds:
+            ax.annotate(f"{'v' + str(r.version) if r.committed else ''}", (r.t, r.heldout),
+                        textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7,
+                        color=COLOURS["committed"])
+    ax.set_ylim(-0.04, 1.08)
+    ax.set_xlim(left=0)
+    ax.set_xlabel("seconds since the run started")
+    ax.set_ylabel("held-out reward")
+    ax.grid(axis="y", color="#eeeeee")
+    if xs or a.candidates:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8, frameon=False,
+                  ncol=5)
+    else:
+        ax.text(0.5, 0.5, "no held-out score in this log", ha="center", va="center",
+                transform=ax.transAxes, color="#777777")
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _timeline_chart(plt, a: RunAnalysis) -> bytes:
+    from matplotlib.patches import Patch
+
+    workers = a.workers[:MAX_TIMELINE_WORKERS]
+    n = max(1, len(workers))
+    fig, ax = plt.subplots(figsize=(9, 1.1 + 0.32 * n))
+    used: set[str] = set()
+    for i, w in enumerate(workers):
+        pieces, _ = _states(a, w)
+        by_state: dict[str, list[tuple[float, float]]] = {}
+        for state, s0, s1 in pieces:
+            if s1 > s0:
+                by_state.setdefault(state, []).append((s0, s1 - s0))
+        for state, bars in by_state.items():
+            busy = state.startswith("busy")  # a thin edge shows where one lease ends
+            ax.broken_barh(bars, (i - 0.38, 0.76), facecolors=COLOURS.get(state, "#555555"),
+                           edgecolor="white" if busy else "none", linewidth=0.4 if busy else 0)
+            used.add(state)
+        redo = [s.start for s in a.spans if s.worker == w and s.redispatch]
+        if redo:
+            ax.scatter(redo, [i] * len(redo), marker="v", color=COLOURS["redispatch"],
+                       s=30, zorder=3)
+            used.add("redispatch")
+    ax.set_yticks(range(len(workers)))
+    ax.set_yticklabels(workers)
+    ax.set_ylim(n - 0.5, -0.5)
+    start = min((a.lifetimes[w][0] for w in workers), default=0.0)
+    span = max(a.duration - start, 1e-6)
+    ax.set_xlim(max(0.0, start - 0.02 * span), start + 1.01 * span)
+    ax.set_xlabel("seconds since the run started")
+    if not workers:
+        ax.text(0.5, 0.5, "no worker held a lease in this log", ha="center", va="center",
+                transform=ax.transAxes, color="#777777")
+    for r in a.rounds if len(a.rounds) <= 60 else []:
+        ax.axvline(r.t, color="#333333", lw=0.8, ls=":", alpha=0.7, zorder=2)
+    labels = {"busy-rollout": "busy: rollout", "busy-eval": "busy: held-out eval",
+              "busy-branch": "busy: group branch",
+              "busy-waiting": "holding a branch, waiting on a person",
+              "starved": "starved (others busy)",
+              "idle": "idle (no lease out)", "redispatch": "re-dispatched lease"}
+    handles = [Patch(color=COLOURS[k], label=v) for k, v in labels.items() if k in used]
+    if handles:
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.5 / n - 0.18),
+                  ncol=len(handles), fontsize=8, frameon=False)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _outcome_chart(plt, a: RunAnalysis) -> bytes:
+    items = sorted(a.outcomes.items(), key=lambda kv: (-kv[1], kv[0]))
+    fig, ax = plt.subplots(figsize=(9, 0.6 + 0.32 * max(1, len(items))))
+    if items:
+        names = [k for k, _ in items]
+        values = [v for _, v in items]
+        bars = ax.barh(names, values, color=[OUTCOME_COLOURS.get(k, "#7f7f7f") for k in names])
+        ax.bar_label(bars, padding=3, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("count")
+        ax.set_xlim(0, max(values) * 1.12)
+    else:
+        ax.set_yticks([])
+        ax.text(0.5, 0.5, "no proposal was merged in this log", ha="center", va="center",
+                transform=ax.transAxes, color="#777777")
+    fig.tight_layout()
+    return _png(fig)
+
+
+# -- the page -------------------------------------------------------------------------------
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;
+ max-width:1000px;margin:24px auto;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 6px;border-bottom:1px solid #ddd;
+ padding-bottom:3px}.sub{color:#666;margin:0 0 14px}
+.cards{display:flex;flex-wrap:wrap;gap:10px;margin:12px 0}
+.card{border:1px solid #ddd;border-radius:6px;padding:8px 12px;min-width:120px}
+.card b{display:block;font-size:19px}.card span{color:#666;font-size:12px}
+.good b{color:#2ca02c}.warn b{color:#d62728}
+img{max-width:100%;border:1px solid #eee}
+table{border-collapse:collapse;font-size:13px;margin:6px 0}
+td,th{border-bottom:1px solid #eee;padding:3px 10px;text-align:right}
+th{background:#fafafa}td:first-child,th:first-child{text-align:left}
+td.l,th.l{text-align:left}.note{color:#666;font-size:12.5px}
+code{background:#f4f4f4;padding:1px 4px;border-radius:3px}
+"""
+
+
+def _secs(v: float) -> str:
+    if v >= 10:
+        return f"{v:,.1f} s"
+    if v >= 0.1 or v == 0:
+        return f"{v:.2f} s"
+    return f"{v * 1000:.1f} ms"
+
+
+def _number(v: Any) -> str:
+    if isinstance(v, (int, float)) and float(v).is_integer():
+        return f"{int(v):,}"
+    return f"{v:,.3f}" if isinstance(v, float) else html.escape(str(v))
+
+
+def _card(value: str, label: str, cls: str = "") -> str:
+    return (f'<div class="card {cls}"><b>{html.escape(value)}</b>'
+            f'<span>{html.escape(label)}</span></div>')
+
+
+def _img(pngs: dict[str, bytes], name: str, alt: str) -> str:
+    if name not in pngs:
+        return ""
+    data = base64.b64encode(pngs[name]).decode()
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def render_html(a: RunAnalysis, pngs: dict[str, bytes]) -> str:
+    """The report page: everything inline (CSS, images), no script, no network."""
+    h = a.header
+    e = html.escape
+    word = "merge" if a.mode == "async" else "round"
+    title = f"evobus run report: {h.scenario or Path(a.path).name}"
+    reward = "-"
+    if a.initial_reward is not None and a.final_reward is not None:
+        reward = f"{a.initial_reward:.3f} → {a.final_reward:.3f}"
+    commits = sum(r.committed for r in a.rounds)
+    cards = []
+    if a.evolves:
+        rollouts = a.rollouts if a.rollouts is not None else sum(r.rollouts for r in a.rounds)
+        cards += [
+            _card(reward, "held-out reward", "good" if (a.final_reward or 0) >
+                  (a.initial_reward or 0) else ""),
+            _card(f"{commits} / {len(a.rounds)}", f"{word}s committed"),
+            _card(f"{rollouts:,}", "rollouts")]
+    if a.groups:
+        items = sum(g["items"] for g in a.groups.values())
+        finished = sum(g["finished"] for g in a.groups.values())
+        waiting = sum(g["waiting"] for g in a.groups.values())
+        cards += [_card(f"{finished} / {items}", "group items finished"),
+                  _card(str(waiting), "waiting on a person", "warn" if waiting else "")]
+    stop = a.stop_reason or ", ".join(sorted({g["status"] for g in a.groups.values()}))
+    cards += [
+        _card(_secs(a.duration), "duration"),
+        _card(str(len(a.workers)), "workers"),
+        _card(str(a.redispatches), "re-dispatches", "warn" if a.redispatches else ""),
+        _card(str(a.late_answers), "late answers dropped", "warn" if a.late_answers else ""),
+        _card(stop if a.complete else "did not finish",
+              "stop reason" if a.evolves else "group status", "" if a.complete else "warn"),
+    ]
+    parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8>"
+             f"<meta name=viewport content='width=device-width,initial-scale=1'>"
+             f"<title>{e(title)}</title><style>{_CSS}</style></head><body>",
+             f"<h1>{e(title)}</h1>",
+             f"<p class=sub>log <code>{e(a.path)}</code> · run {e(h.run_id or '-')} · seed "
+             f"{h.seed} · started {e(h.started_at or '-')} · evobus {e(h.package_version or '?')}"
+             f" · {a.records:,} messages · {a.mode} mode</p>",
+             f"<div class=cards>{''.join(cards)}</div>"]
+    warn = []
+    if not a.complete:
+        warn.append("The log ends before the run's result (interrupted or crashed): what is "
+                    "shown is the run up to its last message.")
+    if a.dropped_tail:
+        warn.append(f"A torn tail of {a.dropped_tail} bytes was cut off when reading the log.")
+    if a.undecodable:
+        warn.append(f"{a.undecodable} message(s) could not be decoded (written by a newer "
+                    "evobus?) and are left out.")
+    for w in warn:
+        parts.append(f"<p class=note>⚠ {e(w)}</p>")
+    if a.evolves:
+        parts += ["<h2>Held-out reward over time</h2>",
+                  "<p class=note>The head's held-out score after each "
+                  f"{word}; green: a new version was committed; grey dots: every candidate "
+                  "the merger scored on the held-out tasks"
+                  + (f" ({a.other_evals} re-verifications on a proposal's own task are not "
+                     "drawn)" if a.other_evals else "") + ".</p>",
+                  _img(pngs, "reward", "held-out reward over time")]
+    if a.groups:
+        parts.append("<h2>Parallel groups</h2><table><tr><th>group</th><th>items</th>"
+                     "<th>at most at once</th><th>leases</th><th class=l>status</th>"
+                     "<th>finished</th><th>failed</th><th>waiting on a person</th></tr>")
+        for gid, g in a.groups.items():
+            parts.append(f"<tr><td>{e(gid)}</td><td>{g['items']}</td><td>{g['bound']}</td>"
+                         f"<td>{g['leases']}</td><td class=l>{e(g['status'])}</td>"
+                         f"<td>{g['finished']}</td><td>{g['failed']}</td>"
+                         f"<td>{g['waiting']}</td></tr>")
+        parts.append("</table>")
+    if a.mode == "async":
+        starved = "no work for it: the wave ran dry, or backpressure held new leases back"
+    elif a.evolves:
+        starved = "waiting at the barrier on stragglers, or held back by max_concurrency"
+    else:
+        starved = "the group's bound was reached, or no item was left to start"
+    parts += ["<h2>Workers over time</h2>",
+              "<p class=note><b>busy</b>: holding a lease (rollouts, held-out evals, group "
+              f"branches). <b>starved</b>: free while other workers still held leases "
+              f"({starved}). <b>idle</b>: free while no lease was out anywhere (the "
+              "control actors deciding)." + (f" Dotted lines: {word} closes." if a.rounds
+                                             else "")
+              + " Red marks: a lease dispatched again.</p>",
+              _img(pngs, "timeline", "per-worker timeline")]
+    if len(a.workers) > MAX_TIMELINE_WORKERS:
+        parts.append(f"<p class=note>The chart shows the first {MAX_TIMELINE_WORKERS} of "
+                     f"{len(a.workers)} workers; the table below lists all of them.</p>")
+    parts.append("<table><tr><th>worker</th><th>leases</th><th>re-dispatched to it</th>"
+                 "<th>busy</th><th>starved</th><th>idle</th></tr>")
+    for w in a.workers:
+        t = a.worker_time(w)
+        life = max(1e-9, sum(t.values()))
+        leases = len({s.lease_id for s in a.spans if s.worker == w})
+        redo = sum(1 for s in a.spans if s.worker == w and s.redispatch)
+        parts.append(f"<tr><td>{e(w)}</td><td>{leases}</td><td>{redo}</td>" + "".join(
+            f"<td>{_secs(t.get(k, 0.0))} ({100 * t.get(k, 0.0) / life:.0f}%)</td>"
+            for k in ("busy", "starved", "idle")) + "</tr>")
+    parts.append("</table>")
+    if a.evolves:
+        parts += ["<h2>Outcomes</h2>",
+                  "<p class=note>What became of every proposal: committed, or discarded as "
+                  "a duplicate, unchanged, the loser of a conflict, below the held-out "
+                  "threshold, outside its section; rollout-error counts failed rollouts.</p>",
+                  _img(pngs, "outcomes", "outcome counts")]
+    else:
+        parts.append("<h2>Leases</h2>")
+    parts.append("<table><tr><th>outcome</th><th>count</th></tr>" + "".join(
+        f"<tr><td>{e(k)}</td><td>{v:,}</td></tr>"
+        for k, v in sorted(a.outcomes.items(), key=lambda kv: (-kv[1], kv[0])))
+        + f"<tr><td>re-dispatched leases</td><td>{a.redispatches}</td></tr>"
+        f"<tr><td>late answers dropped</td><td>{a.late_answers}</td></tr></table>")
+    if a.stats:
+        parts.append("<h2>Run statistics</h2><table><tr><th>statistic</th><th>value</th></tr>"
+                     + "".join(f"<tr><td>{e(k)}</td><td>{_number(v)}</td></tr>"
+                               for k, v in sorted(a.stats.items())) + "</table>")
+    if a.rounds:
+        parts.append(f"<h2>{word.capitalize()}s</h2><table><tr><th>{word}</th>"
+                     "<th>closed at</th><th>version</th><th>committed</th><th>held-out</th>"
+                     "<th>rollouts</th><th>proposals</th><th class=l>outcomes</th></tr>")
+        for r in a.rounds:
+            outcomes = ", ".join(f"{k} {v}" for k, v in sorted(r.outcomes.items())) or "-"
+            parts.append(f"<tr><td>{r.round}</td><td>{r.t:.2f} s</td><td>v{r.version}</td>"
+                         f"<td>{'yes' if r.committed else 'no'}</td><td>{r.heldout:.3f}</td>"
+                         f"<td>{r.rollouts}</td><td>{r.proposals}</td>"
+                         f"<td class=l>{e(outcomes)}</td></tr>")
+        parts.append("</table>")
+    parts.append("<h2>Messages</h2><p class=note>" + e(", ".join(
+        f"{k} {v:,}" for k, v in a.kinds.most_common())) + "</p>")
+    parts.append(f"<p class=note>Made by <code>evobus report {e(a.path)}</code>. Inspect "
+                 f"the messages with <code>evobus inspect {e(a.path)}</code>.</p></body></html>")
+    return "\n".join(p for p in parts if p)
+
+
+def default_dir(log: str | Path) -> Path:
+    """``runs/router.evolog`` -> ``runs/router-report``."""
+    log = Path(log)
+    return log.with_name(f"{log.stem}-report")
+
+
+def write_report(log: str | Path, out_dir: str | Path | None = None) -> Path:
+    """Write ``index.html`` and the PNGs into ``out_dir``; return the HTML's path.
+    Raises :class:`MissingExtra` before reading anything when matplotlib is missing."""
+    _matplotlib()
+    a = analyse(log)
+    pngs = charts(a)
+    out = Path(out_dir) if out_dir is not None else default_dir(log)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in pngs.items():
+        (out / f"{name}.png").write_bytes(data)
+    page = out / "index.html"
+    page.write_text(render_html(a, pngs), encoding="utf-8")
+    return page

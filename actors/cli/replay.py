@@ -1,0 +1,274 @@
+"""CLI verbs over recorded logs: ``evobus replay LOG [LOG ...]``, ``evobus resume LOG``,
+and the table ``evobus inspect LOG --summary`` prints (rounds, commits, re-dispatches,
+discards; parallel groups). Plugged in through ``actors.cli.VERB_MODULES``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable
+from actors.errors import ResumeRefused
+from actors.groups.checkpoint import load_checkpoint
+from actors.replay.verify import replay_many
+from actors.errors import ConfigError, RunFailed
+from actors.replay.resume import ResumePoint, resume_scenario_log
+from bus.log import LogCorrupt
+from actors.cli.render import _GROUP_KINDS, track_group
+from protocol import (Commit, Lease, LeaseBatch, LeaseDone, RoundClosed, Settled,
+                      SettledBatch)
+
+__all__ = ["LogSummary", "cmd_replay", "cmd_resume", "format_summary", "register",
+           "summarize"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    r = sub.add_parser(
+        "replay", help="check that the control actors reproduce recorded logs",
+        description="Feed each control actor (planner, scheduler, merger) the messages a "
+                    "log recorded it receiving and compare what it sends with what the log "
+                    "recorded it sending. Exit 0 when every log replays identically, 1 when "
+                    "one diverges (the first divergence is reported), 2 when one cannot be "
+                    "read or its machines cannot be rebuilt.")
+    r.add_argument("logs", nargs="+", metavar="LOG",
+                   help="log files, or directories (every *.evolog in them)")
+    r.add_argument("--strict", action="store_true",
+                   help="a produced message missing from the log is a divergence even when "
+                        "its receiver had left or the log ended")
+    r.add_argument("--verbose", action="store_true", help="list every unrecorded message")
+    r.add_argument("--quiet", action="store_true", help="one line per log")
+    r.set_defaults(func=cmd_replay)
+
+    s = sub.add_parser(
+        "resume", help="continue a run whose coordinator died, from its log",
+        description="Rebuild every control actor from the log (replay without sending), "
+                    "start new workers, re-issue the leases that were in flight under "
+                    "their original ids and go on. Writes a new log that names the old "
+                    "one (LOG.evolog -> LOG.r1.evolog); a torn tail of LOG is cut first. "
+                    "The scenario comes from the log header (runs started with `evobus "
+                    "run`).")
+    s.add_argument("log", metavar="LOG", help="the newest log of the run")
+    s.add_argument("--log", dest="new_log", help="write the resumed run's log here")
+    s.add_argument("--fsync", choices=("always", "batched", "never"),
+                   help="fsync policy of the new log (default $EVOBUS_LOG_FSYNC or batched)")
+    s.add_argument("--quiet", action="store_true", help="print only errors")
+    s.add_argument("--json", action="store_true", help="print a JSON summary at the end")
+    s.set_defaults(func=cmd_resume)
+
+
+def _err(message: str) -> int:
+    print(f"evobus: {message}", file=sys.stderr)
+    return 2
+
+
+def unreadable_log(path: str | Path, exc: Exception) -> str:
+    """Why a file given as a log does not read, naming the file once (a ``LogCorrupt``
+    names it already), and pointing at ``evobus resume`` when the file is a parallel
+    group's checkpoint rather than a log."""
+    if isinstance(exc, OSError):
+        text = f"{path}: cannot read the log ({exc.strerror or exc})"
+    else:
+        text = str(exc)
+        if not text.startswith(str(path)):
+            text = f"{path}: {text}"
+
+    try:
+        load_checkpoint(path)
+    except ResumeRefused:   # not a checkpoint either
+        return text
+    return (f"{text}; it is a parallel group's checkpoint, not a log: "
+            f"`evobus resume {path} --show` lists what it waits on")
+
+
+# ---------------------------------------------------------------------------
+# replay
+
+
+def _expand(paths: Iterable[str]) -> list[Path]:
+    out: list[Path] = []
+    for p in map(Path, paths):
+        out.extend(sorted(p.glob("*.evolog")) if p.is_dir() else [p])
+    return out
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+
+    paths = _expand(args.logs)
+    if not paths:
+        return _err(f"no logs found in {' '.join(args.logs)} (a directory is searched "
+                    "for *.evolog)")
+    worst = 0
+    for path, result in replay_many(paths, strict=args.strict):
+        if isinstance(result, Exception):
+            print(f"{'ERROR':<8} {unreadable_log(path, result)}")
+            worst = max(worst, 2)
+            continue
+        if args.quiet:
+            print(result.summary_line())
+        else:
+            print(result.format(verbose=args.verbose))
+        if not result.ok:
+            worst = max(worst, 1)
+    if len(paths) > 1:
+        print(f"\n{len(paths)} logs: " + ("all replay identically" if worst == 0 else
+                                          "some did not replay (see above)"))
+    return worst
+
+
+# ---------------------------------------------------------------------------
+# resume
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+
+    try:
+        point = ResumePoint(args.log)
+    except (OSError, LogCorrupt) as exc:
+        return _err(unreadable_log(args.log, exc))
+    except ConfigError as exc:
+        return _err(f"{args.log}: {exc}")
+    if not args.quiet and point.dropped_tail:
+        print(f"cut a torn tail off {point.path}: {point.dropped_tail} bytes, about "
+              f"{point.dropped_records} record(s)")
+
+    def progress(record) -> None:
+        if args.quiet or args.json:
+            return
+        mark = "committed" if record.committed else "kept"
+        print(f"round {record.round:>3}  v{record.version:<3} held-out "
+              f"{record.heldout_reward:.3f}  {mark:<9} rollouts {record.rollouts:<5} "
+              f"proposals {record.proposals:<4}", flush=True)
+
+    try:
+        result = resume_scenario_log(point, log=args.new_log, on_progress=progress,
+                                     log_fsync=args.fsync)
+    except (ConfigError, RunFailed) as exc:
+        return _err(str(exc))
+    already = point.finished is not None
+    if args.json:
+        print(json.dumps({
+            "resumed": str(point.path), "after_seq": point.last_seq,
+            "already_finished": already, "reissued": point.reissued,
+            "resent": len(point.pending), "stop_reason": result.stop_reason,
+            "final_reward": result.final_reward, "initial_reward": result.initial_reward,
+            "version": result.version, "rollouts": result.rollouts, "calls": result.calls,
+            "outcomes": result.outcomes(), "error": result.error, "log": result.log_path,
+            "state": result.state}))
+    elif not args.quiet:
+        if already:
+            print(f"{point.path}: the run had already finished; its result:")
+        else:
+            print(f"\nresumed {point.path} after seq {point.last_seq}: re-issued "
+                  f"{len(point.reissued)} lease(s) {point.reissued[:6]}, re-sent "
+                  f"{len(point.pending)} undelivered message(s)")
+        print(f"held-out reward {result.initial_reward:.3f} -> {result.final_reward:.3f} at "
+              f"version {result.version} ({result.stop_reason}; {result.rollouts} rollouts)")
+        if result.log_path:
+            print(f"log: {result.log_path}  (evobus replay {result.log_path})")
+        print("\n" + result.rendered)
+    return 1 if result.error and result.rollouts == 0 else 0
+
+
+# ---------------------------------------------------------------------------
+# inspect --summary
+
+
+class LogSummary:
+    """Per-round figures and totals of a log (or of the messages a filter selected)."""
+
+    def __init__(self) -> None:
+        self.rounds: dict[int, dict[str, Any]] = {}
+        self.commits = 0
+        self.dispatched: Counter[str] = Counter()
+        self.redispatches = 0
+        self.discards: Counter[str] = Counter()
+        self.late_answers = 0
+        self._answered: set[str] = set()
+        self.groups: dict[str, dict[str, Any]] = {}   # parallel groups (actors.cli.render)
+
+    def _round(self, r: int) -> dict[str, Any]:
+        return self.rounds.setdefault(r, {"leases": 0, "rollouts": 0, "proposals": 0,
+                                          "result": "", "version": "", "heldout": "",
+                                          "discards": Counter()})
+
+    def add(self, sender: str, receiver: str, msg: Any) -> None:
+
+        kind = type(msg).__name__
+        if kind in _GROUP_KINDS:
+            track_group(self.groups, kind, msg)
+            return
+        match msg:
+            case LeaseBatch(round=r, leases=leases) if sender == "planner":
+                self._round(r)["leases"] += len(leases)
+            case Lease(lease_id=lease_id) if sender == "scheduler":
+                if self.dispatched[lease_id]:
+                    self.redispatches += 1
+                self.dispatched[lease_id] += 1
+            case Settled(round=r, scores=scores):
+                self._round(r)["rollouts"] += len(scores)
+            case SettledBatch(settled=settled):
+                for one in settled:
+                    self._round(one.round)["rollouts"] += len(one.scores)
+            case LeaseDone(lease_id=lease_id) if receiver == "scheduler":
+                if lease_id in self._answered:
+                    self.late_answers += 1
+                self._answered.add(lease_id)
+            case Commit() if sender == "merger":
+                self.commits += 1
+            case RoundClosed(round=r) as rc:
+                row = self._round(r)
+                row["proposals"] += rc.proposals
+                row["result"] = "committed" if rc.committed else "kept"
+                row["version"] = rc.version
+                row["heldout"] = f"{rc.heldout_reward:.3f}"
+                for reason, n in rc.outcomes.items():
+                    if reason != "committed":
+                        row["discards"][reason] += n
+                        self.discards[reason] += n
+            case _:
+                pass
+
+
+def summarize(items: Iterable[tuple[Any, Any]]) -> LogSummary:
+    """``items``: (record, decoded message) pairs, as `evobus inspect` reads them."""
+    s = LogSummary()
+    for rec, msg in items:
+        s.add(rec.sender, rec.receiver, msg)
+    return s
+
+
+def _columns(header: tuple[str, ...], rows: list[tuple]) -> list[str]:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths)).rstrip()]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    return lines
+
+
+def format_summary(s: LogSummary) -> str:
+    group_lines = _columns(
+        ("group", "items", "bound", "leases", "finished", "failed", "waiting", "status"),
+        [(gid, g["items"], g["bound"], g["leases"], g["finished"], g["failed"], g["waiting"],
+          g["status"]) for gid, g in s.groups.items()]) if s.groups else []
+    if s.groups and not s.rounds:   # a log of parallel groups alone
+        return "\n".join(group_lines)
+    rows = []
+    for r in sorted(s.rounds):
+        row = s.rounds[r]
+        discards = ", ".join(f"{k} {v}" for k, v in sorted(row["discards"].items())) or "-"
+        rows.append((r, row["leases"], row["rollouts"], row["proposals"],
+                     row["result"] or "open", row["version"], row["heldout"], discards))
+    lines = _columns(("round", "leases", "rollouts", "proposals", "result", "version",
+                      "held-out", "discards"), rows)
+    closed = sum(1 for row in s.rounds.values() if row["result"])
+    total = sum(s.discards.values())
+    by_reason = ", ".join(f"{k} {v}" for k, v in sorted(s.discards.items()))
+    lines.append("")
+    lines.append(f"rounds {closed} closed ({len(s.rounds)} seen), commits {s.commits}, "
+                 f"re-dispatches {s.redispatches}, discards {total}"
+                 + (f" ({by_reason})" if by_reason else "")
+                 + f", late answers {s.late_answers}")
+    if group_lines:
+        lines += [""] + group_lines
+    return "\n".join(lines)

@@ -1,0 +1,38 @@
+"""``evobus report LOG [-o DIR]``: a self-contained HTML report (and PNGs) of a run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from bus.log import LogCorrupt
+from actors.cli.render import MissingExtra, write_report
+from actors.cli.replay import unreadable_log
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+
+    try:
+        page = write_report(args.log, args.output)
+    except MissingExtra as exc:
+        print(f"evobus: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, LogCorrupt) as exc:
+
+        print(f"evobus: {unreadable_log(args.log, exc)}", file=sys.stderr)
+        return 2
+    print(f"report: {page}  (open it in a browser; the charts are also in {page.parent}/)")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "report", help="write an HTML report (with PNG charts) of a recorded run",
+        description="Write a self-contained HTML report of a run from its message log: "
+                    "held-out reward over time, a per-worker timeline of leases (busy, "
+                    "starved, idle), outcome counts, re-dispatches and discards. Needs "
+                    'matplotlib: pip install "evobus[report]".')
+    p.add_argument("log", help="the run's message log (e.g. runs/router.evolog)")
+    p.add_argument("-o", "--output", metavar="DIR",
+                   help="write index.html and the PNGs here (default: LOG's name + -report, "
+                        "beside the log)")
+    p.set_defaults(func=cmd_report)

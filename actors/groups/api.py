@@ -1,0 +1,157 @@
+"""The front doors: :func:`parallel`, :func:`run_group`, :func:`resume_group`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from actors.machines.collector import check_inputs
+from actors.errors import ConfigError
+from protocol import UserInputs
+from actors.groups.limits import Budgets
+from actors.errors import ResumeRefused
+from actors.groups.outcome import GroupOutcome, results_of
+from actors.groups.store import Store
+from actors.groups.driver import (
+                                  _FIXED_AT_START, _OPTIONS, _Plan, _RESUME_ONLY, _ambient_parent, _check_bounds, _check_items, _check_options, _execute, _resolve_target, _take_items)
+from actors.groups.host import _Host
+from actors.groups.checkpoint import _exclusive, _write_checkpoint, load_checkpoint
+
+
+def run_group(target, items, *, max_concurrency: int, max_items: int,
+              checkpoint: str | os.PathLike | None = None, _parent: _Host | None = None,
+              **options) -> GroupOutcome:
+    """Run ``target`` over ``items`` as a bounded parallel group; never raises for the
+    group's own errors or pauses: read ``outcome.status``.
+
+    ``target``: a callable taking ``item`` or ``(item, ctx)``, or an import path
+    ``"package.module:function"`` (then a checkpoint can be resumed without it).
+    ``checkpoint``: where to write the checkpoint if the group pauses (default: a new
+    temporary file, ``outcome.checkpoint``). ``options``: ``limits``, ``budgets``,
+    ``store``, ``approvers``, ``cancel_deadline``, ``chunk``, ``bus``, ``log``,
+    ``runtime``, ``allow``, ``trace``, ``pass_ctx``, ``on_progress`` (docs/groups.md).
+    Called inside a branch, it runs as a nested group sharing the branch's limits,
+    budgets and store."""
+    _check_options(options, _OPTIONS, "run_group()")
+    _check_bounds(max_concurrency, max_items)
+    taken = _take_items(items, max_items)
+    fn, ref = _resolve_target(target, options.get("allow"))
+    gid = uuid.uuid4().hex[:12]
+    parent = _ambient_parent(_parent)
+    budgets = options.get("budgets") or Budgets()
+    if not isinstance(budgets, Budgets):
+        raise ConfigError(f"budgets must be Budgets(calls=, seconds=, cost=), got "
+                          f"{type(budgets).__name__}")
+    store = options.get("store")
+    if store is not None and not isinstance(store, (dict, Store)):
+        raise ConfigError(f"store must be a dict (its initial content), got {type(store).__name__}")
+    if isinstance(store, dict):
+        try:
+            store = Store(store)
+        except TypeError as exc:
+            raise ConfigError(str(exc)) from None
+    approvers = options.get("approvers")
+    if approvers is not None:
+        if isinstance(approvers, str) or not all(isinstance(a, str) for a in approvers):
+            raise ConfigError(f"approvers must be a list of names, got {approvers!r}")
+        approvers = list(approvers)
+    if not taken:   # an empty list: an empty result, the target is never called
+        return GroupOutcome(status="completed", group_id=gid, results=[])
+    _check_items(taken)
+    plan = _Plan(nested=run_group, group_id=gid, fn=fn, ref=ref, items=taken, max_concurrency=max_concurrency,
+                 max_items=max_items, options=options, parent=parent, budgets=budgets,
+                 store=store, approvers=approvers,
+                 checkpoint=Path(checkpoint) if checkpoint is not None else None,
+                 branches_to_run=len(taken))
+    return _execute(plan)
+
+
+def parallel(target, items, *, max_concurrency: int, max_items: int,
+             _parent: _Host | None = None, **options) -> list[Any]:
+    """The results of ``target`` over ``items``, in input order.
+
+    Raises :class:`GroupFailed` (the first error, and which branches finished, failed,
+    were cancelled or never started) or :class:`GroupPaused` (a branch asked a question
+    or an approval: resume the checkpoint with :func:`resume_group`)."""
+    return results_of(run_group(target, items, max_concurrency=max_concurrency,
+                                max_items=max_items, _parent=_parent, **options))
+
+
+def resume_group(checkpoint: str | os.PathLike, *, target=None,
+                 user_inputs: dict[str, Any] | None = None,
+                 approvals: dict[str, bool] | None = None, **options) -> GroupOutcome:
+    """Resume a paused group from its checkpoint file (this process or another one).
+
+    ``user_inputs`` answers questions and ``approvals`` decides actions, by interaction
+    id; each id is consumed once. Approvals need ``principal=`` among the group's
+    approvers. Finished branches are never dispatched again, consumed budgets stay
+    consumed, suspended branches replay their journal. ``target`` may be omitted when
+    the group's target was named by import path. The checkpoint file is rewritten with
+    the new state (a later pause, or the end)."""
+    _check_options(options, {**_OPTIONS, **_RESUME_ONLY}, "resume_group()")
+    for name in _FIXED_AT_START:
+        if name in options:
+            raise ConfigError(f"resume_group(): {name} is fixed when the group starts and "
+                              "kept in its checkpoint; it cannot change on resume")
+    path = Path(checkpoint)
+    ckpt = load_checkpoint(path)
+    if ckpt.status not in ("user_input_pending", "approval_pending"):
+        raise ResumeRefused(f"{path}: the group {ckpt.group_id} already ended "
+                            f"({ckpt.status}); there is nothing to resume")
+    user_inputs = dict(user_inputs or {})
+    approvals = dict(approvals or {})
+    principal = options.pop("principal", None)
+    pending = {p.id: p for p in ckpt.pending}
+    problem = check_inputs(pending, ckpt.used_ids, user_inputs, approvals, principal,
+                           ckpt.approvers)
+    if problem is not None:
+        raise ResumeRefused(f"{path}: {problem}")
+    if target is None:
+        if ckpt.target is None:
+            raise ConfigError(f"{path}: the group's target was not named by import path, so "
+                              "the checkpoint cannot name it: pass target=the same callable")
+        target = ckpt.target
+    fn, ref = _resolve_target(target, options.get("allow"))
+    answered = {pending[i].branch for i in [*user_inputs, *approvals]}
+    answered |= {i for i in ckpt.not_started if i in ckpt.journals}
+    left = len(pending) - len(user_inputs) - len(approvals)
+    to_run = len(answered) + (len(ckpt.not_started) if left == 0 else 0)
+    try:
+        store = Store(ckpt.store)
+    except TypeError as exc:
+        raise ResumeRefused(f"{path}: the checkpoint's store does not load: {exc}") from None
+    with _exclusive(path):
+        ckpt = load_checkpoint(path)   # re-read under the lock: another resumer may have won
+        if ckpt.status not in ("user_input_pending", "approval_pending"):
+            raise ResumeRefused(f"{path}: the group {ckpt.group_id} already ended "
+                                f"({ckpt.status}); there is nothing to resume")
+        problem = check_inputs({p.id: p for p in ckpt.pending}, ckpt.used_ids, user_inputs,
+                               approvals, principal, ckpt.approvers)
+        if problem is not None:
+            raise ResumeRefused(f"{path}: {problem}")
+        options = {**options, "chunk": options.get("chunk", ckpt.chunk),
+                   "cancel_deadline": options.get("cancel_deadline", ckpt.cancel_deadline)}
+        plan = _Plan(nested=run_group, group_id=ckpt.group_id, fn=fn, ref=ref or ckpt.target, items=ckpt.items,
+                     max_concurrency=ckpt.max_concurrency, max_items=ckpt.max_items,
+                     options=options, parent=_ambient_parent(None), budgets=ckpt.budgets,
+                     consumed=ckpt.consumed, store=store, approvers=ckpt.approvers,
+                     resume=ckpt, checkpoint=path, branches_to_run=max(1, to_run),
+                     inputs=UserInputs(group_id=ckpt.group_id, answers=user_inputs,
+                                       approvals=approvals, principal=principal))
+        outcome = _execute(plan)
+        if outcome.status in ("completed", "failed"):
+            # The checkpoint is spent: a second resume of it is refused, by name.
+            used = [*ckpt.used_ids, *user_inputs, *approvals]
+            _write_checkpoint(path, msgspec.structs.replace(
+                ckpt, status=outcome.status, pending=[], used_ids=used,
+                consumed=outcome.consumed, store=outcome.store, effects=outcome.effects,
+                written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
+        # A new pause rewrote the file in _outcome already.
+    # Finished results from before the pause are part of the join.
+    return outcome

@@ -1,0 +1,111 @@
+"""A group's checkpoint file: finished results, journals and pending interactions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import msgspec
+
+from actors.workers import code as refs
+from protocol import JournalEntry, PendingInteraction
+from actors.groups.limits import CANCEL_DEADLINE_S, Budgets, Consumed
+from actors.errors import ResumeRefused
+
+
+CHECKPOINT_FORMAT = "evobus-group-checkpoint"
+
+
+CHECKPOINT_VERSION = 1
+
+
+class GroupCheckpoint(msgspec.Struct, kw_only=True):
+    """A paused group, as a file (msgpack; never pickle): finished results, every
+    suspended branch's journal, interactions pending and already used, consumed budgets,
+    the store, and the target as an import path when it has one."""
+
+    format: str = CHECKPOINT_FORMAT
+    version: int = CHECKPOINT_VERSION
+    group_id: str
+    status: str
+    target: refs.Ref | None = None
+    items: list[Any] = []
+    max_concurrency: int = 1
+    max_items: int = 1
+    finished: dict[int, Any] = {}
+    journals: dict[int, list[JournalEntry]] = {}
+    pending: list[PendingInteraction] = []
+    used_ids: list[str] = []
+    not_started: list[int] = []
+    effects: list[tuple[int, str]] = []
+    budgets: Budgets = Budgets()
+    consumed: Consumed = Consumed()
+    store: dict[str, Any] = {}
+    approvers: list[str] | None = None
+    chunk: int = 0
+    cancel_deadline: float = CANCEL_DEADLINE_S
+    written_at: str = ""
+    package_version: str = ""
+
+
+def _write_checkpoint(path: Path, ckpt: GroupCheckpoint) -> None:
+    """Atomically: a reader sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = msgspec.msgpack.encode(ckpt)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def load_checkpoint(path: str | os.PathLike) -> GroupCheckpoint:
+    """Read a group checkpoint; :class:`ResumeRefused` names what is wrong with it."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ResumeRefused(f"{path}: cannot read the checkpoint ({exc.strerror})") from None
+    try:
+        ckpt = msgspec.msgpack.decode(data, type=GroupCheckpoint)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ResumeRefused(f"{path}: not a parallel-group checkpoint ({exc})") from None
+    if ckpt.format != CHECKPOINT_FORMAT:
+        raise ResumeRefused(f"{path}: not a parallel-group checkpoint (format {ckpt.format!r})")
+    if ckpt.version > CHECKPOINT_VERSION:
+        raise ResumeRefused(f"{path}: checkpoint version {ckpt.version} is newer than this "
+                            f"evobus reads ({CHECKPOINT_VERSION}); upgrade evobus")
+    return ckpt
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """One resumer at a time per checkpoint (an advisory lock, released if we die)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock; documented
+        yield
+        return
+    lock_path = path.with_name(path.name + ".lock")
+    with open(lock_path, "a+b") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise ResumeRefused(f"{path}: another process is resuming this checkpoint; "
+                                "wait for it to finish") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            with contextlib.suppress(OSError):
+                os.unlink(lock_path)

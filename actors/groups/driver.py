@@ -1,0 +1,536 @@
+"""Bounded parallel groups: fan a target out over independent items, join the results in
+input order (docs/groups.md).
+
+    from actors import parallel
+    results = parallel(process_ticket, tickets, max_concurrency=4, max_items=32)
+
+The program declares the target, the items and the bounds; the runtime organises the
+branches without giving them any extra rights. A group is a :class:`Collector` (a pure
+control actor on the bus) and branch workers (pykka threads owned by the
+:class:`~actors.runtime.runtime.Runtime`) that take ``Branch`` leases and answer ``BranchDone``,
+``BranchFailed`` or ``Interaction``. Everything that crosses the bus is data: items,
+results, answers and effect values are JSON-like (msgpack), never pickled objects.
+
+This module is the edge: the driver (``run_group``), the workers that call the target,
+the ``ctx`` object, host limits, budgets, the shared store and checkpoints. Every
+decision about which branch runs when lives in :mod:`actors.machines.collector`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import logging
+import os
+import queue
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import msgspec
+import pykka
+
+from actors.workers import code as refs
+from actors.machines.collector import Collector
+from actors.errors import ConfigError, RunFailed
+from actors.runtime.shell import teller
+from bus.base import MAX_FRAME_BYTES, Delivery
+from protocol import GroupCancel, GroupResult, GroupStart, GroupSuspended, Tick, UserInputs
+from actors.errors import BranchError, BudgetExhausted, HostLimitExceeded, ResumeRefused
+from actors.groups.limits import CANCEL_DEADLINE_S, TICK_S, Budgets, Consumed, HostLimits, _Ledger, _positive
+from actors.groups.checkpoint import GroupCheckpoint, _write_checkpoint
+from actors.groups.outcome import GroupOutcome, GroupProgress
+from actors.groups.worker import GroupWorker, _CollectorActor, _LeaseBox, _worker_deliver
+from actors.groups.store import _encoder, Store, _Gate, _enter_all
+from actors.groups.host import _Host, _ambient
+from actors.version import PACKAGE_VERSION
+from actors.runtime.runtime import Runtime
+
+
+log = logging.getLogger(__name__)
+
+
+
+
+#: Guided leases are kept at least this long (by measured branch time) once the queue
+#: runs low: a lease shorter than a bus round trip leaves its worker idle after it.
+MIN_LEASE_S = 0.01
+
+
+#: How often ``on_progress`` hears how far a running group has got.
+PROGRESS_S = 1.0
+
+
+
+
+#: How long starting the group's actors may take.
+START_DEADLINE_S = 10.0
+
+
+#: How long the group's actors may take to stop once the group has ended.
+STOP_GRACE_S = 5.0
+
+
+#: The results of one group travel in one message: leave room for the envelope.
+MAX_RESULT_BYTES = MAX_FRAME_BYTES - 64 * 1024
+
+
+
+
+_OPTIONS = {
+    "limits": "HostLimits(...): host limits (concurrency, live branches, external calls, depth)",
+    "budgets": "Budgets(calls=, seconds=, cost=): run budgets shared with nested groups",
+    "store": "dict: the shared store's initial content",
+    "approvers": "list of names allowed to approve (ctx.approve) on resume",
+    "cancel_deadline": "seconds to wait for cancelled branches after the first error",
+    "chunk": "branches per lease (0: guided, shrinking leases)",
+    "prefetch": "leases a worker may hold queued behind the one it runs (default 1)",
+    "bus": "'zmq' (default) or 'memory', when the group starts its own runtime",
+    "log": "path of the message log, when the group starts its own runtime",
+    "runtime": "an actors.Runtime to run on (not closed by the group)",
+    "allow": "module prefixes a target named by import path may come from",
+    "trace": "True: record the start/error/cancel/hold decisions in outcome.trace",
+    "pass_ctx": "True/False: pass ctx as the second argument (default: from the signature)",
+    "on_progress": "a callable given a GroupProgress about once a second and at the end",
+}
+
+
+_RESUME_ONLY = {"principal": "the resumer's name, checked against the group's approvers"}
+
+
+_FIXED_AT_START = ("budgets", "store", "approvers")
+
+
+def _check_options(options: dict[str, Any], allowed: dict[str, str], where: str) -> None:
+    for name in options:
+        if name not in allowed:
+            hint = ""
+            if name in _FIXED_AT_START:
+                hint = f" ({name} is fixed when the group starts and kept in its checkpoint)"
+            raise ConfigError(f"{where}: unknown option {name!r}{hint}; accepted: "
+                              f"{', '.join(sorted(allowed))}")
+
+
+def _wants_ctx(fn: Callable) -> bool:
+    """Pass ``ctx`` when the target has a parameter named ``ctx`` or at least two
+    positional parameters without defaults."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: item only
+        return False
+    if "ctx" in sig.parameters:
+        return True
+    positional = [p for p in sig.parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                  and p.default is p.empty]
+    return len(positional) >= 2
+
+
+def _infer_ref(fn: Callable) -> refs.Ref | None:
+    """The import path of a module-level function or class, if it names this object."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if not module or not qualname or "<" in qualname or module == "__main__":
+        return None
+    obj: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return refs.Ref(ref=f"{module}:{qualname}", call=False) if obj is fn else None
+
+
+def _resolve_target(target, allow) -> tuple[Callable, refs.Ref | None]:
+    if isinstance(target, (str, refs.Ref)):
+        ref = refs.parse(target)
+        fn = refs.resolve(ref, allow, what="target")
+        if not callable(fn):
+            raise ConfigError(f"target {ref.ref!r} names a {type(fn).__name__}, not a callable")
+        return fn, ref
+    if not callable(target):
+        raise ConfigError(f"target must be a callable taking item or (item, ctx), or an "
+                          f"import path 'package.module:function'; got {type(target).__name__}")
+    if allow is not None:
+        raise ConfigError("allow would be ignored: it checks a target named by import path "
+                          "('package.module:function'), and this target is a callable; "
+                          "remove allow, or name the target by its path")
+    return target, _infer_ref(target)
+
+
+def _check_bounds(max_concurrency, max_items) -> None:
+    for name, value in (("max_concurrency", max_concurrency), ("max_items", max_items)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    if max_concurrency > max_items:
+        raise ConfigError(f"max_concurrency ({max_concurrency}) must be <= max_items "
+                          f"({max_items}); lower max_concurrency or raise max_items")
+
+
+def _take_items(items, max_items: int) -> list[Any]:
+    if isinstance(items, (str, bytes, dict)) or not isinstance(items, Iterable):
+        raise ConfigError(f"items must be a list (or another iterable) of inputs, got "
+                          f"{type(items).__name__}")
+    taken = list(itertools.islice(items, max_items + 1))
+    if len(taken) > max_items:
+        n = len(items) if hasattr(items, "__len__") else f"more than {max_items}"
+        raise ConfigError(f"{n} items for max_items={max_items}: a group never truncates its "
+                          "input; raise max_items or split the list")
+    return taken
+
+
+def _check_items(items: list[Any]) -> None:
+    """Items cross the bus: refuse, before the first call, one that cannot or that would
+    arrive changed (a tuple would become a list, a dataclass a dict)."""
+    try:
+        back = msgspec.msgpack.decode(_encoder.encode(items))
+        if back == items:
+            return
+    except (TypeError, ValueError, OverflowError):
+        back = None
+    for i, item in enumerate(items):
+        try:
+            got = msgspec.msgpack.decode(_encoder.encode(item))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ConfigError(
+                f"item {i} ({type(item).__name__}) cannot cross the bus ({exc}): items must be "
+                "JSON-like values (None, bool, int, float, str, bytes, lists, dicts with str "
+                "keys); pass an id or a path and load the object inside the target") from None
+        if got != item and got == got:   # NaN never equals itself: it does travel intact
+            raise ConfigError(
+                f"item {i} would arrive changed ({type(item).__name__} -> "
+                f"{type(got).__name__}): items must be JSON-like values (lists, not tuples; "
+                "dicts, not objects); convert it before the group starts")
+
+
+@dataclass
+class _Plan:
+    """Everything one run of the driver needs (a fresh start or a resume)."""
+
+    group_id: str
+    fn: Callable
+    ref: refs.Ref | None
+    items: list[Any]
+    max_concurrency: int
+    max_items: int
+    options: dict[str, Any]
+    parent: _Host | None
+    budgets: Budgets = Budgets()
+    consumed: Consumed | None = None
+    store: Store | None = None
+    approvers: list[str] | None = None
+    resume: GroupCheckpoint | None = None
+    inputs: UserInputs | None = None
+    checkpoint: Path | None = None
+    branches_to_run: int = 0
+    #: run_group itself: what ctx.run_group / ctx.parallel call for a nested group.
+    nested: Callable | None = None
+
+
+class _Crash:
+    def __init__(self, name: str, exc: BaseException) -> None:
+        self.name = name
+        self.exc = exc
+
+
+def _execute(plan: _Plan) -> GroupOutcome:
+
+    opts = plan.options
+    parent = plan.parent
+    limits = opts.get("limits")
+    if limits is not None and not isinstance(limits, HostLimits):
+        raise ConfigError(f"limits must be HostLimits(...), got {type(limits).__name__}")
+    if parent is not None:
+        limits = parent.limits.tightened(limits)
+        depth = parent.depth + 1
+    else:
+        limits = limits or HostLimits()
+        depth = 1
+    if depth > limits.max_depth:
+        raise HostLimitExceeded(f"a group nested {depth} deep is over the host's max_depth "
+                                f"({limits.max_depth}); flatten the work or raise "
+                                "HostLimits(max_depth=...)")
+    cancel_deadline = opts.get("cancel_deadline", CANCEL_DEADLINE_S)
+    _positive("cancel_deadline", cancel_deadline, allow_none=False, number=True)
+    chunk = opts.get("chunk", 0)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+        raise ConfigError(f"chunk must be an integer >= 0 (0: guided), got {chunk!r}")
+    prefetch = opts.get("prefetch", 1)
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        raise ConfigError(f"prefetch must be an integer >= 0, got {prefetch!r}")
+    on_progress = opts.get("on_progress")
+    if on_progress is not None and not callable(on_progress):
+        raise ConfigError(f"on_progress must be a callable taking a GroupProgress, got "
+                          f"{type(on_progress).__name__}")
+    pass_ctx = opts.get("pass_ctx")
+    for name in ("pass_ctx", "trace"):   # "no" would be true: only True/False mean it
+        if opts.get(name) is not None and not isinstance(opts[name], bool):
+            raise ConfigError(f"{name} must be True or False, got {opts[name]!r}")
+    wants_ctx = _wants_ctx(plan.fn) if pass_ctx is None else pass_ctx
+    concurrency = plan.max_concurrency
+    for cap in (limits.max_concurrency, limits.max_live_branches):
+        if cap is not None:
+            concurrency = min(concurrency, cap)
+    n_workers = max(1, min(concurrency, plan.branches_to_run))
+
+    ledger = _Ledger(plan.budgets, plan.consumed,
+                     parent=parent.ledger if parent is not None else None)
+    store = plan.store if plan.store is not None else (
+        parent.store if parent is not None else Store())
+    # Gates chain from the top-level group down: a nested group's branches count against
+    # every limit above them, and against the nested group's own when it sets one.
+    own = opts.get("limits") if parent is not None else limits
+    live = (parent.live if parent is not None else ()) + (
+        (_Gate(own.max_live_branches),) if own is not None and own.max_live_branches else ())
+    external = (parent.external if parent is not None else ()) + (
+        (_Gate(own.max_external_calls),) if own is not None and own.max_external_calls else ())
+
+    gid = plan.group_id
+    collector_name = f"collector.{gid}"
+    driver_name = f"group-driver.{gid}"
+    worker_names = [f"branch-worker.{gid}.{i}" for i in range(n_workers)]
+    # Checked before anything starts (the items must fit in one message).
+    start = _group_start(plan, gid, driver_name, worker_names, concurrency, chunk, prefetch,
+                         cancel_deadline, ledger)
+
+    own_runtime = None
+    runtime = opts.get("runtime")
+    if runtime is not None and not isinstance(runtime, Runtime):
+        raise ConfigError(f"runtime must be an actors.Runtime, got {type(runtime).__name__}")
+    ignored = [name for name in ("bus", "log") if opts.get(name) is not None]
+    if ignored and (runtime is not None or parent is not None):
+        on = ("on the runtime given as runtime=" if runtime is not None else
+              "inside a branch, on its parent's runtime (and in its parent's log)")
+        names = " and ".join(ignored)
+        raise ConfigError(f"{names} would be ignored: this group runs {on}; {names} "
+                          f"appl{'y' if len(ignored) > 1 else 'ies'} only to a group that "
+                          "starts its own runtime; remove "
+                          f"{'them' if len(ignored) > 1 else 'it'}")
+    if runtime is None and parent is not None:
+        runtime = parent.runtime
+    if runtime is None:
+        bus = opts.get("bus", "zmq")
+        log_path = opts.get("log")
+        if log_path:
+            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        own_runtime = runtime = Runtime(bus=bus, log_path=log_path,
+                                        log_meta={"scenario": "parallel-group",
+                                                  "run_id": plan.group_id})
+    host = _Host(group_id=gid, target=plan.fn, wants_ctx=wants_ctx, depth=depth, limits=limits,
+                 ledger=ledger, store=store, live=live, external=external, parent=parent,
+                 trace=bool(opts.get("trace")), runtime=runtime,
+                 nested=plan.nested)
+    inbox: "queue.SimpleQueue[Delivery | _Crash]" = queue.SimpleQueue()
+
+    def on_crash(name: str, exc: BaseException) -> None:
+        inbox.put(_Crash(name, exc))
+
+    result_msg: GroupResult | GroupSuspended | None = None
+    crash: _Crash | None = None
+    # A branch that waits for its nested group lends its live-branch slots meanwhile.
+    lent: tuple[_Gate, ...] = getattr(_ambient, "slots", ()) if parent is not None else ()
+    for gate in lent:
+        gate.leave()
+    _ambient.slots = ()
+    started: list[pykka.ActorRef] = []
+    attached: list[str] = []
+    phases: dict[str, float] = {}
+    progress: Callable[[bool], None] | None = None
+    t0 = time.monotonic()
+    try:
+        # The driver attaches every name itself, one after the other from one socket (a
+        # socket per actor thread costs ~10x more). Attach returns once the broker routes
+        # the name; pykka queues what arrives before the actor's thread has started.
+        bus = runtime.bus
+        ref = runtime.start_actor(_CollectorActor, bus, collector_name,
+                                  Collector(collector_name), on_crash)
+        started.append(ref)
+        # Every name routes before any work flows, in one round trip to the broker.
+        boxes = [_LeaseBox() for _ in worker_names]
+        names = [(driver_name, inbox.put), (collector_name, teller(bus, ref))] + [
+            (name, _worker_deliver(bus, host, box, name, collector_name))
+            for name, box in zip(worker_names, boxes)]
+        attach_many = getattr(bus, "attach_many", None)
+        if attach_many is not None:
+            attach_many(names)
+            attached.extend(name for name, _ in names)
+        else:
+            for name, deliver in names:
+                bus.attach(name, deliver)
+                attached.append(name)
+        # Leases go out at once, into the workers' boxes; each worker's thread starts
+        # after that and finds its leases waiting: the first ones work while the others
+        # start, and none waits for a Hello to make a round trip through the Collector.
+        bus.send(driver_name, collector_name, start)
+        if plan.inputs is not None:
+            bus.send(driver_name, collector_name, plan.inputs)
+        for name, box in zip(worker_names, boxes):
+            started.append(runtime.start_actor(GroupWorker, bus, name, host, collector_name,
+                                               on_crash, box))
+        phases["start"] = time.monotonic() - t0
+        if on_progress is not None:
+            before = len(plan.resume.finished) if plan.resume is not None else 0
+
+            def report(done: bool) -> None:
+                on_progress(GroupProgress(
+                    group_id=gid, total=len(plan.items),
+                    finished=before + sum(box.finished for box in boxes),
+                    failed=len(host.errors), elapsed=round(time.monotonic() - t0, 3),
+                    done=done, finished_before=before))
+            progress = report
+        result_msg, crash = _drive(runtime, inbox, host, driver_name, collector_name, gid, t0,
+                                   ticks=ledger.remaining_seconds() is not None,
+                                   progress=progress)
+        phases["run"] = time.monotonic() - t0 - phases["start"]
+    except BaseException:
+        host.cancel()   # Ctrl-C or a driver bug: branches see ctx.cancelled, then teardown
+        raise
+    finally:
+        abandoned_workers = bool(result_msg is not None and
+                                 isinstance(result_msg, GroupResult) and result_msg.abandoned)
+        # Workers the Collector let go, and the Collector once the group ended, have
+        # stopped already: asking a dead actor to stop costs an exception (~20 us each).
+        alive = [ref for ref in started if ref.is_alive()]
+        stuck = runtime.stop_actors(alive, 0.2 if abandoned_workers or crash else
+                                    STOP_GRACE_S)
+        if len(alive) < len(started):   # the runtime forgets the dead ones too
+            dead = {id(ref) for ref in started} - {id(ref) for ref in alive}
+            runtime.refs = [ref for ref in runtime.refs if id(ref) not in dead]
+        if stuck:
+            log.warning("group %s: %d actor(s) still running user code past the deadline; "
+                        "left behind (daemon threads)", gid, len(stuck))
+        if own_runtime is None:   # a shared runtime goes on: give the names back
+            for name in attached:
+                runtime.bus.detach(name)
+        if own_runtime is not None:
+            own_runtime.close()
+        phases["stop"] = time.monotonic() - t0 - phases.get("start", 0) - phases.get("run", 0)
+        if lent:
+            _enter_all(lent, lambda: False)
+            _ambient.slots = lent
+    if crash is not None:
+        if isinstance(crash.exc, (ConfigError, ValueError, TypeError)):
+            raise crash.exc
+        raise RunFailed(f"group {gid}: actor {crash.name!r} crashed: "
+                        f"{type(crash.exc).__name__}: {crash.exc}") from crash.exc
+    outcome = _outcome(plan, host, ledger, store, result_msg, time.monotonic() - t0,
+                       n_workers, concurrency, PACKAGE_VERSION)
+    outcome.stats["phases"] = {k: round(v, 6) for k, v in phases.items()}
+    if progress is not None:
+        progress(True)
+    return outcome
+
+
+def _group_start(plan: _Plan, gid: str, driver: str, workers: list[str], concurrency: int,
+                 chunk: int, prefetch: int, cancel_deadline: float,
+                 ledger: _Ledger) -> GroupStart:
+    ckpt = plan.resume
+    start = GroupStart(
+        group_id=gid, items=plan.items, workers=workers, max_concurrency=concurrency,
+        max_items=plan.max_items, driver=driver, chunk=chunk, prefetch=prefetch,
+        min_lease_seconds=MIN_LEASE_S, announce=False,
+        max_seconds=ledger.remaining_seconds(), cancel_deadline=cancel_deadline,
+        max_result_bytes=MAX_RESULT_BYTES, resume=ckpt is not None,
+        finished=ckpt.finished if ckpt else {}, journals=ckpt.journals if ckpt else {},
+        pending=ckpt.pending if ckpt else [], used_ids=ckpt.used_ids if ckpt else [],
+        approvers=plan.approvers, effects=ckpt.effects if ckpt else [])
+    size = len(_encoder.encode(start))
+    if size > MAX_FRAME_BYTES:
+        raise ConfigError(f"the group's items take {size} bytes, over the {MAX_FRAME_BYTES}-"
+                          "byte message limit: pass ids or paths as items and load the data "
+                          "inside the target")
+    return start
+
+
+def _drive(runtime, inbox, host: _Host, driver: str, collector: str, gid: str, t0: float,
+           ticks: bool, progress: Callable[[bool], None] | None = None):
+    """Wait for the group's end, sending the time as ``Tick`` and a parent's cancellation
+    as ``GroupCancel``, and calling ``progress`` every ``PROGRESS_S``. Every wait is
+    bounded (one tick); a crashed actor ends it.
+
+    The Collector needs the time only for a seconds budget and for the cancel deadline
+    once the group is stopping, so ticks go out only then."""
+    bus = runtime.bus
+    next_tick = t0 + TICK_S
+    next_progress = t0 + PROGRESS_S
+    cancel_sent = False
+    while True:
+        timeout = max(0.0, next_tick - time.monotonic())
+        try:
+            item = inbox.get(timeout=timeout)
+        except queue.Empty:
+            item = None
+        now = time.monotonic()
+        if now >= next_tick:
+            if ticks or host.stopping:
+                bus.send(driver, collector, Tick(elapsed=round(now - t0, 6)))
+            next_tick = now + TICK_S
+            if not cancel_sent and host.parent is not None and host.parent.cancelled:
+                cancel_sent = True
+                host.cancel()
+                bus.send(driver, collector, GroupCancel(group_id=gid,
+                                                        reason="the parent branch was cancelled"))
+            if progress is not None and now >= next_progress:
+                next_progress = now + PROGRESS_S
+                progress(False)
+        if item is None:
+            continue
+        if isinstance(item, _Crash):
+            host.cancel()
+            return None, item
+        msg = item.msg
+        if isinstance(msg, (GroupResult, GroupSuspended)) and msg.group_id == gid:
+            return msg, None
+        log.warning("group %s: driver got an unexpected %s", gid, type(msg).__name__)
+
+
+def _error_of(host: _Host, msg: GroupResult) -> BaseException:
+    if msg.error_branch is not None and msg.error_branch in host.errors:
+        return host.errors[msg.error_branch]
+    kinds = {"BudgetExhausted": BudgetExhausted, "HostLimitExceeded": HostLimitExceeded,
+             "ResumeRefused": ResumeRefused}
+    return kinds.get(msg.error_type, BranchError)(
+        f"{msg.error_type}: {msg.error}" if msg.error_type not in kinds else msg.error)
+
+
+def _outcome(plan: _Plan, host: _Host, ledger: _Ledger, store: Store, msg, elapsed: float,
+             n_workers: int, concurrency: int, package_version: str) -> GroupOutcome:
+    stats = {"elapsed": round(elapsed, 6), "workers": n_workers, "concurrency": concurrency,
+             "leases": msg.leases, "peak_leases": msg.peak_leases,
+             "peak_live_branches": host.live[0].peak if host.live else None}
+    common = dict(group_id=plan.group_id, consumed=ledger.snapshot(), store=store.snapshot(),
+                  stats=stats, trace=host.trace, effects=[tuple(e) for e in msg.effects])
+    if isinstance(msg, GroupSuspended):
+        path = plan.checkpoint
+        if path is None:
+            fd, name = tempfile.mkstemp(prefix=f"evobus-group-{plan.group_id}-", suffix=".ckpt")
+            os.close(fd)
+            path = Path(name)
+        ckpt = GroupCheckpoint(
+            group_id=plan.group_id, status=msg.status, target=plan.ref, items=plan.items,
+            max_concurrency=plan.max_concurrency, max_items=plan.max_items,
+            finished=msg.finished, journals=msg.journals, pending=msg.pending,
+            used_ids=msg.used_ids, not_started=msg.not_started, effects=msg.effects,
+            budgets=plan.budgets, consumed=ledger.snapshot(), store=store.snapshot(),
+            approvers=plan.approvers, chunk=plan.options.get("chunk", 0),
+            cancel_deadline=plan.options.get("cancel_deadline", CANCEL_DEADLINE_S),
+            written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), package_version=package_version)
+        _write_checkpoint(path, ckpt)
+        return GroupOutcome(status=msg.status, pending_interactions=list(msg.pending),
+                            checkpoint=path, finished=sorted(msg.finished),
+                            never_started=list(msg.not_started),
+                            partial=dict(msg.finished), **common)
+    if msg.status == "refused":
+        raise ResumeRefused(msg.error)
+    if msg.status == "completed":
+        return GroupOutcome(status="completed", results=list(msg.results),
+                            finished=list(range(len(msg.results))), **common)
+    return GroupOutcome(status="failed", error=_error_of(host, msg),
+                        error_branch=msg.error_branch, finished=sorted(msg.finished),
+                        failed=list(msg.failed), cancelled=list(msg.cancelled),
+                        never_started=list(msg.never_started), abandoned=list(msg.abandoned),
+                        errors=dict(msg.errors), partial=dict(msg.finished), **common)
+
+
+def _ambient_parent(explicit: _Host | None) -> _Host | None:
+    return explicit if explicit is not None else getattr(_ambient, "host", None)

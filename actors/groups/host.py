@@ -1,0 +1,102 @@
+"""The host of one running group: what its branches share on this process.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from actors.errors import BudgetExhausted
+from actors.groups.limits import HostLimits, _Ledger
+from actors.groups.store import Store, _Gate
+
+
+_ambient = threading.local()    # the group host of the branch running on this thread
+
+
+_GO = None
+
+
+_NOT_NOW = object()
+
+
+class _Host:
+    """The in-process side of one group: the flags workers check before each start, the
+    budgets, the store, the gates. The Collector decides from messages; these flags only
+    make a decision visible at once to every worker of this process (a worker that sees
+    an error stops starting branches before its message reaches the Collector)."""
+
+    def __init__(self, *, group_id: str, target: Callable, wants_ctx: bool, depth: int,
+                 limits: HostLimits, ledger: _Ledger, store: Store,
+                 live: tuple[_Gate, ...], external: tuple[_Gate, ...],
+                 parent: "_Host | None", trace: bool,
+                 runtime, nested: Callable) -> None:
+        self.group_id = group_id
+        self.target = target
+        self.wants_ctx = wants_ctx
+        self.depth = depth
+        self.limits = limits
+        self.ledger = ledger
+        self.store = store
+        self.live = live
+        self.external = external
+        self.parent = parent
+        self.runtime = runtime
+        # The front door a branch's ctx.run_group calls for a nested group (given by the
+        # API, which sits above this module).
+        self.nested = nested
+        self.lock = threading.Lock()
+        self.stopping = False      # first error or Cancel: no new start; ctx.cancelled
+        self.holding = False       # an interaction: no new start
+        self.errors: dict[int, BaseException] = {}
+        self.trace: list[tuple[str, int]] | None = [] if trace else None
+        # Nothing to check atomically per start (no budget, no trace): a worker reads the
+        # flags (one read is atomic) and counts its starts once per lease.
+        self.fast = not trace and not ledger.limited
+
+    @property
+    def cancelled(self) -> bool:
+        host = self
+        while host is not None:
+            if host.stopping:
+                return True
+            host = host.parent
+        return False
+
+    def begin(self, index: int):
+        """May branch ``index`` start now? ``_GO``, ``_NOT_NOW`` (the group is stopping or
+        pausing) or the exception that fails it (a budget). Atomic with :meth:`fail`."""
+        with self.lock:
+            if self.stopping or self.holding or (self.parent is not None
+                                                 and self.parent.cancelled):
+                return _NOT_NOW
+            try:
+                self.ledger.charge_call()
+            except BudgetExhausted as exc:
+                return exc
+            if self.trace is not None:
+                self.trace.append(("start", index))
+        return _GO
+
+    def fail(self, index: int, exc: BaseException) -> bool:
+        """Record a branch's error and stop new starts; True if the group was already
+        stopping (a secondary error)."""
+        with self.lock:
+            after = self.stopping
+            self.stopping = True
+            self.errors.setdefault(index, exc)
+            if self.trace is not None:
+                self.trace.append(("error", index))
+        return after
+
+    def cancel(self) -> None:
+        with self.lock:
+            if not self.stopping and self.trace is not None:
+                self.trace.append(("cancel", -1))
+            self.stopping = True
+
+    def hold(self, index: int = -1) -> None:
+        with self.lock:
+            if not self.holding and self.trace is not None:
+                self.trace.append(("hold", index))
+            self.holding = True

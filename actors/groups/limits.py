@@ -1,0 +1,163 @@
+"""Host limits (what one machine lets a group use) and budgets (what a group may spend).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass
+
+import msgspec
+
+from actors.errors import ConfigError
+from actors.errors import BudgetExhausted
+
+#: How often the driver sends the Collector the time (seconds budget, cancel deadline).
+TICK_S = 0.05
+#: How long a group waits, by default, for its cancelled branches to stop.
+CANCEL_DEADLINE_S = 5.0
+
+
+def _positive(name: str, value, *, allow_none: bool = True, number: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    kinds = (int, float) if number else (int,)
+    if isinstance(value, bool) or not isinstance(value, kinds) or value <= 0:
+        what = "a positive number" if number else "a positive integer"
+        raise ConfigError(f"{name} must be {what}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class HostLimits:
+    """What the host allows, whatever the program asks for (a runtime setting).
+
+    - ``max_concurrency``: caps every group's ``max_concurrency``;
+    - ``max_live_branches``: branches running at once across a group and every group
+      nested in its branches (a branch waiting for its nested group does not count);
+    - ``max_external_calls``: ``ctx.effect`` calls running at once, across the tree;
+    - ``max_depth``: how deep groups nest (1: no group inside a branch).
+
+    Nested groups inherit their parent's limits; a nested group may tighten them, never
+    loosen them."""
+
+    max_concurrency: int | None = None
+    max_live_branches: int | None = None
+    max_external_calls: int | None = None
+    max_depth: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("max_concurrency", "max_live_branches", "max_external_calls"):
+            _positive(f"HostLimits.{name}", getattr(self, name))
+        _positive("HostLimits.max_depth", self.max_depth, allow_none=False)
+
+    def tightened(self, other: "HostLimits | None") -> "HostLimits":
+        if other is None:
+            return self
+
+        def low(a, b):
+            return b if a is None else a if b is None else min(a, b)
+
+        return HostLimits(max_concurrency=low(self.max_concurrency, other.max_concurrency),
+                          max_live_branches=low(self.max_live_branches, other.max_live_branches),
+                          max_external_calls=low(self.max_external_calls,
+                                                 other.max_external_calls),
+                          max_depth=min(self.max_depth, other.max_depth))
+
+
+class Budgets(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Run budgets shared by every branch of a group and every group nested in them:
+    ``calls`` (branch starts), ``seconds`` (wall time while the group runs; time spent
+    paused does not count), ``cost`` (units reported with ``ctx.spend``). Exhausting
+    one is an error of the group."""
+
+    calls: int | None = None
+    seconds: float | None = None
+    cost: float | None = None
+
+    def __post_init__(self) -> None:
+        _positive("Budgets.calls", self.calls)
+        _positive("Budgets.seconds", self.seconds, number=True)
+        _positive("Budgets.cost", self.cost, number=True)
+
+
+class Consumed(msgspec.Struct, frozen=True, kw_only=True):
+    """What a group has used of its budgets so far (kept across a pause and resume)."""
+
+    calls: int = 0
+    seconds: float = 0.0
+    cost: float = 0.0
+
+
+class _Ledger:
+    """Budget accounting for one group; a nested group's ledger charges its parents too."""
+
+    def __init__(self, budgets: Budgets, consumed: Consumed | None = None,
+                 parent: "_Ledger | None" = None) -> None:
+        consumed = consumed or Consumed()
+        self.lock = threading.Lock()
+        self.budgets = budgets
+        self.calls = consumed.calls
+        self.cost = consumed.cost
+        self.seconds_before = consumed.seconds
+        self.t0 = time.monotonic()
+        self.parent = parent
+        chain, ledger = [], self
+        while ledger is not None:
+            chain.append(ledger)
+            ledger = ledger.parent
+        self.chain = chain[::-1]     # root first: locks are always taken in this order
+        self.limited = any(lg.budgets.calls is not None or lg.budgets.cost is not None
+                           or lg.budgets.seconds is not None for lg in self.chain)
+
+    def seconds(self) -> float:
+        return self.seconds_before + (time.monotonic() - self.t0)
+
+    def remaining_seconds(self) -> float | None:
+        left = [lg.budgets.seconds - lg.seconds() for lg in self.chain
+                if lg.budgets.seconds is not None]
+        return min(left) if left else None
+
+    def _charge(self, field_: str, amount: float) -> None:
+        with contextlib.ExitStack() as stack:
+            for lg in self.chain:
+                stack.enter_context(lg.lock)
+            for lg in self.chain:
+                limit = getattr(lg.budgets, field_)
+                used = getattr(lg, field_)
+                if limit is not None and used + amount > limit:
+                    raise BudgetExhausted(
+                        f"the {field_} budget ({limit:g}) is used up: {used:g} used, "
+                        f"{amount:g} more asked; raise budgets=Budgets({field_}=...) or "
+                        "do less per group")
+                if lg.budgets.seconds is not None and lg.seconds() >= lg.budgets.seconds:
+                    raise BudgetExhausted(
+                        f"the seconds budget ({lg.budgets.seconds:g} s) is used up; raise "
+                        "budgets=Budgets(seconds=...)")
+            for lg in self.chain:
+                setattr(lg, field_, getattr(lg, field_) + amount)
+
+    def add_calls(self, n: int) -> None:
+        """Count ``n`` branch starts at once (no budget to check: ``limited`` is False)."""
+        ledger = self
+        while ledger is not None:
+            with ledger.lock:
+                ledger.calls += n
+            ledger = ledger.parent
+
+    def charge_call(self) -> None:
+        if not self.limited:
+            self.calls += 1   # under the host lock of the branch's group (see _Host.begin)
+            parent = self.parent
+            while parent is not None:
+                with parent.lock:
+                    parent.calls += 1
+                parent = parent.parent
+            return
+        self._charge("calls", 1)
+
+    def charge_cost(self, units: float) -> None:
+        self._charge("cost", units)
+
+    def snapshot(self) -> Consumed:
+        return Consumed(calls=self.calls, seconds=round(self.seconds(), 6), cost=self.cost)

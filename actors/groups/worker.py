@@ -1,0 +1,313 @@
+"""The branch worker: a pykka thread that takes ``Branch`` leases and calls the target.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import pykka
+
+from actors.workers.core import Awaiter
+from actors.machines.collector import ENDED
+from actors.runtime.shell import ControlActor, _FastInbox
+from bus.base import Delivery
+from protocol import Branch, BranchDone, BranchFailed, Cancel, Hold, Interaction, Revoke, Stop
+from actors.errors import BranchCancelled, _Suspend
+from actors.groups.context import BranchContext
+from actors.groups.host import _GO, _Host, _NOT_NOW, _ambient
+from actors.groups.store import _encoder, _enter_all
+
+log = logging.getLogger(__name__)
+
+
+def _describe(exc: BaseException, limit: int = 500) -> str:
+    text = str(exc)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _LeaseBox:
+    """The leases a worker holds but has not started, in the order they came: the worker
+    runs them from here, one after the other, and ``Revoke`` takes one back on the bus
+    thread (the worker's own thread may be busy with a long branch).
+
+    Leases may arrive before the worker's thread runs: the box keeps them, and the
+    worker takes them when it starts (``ref`` is set then, by the worker itself)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.queued: dict[str, Branch] = {}
+        self.ref: pykka.ActorRef | None = None
+        self.stop = False          # a Stop came before the worker's thread ran
+        self.finished = 0          # branches run to a value (written by the worker only)
+
+    def put(self, lease: Branch) -> None:
+        with self.lock:
+            self.queued[lease.lease_id] = lease
+
+    def take(self, lease_id: str) -> Branch | None:
+        """The lease if it had not started (it never will now), else None."""
+        with self.lock:
+            return self.queued.pop(lease_id, None)
+
+    def next(self) -> Branch | None:
+        """The oldest lease not started, taken out of the box, or None."""
+        with self.lock:
+            if not self.queued:
+                return None
+            return self.queued.pop(next(iter(self.queued)))
+
+
+def _worker_deliver(bus, host: _Host, box: _LeaseBox, name: str,
+                    collector: str) -> Callable[[Delivery], None]:
+    """The bus side of a worker. A lease goes into the worker's box, and the worker is
+    woken if its thread runs; one that has not started yet finds the lease when it does
+    (``box.ref`` is set by the worker before it looks into the box: nothing is missed)."""
+
+    def tell(delivery: Delivery) -> None:
+        ref = box.ref
+        if ref is None:   # not started: counted with unroutable messages
+            bus.stats.unroutable += 1
+            return
+        try:
+            ref.tell(delivery)
+        except pykka.ActorDeadError:  # counted with unroutable messages
+            bus.stats.unroutable += 1
+
+    def deliver(delivery: Delivery) -> None:
+        match delivery.msg:
+            case Branch() as lease:
+                box.put(lease)
+                if box.ref is not None:
+                    tell(delivery)
+            case Stop():
+                box.stop = True
+                if box.ref is not None:
+                    tell(delivery)
+            case Revoke(lease_id=lease_id):
+                lease = box.take(lease_id)
+                if lease is not None:
+                    bus.send(name, collector, BranchDone(group_id=lease.group_id,
+                                                         lease_id=lease_id, worker=name,
+                                                         unstarted=list(lease.indices)))
+            case Cancel():
+                host.cancel()
+            case Hold():
+                host.hold()
+            case _:
+                tell(delivery)
+
+    return deliver
+
+
+class _CollectorActor(ControlActor):
+    """The Collector's shell: a ControlActor whose bus name the group's driver attaches
+    and detaches (see :class:`GroupWorker`). Once the group has ended it stops by itself
+    (nothing it receives after that can change the result), so the driver's teardown
+    does not wait for it."""
+
+    def on_start(self) -> None:
+        threading.current_thread().name = f"evobus-{self.name}"
+
+    def on_receive(self, message: Delivery) -> None:
+        super().on_receive(message)
+        if self.machine.phase == ENDED:
+            self.actor_ref.stop(block=False)
+
+    def on_stop(self) -> None:
+        pass
+
+
+_WAKE = object()   # a worker's note to itself: look into the box
+
+
+class GroupWorker(_FastInbox, pykka.ThreadingActor):
+    """Runs one group's branches: one lease at a time, one branch at a time, in the
+    order the leases came (from its :class:`_LeaseBox`; a message only wakes it).
+
+    The group's driver attaches its bus name (:func:`_worker_deliver`): from one thread,
+    one socket, instead of a socket per worker thread. ``Cancel`` and ``Hold`` take
+    effect on the bus thread, at once (the worker's own thread is busy running the lease
+    they are about). ``Stop`` (the Collector has no more work for it) ends it while the
+    other workers finish, instead of at the group's end."""
+
+    use_daemon_thread = True   # a branch stuck in user code must not keep the process alive
+
+    def __init__(self, bus, name: str, host: _Host, collector: str, on_crash,
+                 box: "_LeaseBox") -> None:
+        super().__init__()
+        self.bus = bus
+        self.name = name
+        self.host = host
+        self.collector = collector
+        self.on_crash = on_crash
+        self.box = box
+        self.settle = Awaiter()   # async targets: one event loop for this worker's thread
+
+    def on_start(self) -> None:
+        threading.current_thread().name = f"evobus-{self.name}"
+        box = self.box
+        box.ref = self.actor_ref   # before looking into the box (see _worker_deliver)
+        # Leases that came before the thread ran: run them from on_receive (where a
+        # failure reaches on_failure, and so the driver), not here.
+        self.actor_ref.tell(_WAKE)
+        if box.stop:
+            self.stop()
+
+    def _drain(self) -> None:
+        box = self.box
+        lease = box.next()
+        while lease is not None:   # a revoked lease is not in the box any more
+            self._run(lease)
+            lease = box.next()
+
+    def on_receive(self, message) -> None:
+        if message is _WAKE:
+            return self._drain()
+        match message.msg:
+            case Branch():
+                self._drain()
+            case Stop():
+                self.stop()   # a tell to itself: no future to make, nobody waits on it
+            case other:
+                log.warning("%s: unexpected %s", self.name, type(other).__name__)
+
+    def on_failure(self, exception_type, exception_value, traceback) -> None:
+        self.on_crash(self.name, exception_value)
+
+    def on_stop(self) -> None:
+        self.settle.close()   # the event loop async targets ran on, if any
+
+    def _run(self, lease: Branch) -> None:
+        host = self.host
+        target = host.target
+        wants_ctx = host.wants_ctx
+        live = host.live
+        journals = lease.journals
+        indices = lease.indices
+        items = lease.items
+        done: list[int] = []
+        values: list[Any] = []
+        cancelled: list[int] = []
+        effects: list[tuple[int, str]] = []
+        t0 = time.monotonic()
+        previous = getattr(_ambient, "host", None)
+        _ambient.host = host
+        fast = host.fast
+        parent = host.parent
+        box = self.box
+        settle = self.settle
+        starts = 0
+
+        def answer(**kw) -> None:
+            # Counted before the answer leaves: the driver reads the ledger at the end.
+            if starts:
+                host.ledger.add_calls(starts)
+            self._answer(lease, done, values, cancelled, effects, t0=t0, **kw)
+
+        try:
+            for pos, index in enumerate(indices):
+                if live:
+                    if not _enter_all(live, lambda: host.cancelled or host.holding):
+                        return answer(unstarted=indices[pos:])
+                    _ambient.slots = live
+                try:
+                    if fast:
+                        if host.stopping or host.holding or (parent is not None
+                                                             and parent.cancelled):
+                            verdict = _NOT_NOW
+                        else:
+                            verdict = _GO
+                            starts += 1
+                    else:
+                        verdict = host.begin(index)
+                    if verdict is _NOT_NOW:
+                        return answer(unstarted=indices[pos:])
+                    if verdict is not _GO:
+                        after = host.fail(index, verdict)
+                        return answer(unstarted=indices[pos + 1:],
+                                      failed=(index, verdict, after))
+                    ctx = None
+                    try:
+                        if wants_ctx:
+                            ctx = BranchContext(host, index, items[pos], journals.get(index))
+                            value = target(items[pos], ctx)
+                        else:
+                            value = target(items[pos])
+                        if hasattr(value, "__await__"):   # an async target: run it here
+                            value = settle(value)
+                    except _Suspend as suspend:
+                        host.hold(index)
+                        if ctx is not None:
+                            effects += ctx._effects
+                        return answer(unstarted=indices[pos + 1:],
+                                      suspended=(index, suspend))
+                    except BranchCancelled:
+                        cancelled.append(index)
+                        if ctx is not None:
+                            effects += ctx._effects
+                        continue
+                    except Exception as exc:  # the branch's error -> Collector: stops the group
+                        after = host.fail(index, exc)
+                        if ctx is not None:
+                            effects += ctx._effects
+                        return answer(unstarted=indices[pos + 1:],
+                                      failed=(index, exc, after))
+                    if ctx is not None and ctx._effects:
+                        effects += ctx._effects
+                    done.append(index)
+                    values.append(value)
+                    box.finished += 1
+                finally:
+                    if live:
+                        _ambient.slots = ()
+                        for gate in live:
+                            gate.leave()
+            return answer(unstarted=[])
+        finally:
+            _ambient.host = previous
+
+    def _answer(self, lease: Branch, done, values, cancelled, effects, *, unstarted, t0,
+                failed=None, suspended=None) -> None:
+        try:
+            nbytes = len(_encoder.encode(values))
+        except (TypeError, ValueError, OverflowError):
+            # A result that cannot cross the bus fails its branch (and so the group).
+            for k, value in enumerate(values):
+                try:
+                    _encoder.encode(value)
+                except (TypeError, ValueError, OverflowError) as exc:
+                    bad = done[k]
+                    error = TypeError(
+                        f"the result of branch {bad} ({type(value).__name__}) cannot cross "
+                        f"the bus ({exc}): return JSON-like values (None, bool, int, float, "
+                        "str, bytes, lists, dicts with str keys) or msgspec Structs")
+                    after = self.host.fail(bad, error)
+                    self.box.finished -= 1   # counted when it returned: it failed instead
+                    rest = [(i, v) for i, v in zip(done, values) if i != bad]
+                    done = [i for i, _ in rest]
+                    values = [v for _, v in rest]
+                    if failed is None:
+                        failed = (bad, error, after)
+                        suspended = None
+                    break
+            else:  # every value encodes alone: not a result's fault; a bug, let it crash
+                raise
+            return self._answer(lease, done, values, cancelled, effects, unstarted=unstarted,
+                                t0=t0, failed=failed, suspended=suspended)
+        common = dict(group_id=lease.group_id, lease_id=lease.lease_id, worker=self.name,
+                      indices=done, values=values, cancelled=cancelled, unstarted=unstarted,
+                      effects=effects, nbytes=nbytes)
+        if failed is not None:
+            index, exc, after = failed
+            msg = BranchFailed(index=index, error=_describe(exc), error_type=type(exc).__name__,
+                               after_stop=after, **common)
+        elif suspended is not None:
+            index, suspend = suspended
+            msg = Interaction(index=index, pending=suspend.pending, journal=suspend.journal,
+                              **common)
+        else:
+            msg = BranchDone(elapsed=round(time.monotonic() - t0, 6), **common)
+        self.bus.send(self.name, self.collector, msg)

@@ -1,0 +1,509 @@
+"""The Collector: the join of one bounded parallel group. A pure state machine
+(DESIGN section 3): ``handle(msg) -> [(receiver, message), ...]``; no I/O, no threads,
+no clock. Time enters only as ``Tick`` messages.
+
+What it owns: the group's bounds, every branch's state, the finished results, the
+interactions waiting for an answer, the first error. What it decides:
+
+- which branches go to which worker, as ``Branch`` leases. A worker runs one branch at a
+  time and the Collector uses at most ``max_concurrency`` workers, so running branches
+  never exceed the bound; a worker holds at most ``1 + prefetch`` leases (the one it
+  runs, and ``prefetch`` queued behind it so it never idles for a round trip). Lease
+  sizes shrink as the queue does (guided self-scheduling:
+  ``ceil(queued / (chunk_factor * concurrency))``): a cheap target costs a handful of
+  messages per worker, a slow one still balances at the tail;
+- on the first error: no new lease, ``Cancel`` to every lease out, then wait for them
+  until ``cancel_deadline`` seconds of ``Tick`` have passed (the rest is *abandoned*);
+- on an interaction (``ctx.ask``/``ctx.approve`` without an answer): no new lease,
+  ``Hold`` to every lease out; once they have all answered, ``GroupSuspended``;
+- on resume: the checkpoint arrives in ``GroupStart``; ``UserInputs`` are checked
+  (unknown or already-used ids, approval rights) before anything is dispatched;
+  finished branches are never dispatched again;
+- letting workers go: once nothing is left to lease, a worker without a lease gets no
+  other unless one comes back (a lease being revoked, or queued behind a running one):
+  the idle workers beyond those are sent ``Stop`` at once, so they end while the others
+  finish instead of at the group's end;
+- the end: ``GroupResult`` with every result in input order, or the first error and
+  where every branch stands. No partial result is ever published as a success.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import Any, Iterable, Mapping
+
+from actors.addresses import Out
+from protocol import (Branch, BranchDone, BranchFailed, Cancel, GroupCancel, GroupResult,
+                      GroupStart, GroupSuspended, Hello, Hold, Interaction, JournalEntry,
+                      Message,
+                      PendingInteraction, Revoke, Stop, Tick, UserInputs)
+
+log = logging.getLogger(__name__)
+
+
+# Branch states.
+PENDING = "pending"            # not started (queued, or left over by a stop or a pause)
+LEASED = "leased"              # in a lease that has not answered yet
+FINISHED = "finished"
+FAILED = "failed"
+CANCELLED = "cancelled"
+SUSPENDED = "suspended"        # waiting on an interaction; its journal is kept
+ABANDONED = "abandoned"        # its lease did not answer within the cancel deadline
+
+# Phases.
+IDLE = "idle"
+AWAITING_INPUTS = "awaiting_inputs"
+RUNNING = "running"
+PAUSING = "pausing"
+STOPPING = "stopping"
+ENDED = "ended"
+
+
+def check_inputs(pending: Mapping[str, PendingInteraction], used: Iterable[str],
+                 answers: Mapping[str, Any], approvals: Mapping[str, Any],
+                 principal: str | None, approvers: list[str] | None) -> str | None:
+    """Why these resume inputs are refused, or None if they fit. Pure; shared by the
+    Collector (on ``UserInputs``) and ``resume_group`` (before anything starts)."""
+    used = set(used)
+    waiting = sorted(pending)
+    if not answers and not approvals:
+        return (f"nothing to resume with: {len(waiting)} interaction(s) pending "
+                f"({', '.join(waiting) or 'none'}); pass user_inputs={{id: answer}} for "
+                "questions and approvals={id: True/False} for actions")
+    for iid in [*answers, *approvals]:
+        if iid in used:
+            return (f"interaction {iid!r} was already answered: each answer is consumed by "
+                    f"exactly one occurrence; the pending ones are {waiting}")
+        if iid not in pending:
+            return f"unknown interaction id {iid!r}: the pending ones are {waiting}"
+    for iid in answers:
+        p = pending[iid]
+        if p.kind != "ask":
+            return (f"{iid!r} asks for an approval of {p.prompt!r}: pass it in "
+                    f"approvals={{{iid!r}: True or False}}, not in user_inputs")
+    for iid, decision in approvals.items():
+        p = pending[iid]
+        if p.kind != "approve":
+            return (f"{iid!r} is a question ({p.prompt!r}): pass its answer in "
+                    f"user_inputs={{{iid!r}: ...}}, not in approvals")
+        if not isinstance(decision, bool):
+            return f"approval {iid!r}: expected True or False, got {decision!r}"
+    if approvals:
+        if not approvers:
+            return ("no approvers were declared for this group, so nobody may approve: "
+                    "start it with approvers=[...] (scenario: approvers = [...])")
+        if principal is None:
+            return (f"approvals need the resumer's identity: pass principal=NAME (CLI: "
+                    f"--as NAME); allowed approvers: {approvers}")
+        if principal not in approvers:
+            return (f"{principal!r} has no approval rights in this group: the approvers are "
+                    f"{approvers}; resume as one of them")
+    return None
+
+
+class Collector:
+    """One group per Collector; ``name`` is its bus address."""
+
+    def __init__(self, name: str = "collector") -> None:
+        self.name = name
+        self.start: GroupStart | None = None
+        self.phase = IDLE
+        self.gid = ""
+        self.driver = ""
+        self.state: list[str] = []
+        self.values: dict[int, Any] = {}
+        self.queue: collections.deque[int] = collections.deque()
+        self.concurrency = 0
+        self.planned: list[str] = []  # the workers to use: at most max_concurrency
+        self.pool: list[str] = []     # those of them ready for leases
+        self.slots = 1
+        self.by_worker: dict[str, list[str]] = {}   # worker -> its leases out, in order
+        self.revoking: set[str] = set()
+        self.released: set[str] = set()   # workers sent Stop: no lease goes to them
+        self.leases: dict[str, tuple[str, list[int]]] = {}
+        self.journals: dict[int, list[JournalEntry]] = {}
+        self.pending: dict[str, PendingInteraction] = {}
+        self.used: list[str] = []
+        self.effects: list[tuple[int, str]] = []
+        self.errors: dict[int, str] = {}
+        self.first: tuple[int | None, str, str] | None = None   # (branch, error, type)
+        self.first_is_secondary = False
+        self.elapsed = 0.0
+        self.stop_at = 0.0
+        self.result_bytes = 0
+        self.busy_seconds = 0.0      # as measured by the workers (BranchDone.elapsed)
+        self.busy_items = 0
+        self.n_leases = 0
+        self.peak_leases = 0
+        self.late = 0
+
+    # -- the machine ------------------------------------------------------------------
+
+    def handle(self, msg: Message) -> list[Out]:
+        match msg:
+            case GroupStart():
+                return self._on_start(msg)
+            case BranchDone() | BranchFailed() | Interaction():
+                if not self._current(msg.group_id, msg.lease_id):
+                    return []
+                return self._on_answer(msg)
+            case UserInputs():
+                return self._on_inputs(msg)
+            case Hello(worker=worker):
+                if worker not in self.by_worker or worker in self.pool \
+                        or worker in self.released:
+                    self.late += 1
+                    return []
+                self.pool.append(worker)
+                return self._dispatch() + self._maybe_end()
+            case Tick(elapsed=elapsed):
+                return self._on_tick(elapsed)
+            case GroupCancel(group_id=gid, reason=reason):
+                if gid != self.gid or self.phase in (IDLE, ENDED):
+                    self.late += 1
+                    return []
+                return self._fail(None, reason, "GroupCancelled") + self._maybe_end()
+            case _:
+                log.warning("%s: unexpected %s", self.name, type(msg).__name__)
+                return []
+
+    def _current(self, gid: str, lease_id: str) -> bool:
+        """An answer for a lease still out; anything else (a late answer after the lease
+        was abandoned, another group's message) is dropped and counted."""
+        if gid != self.gid or lease_id not in self.leases:
+            self.late += 1
+            return False
+        return True
+
+    # -- inputs -------------------------------------------------------------------------
+
+    def _on_start(self, msg: GroupStart) -> list[Out]:
+        if self.start is not None:
+            log.warning("%s: a second GroupStart (%s) ignored: one group per collector",
+                        self.name, msg.group_id)
+            self.late += 1
+            return []
+        self.start = msg
+        self.gid = msg.group_id
+        self.driver = msg.driver
+        n = len(msg.items)
+        self.state = [PENDING] * n
+        for i, value in msg.finished.items():
+            self.state[i] = FINISHED
+            self.values[i] = value
+        self.pending = {p.id: p for p in msg.pending}
+        waiting = {p.branch for p in msg.pending}
+        for i, journal in msg.journals.items():
+            # A journal without a pending interaction: answered, but not started again
+            # before the group paused; it runs again with that journal.
+            if i in waiting:
+                self.state[i] = SUSPENDED
+            self.journals[i] = list(journal)
+        self.used = list(msg.used_ids)
+        self.effects = list(msg.effects)
+        # One worker runs one branch at a time, so the bound is the number of workers
+        # used; each may hold ``prefetch`` more leases queued behind the one it runs, so
+        # it never idles for a round trip between two leases.
+        self.concurrency = max(0, min(msg.max_concurrency, len(msg.workers)))
+        self.planned = list(msg.workers[:self.concurrency])
+        # With ``announce``, a worker takes leases once a Hello says it is on the bus:
+        # work starts with the first worker instead of waiting for all of them.
+        self.pool = [] if msg.announce else list(self.planned)
+        self.slots = 1 + max(0, msg.prefetch)
+        self.by_worker = {w: [] for w in self.planned}
+        if msg.resume:
+            self.phase = AWAITING_INPUTS
+            return []
+        self.queue = collections.deque(
+            range(n) if not msg.finished and not msg.journals
+            else (i for i in range(n) if self.state[i] == PENDING))
+        self.phase = RUNNING
+        return self._dispatch() + self._maybe_end()
+
+    def _on_inputs(self, msg: UserInputs) -> list[Out]:
+        if msg.group_id != self.gid or self.phase != AWAITING_INPUTS:
+            self.late += 1
+            return []
+        problem = check_inputs(self.pending, self.used, msg.answers, msg.approvals,
+                               msg.principal, self.start.approvers)
+        if problem is not None:
+            self.phase = ENDED
+            return [(self.driver, GroupResult(group_id=self.gid, status="refused",
+                                              error=problem, error_type="ResumeRefused"))]
+        answered: list[int] = []
+        for kind, given in (("ask", msg.answers), ("approve", msg.approvals)):
+            for iid, value in given.items():
+                p = self.pending.pop(iid)
+                self.journals.setdefault(p.branch, []).append(
+                    JournalEntry(kind=kind, key=p.prompt, value=value, id=iid))
+                self.used.append(iid)
+                answered.append(p.branch)
+        for i in answered:
+            self.state[i] = PENDING
+        # Answered continuations run again. Branches never started start only if no
+        # interaction is left waiting: a pending question keeps the group paused.
+        run = {i for i, s in enumerate(self.state) if s == PENDING and i in self.journals}
+        if not self.pending:
+            run |= {i for i, s in enumerate(self.state) if s == PENDING}
+        self.queue = collections.deque(sorted(run))
+        self.phase = RUNNING if self.queue else PAUSING
+        return self._dispatch() + self._maybe_end()
+
+    def _on_answer(self, msg: BranchDone | BranchFailed | Interaction) -> list[Out]:
+        worker, indices = self.leases.pop(msg.lease_id)
+        self.by_worker[worker].remove(msg.lease_id)
+        self.revoking.discard(msg.lease_id)
+        for i, value in zip(msg.indices, msg.values):
+            self.state[i] = FINISHED
+            self.values[i] = value
+        for i in msg.cancelled:
+            self.state[i] = CANCELLED
+        self.effects.extend(msg.effects)
+        self.result_bytes += msg.nbytes
+        if isinstance(msg, BranchDone) and msg.indices:
+            self.busy_seconds += msg.elapsed
+            self.busy_items += len(msg.indices) + len(msg.cancelled)
+        n_reported = len(msg.indices) + len(msg.cancelled) + len(msg.unstarted)
+        out: list[Out] = []
+        match msg:
+            case BranchFailed(index=i, error=error, error_type=etype, after_stop=after):
+                n_reported += 1
+                self.state[i] = FAILED
+                self.errors[i] = f"{etype}: {error}" if etype else error
+                out += self._fail(i, error, etype, secondary=after)
+            case Interaction(index=i, pending=p, journal=journal):
+                n_reported += 1
+                if self.phase == STOPPING:
+                    self.state[i] = CANCELLED   # it paused while the group was failing
+                else:
+                    self.state[i] = SUSPENDED
+                    self.journals[i] = list(journal)
+                    self.pending[p.id] = p
+                    out += self._pause()
+        requeue = list(msg.unstarted)   # in lease order: the worker stops at one point
+        if n_reported != len(indices):
+            # A worker that does not account for a branch: never count it as done.
+            reported = {*msg.indices, *msg.cancelled, *msg.unstarted}
+            if isinstance(msg, (BranchFailed, Interaction)):
+                reported.add(msg.index)
+            lost = [i for i in indices if i not in reported]
+            log.warning("%s: lease %s did not report branches %s", self.name, msg.lease_id,
+                        lost)
+            requeue = sorted({*requeue, *lost})
+        for i in requeue:
+            self.state[i] = PENDING
+        if self.phase == RUNNING:
+            self.queue.extendleft(reversed(requeue))
+        limit = self.start.max_result_bytes
+        if limit and self.result_bytes > limit and self.first is None:
+            out += self._fail(None, f"the results add up to more than {limit} bytes, over "
+                              "what one message may carry; return smaller results (an id or "
+                              "a path) or split the group", "ResultsTooLarge")
+        return out + self._dispatch() + self._maybe_end()
+
+    def _on_tick(self, elapsed: float) -> list[Out]:
+        self.elapsed = elapsed
+        if self.phase in (IDLE, ENDED, AWAITING_INPUTS):
+            return []
+        out: list[Out] = []
+        budget = self.start.max_seconds
+        if budget is not None and elapsed >= budget and self.phase in (RUNNING, PAUSING):
+            out += self._fail(None, f"the run's seconds budget is used up ({budget:.3f} s left "
+                              "when the group started); raise budgets=Budgets(seconds=...)",
+                              "BudgetExhausted")
+        if self.phase == STOPPING and self.leases \
+                and elapsed - self.stop_at >= self.start.cancel_deadline:
+            for _worker, indices in self.leases.values():
+                for i in indices:
+                    if self.state[i] == LEASED:
+                        self.state[i] = ABANDONED
+            self.leases.clear()
+        return out + self._maybe_end()
+
+    # -- decisions ------------------------------------------------------------------------
+
+    def _fail(self, branch: int | None, error: str, etype: str,
+              secondary: bool = False) -> list[Out]:
+        """Record an error; the first one stops the group: no new lease, Cancel to every
+        lease out. A secondary error (raised after the stop) is the group's error only
+        until a primary one arrives."""
+        if self.first is None or (self.first_is_secondary and not secondary):
+            self.first = (branch, error, etype)
+            self.first_is_secondary = secondary
+        if self.phase in (STOPPING, ENDED):
+            return []
+        self.phase = STOPPING
+        self.stop_at = self.elapsed
+        self.queue.clear()
+        return [(worker, Cancel(lease_id=lease_id))
+                for lease_id, (worker, _) in self.leases.items()]
+
+    def _pause(self) -> list[Out]:
+        if self.phase != RUNNING:
+            return []
+        self.phase = PAUSING
+        self.queue.clear()
+        return [(worker, Hold(lease_id=lease_id))
+                for lease_id, (worker, _) in self.leases.items()]
+
+    def _dispatch(self) -> list[Out]:
+        out: list[Out] = []
+        if self.phase != RUNNING:
+            return out
+        start = self.start
+        popleft = self.queue.popleft
+        # The worker with the fewest leases out, the first in pool order among them (an
+        # idle one first); counted once here, then kept up to date as leases go out
+        # (the pool does not change in this loop).
+        pool = self.pool
+        counts = [len(self.by_worker[w]) for w in pool]
+        # Queue leases behind running ones only once every planned worker is ready:
+        # the first workers up must not hoard what the next ones would start at once.
+        cap = self.slots if len(pool) == len(self.planned) else 1
+        while self.queue and counts:
+            fewest = min(counts)
+            if fewest >= cap:
+                break
+            j = counts.index(fewest)
+            counts[j] += 1
+            worker = pool[j]
+            queued = len(self.queue)
+            if start.chunk > 0:
+                k = start.chunk
+            else:
+                k = -(-queued // (start.chunk_factor * self.concurrency))
+                if self.busy_items and start.min_lease_seconds:
+                    # Leases shorter than a round trip leave workers idle between them:
+                    # keep each at least min_lease_seconds long (by the workers' own
+                    # measure, reported in BranchDone), but never above a fair share.
+                    per_item = self.busy_seconds / self.busy_items
+                    floor = int(start.min_lease_seconds / per_item) if per_item > 0 \
+                        else start.max_chunk
+                    k = max(k, min(floor, -(-queued // self.concurrency)))
+                k = max(1, min(start.max_chunk, k))
+            k = min(k, queued)
+            indices = [popleft() for _ in range(k)]
+            first, last = indices[0], indices[-1]
+            contiguous = last - first == k - 1 and indices == list(range(first, last + 1))
+            if contiguous:
+                self.state[first:last + 1] = [LEASED] * k
+                items = start.items[first:last + 1]
+            else:
+                for i in indices:
+                    self.state[i] = LEASED
+                items = [start.items[i] for i in indices]
+            lease_id = f"{self.gid}.{self.n_leases}"
+            self.n_leases += 1
+            self.leases[lease_id] = (worker, indices)
+            self.by_worker[worker].append(lease_id)
+            self.peak_leases = max(self.peak_leases, len(self.leases))
+            journals = ({i: self.journals[i] for i in indices if i in self.journals}
+                        if self.journals else {})
+            out.append((worker, Branch(group_id=self.gid, lease_id=lease_id, indices=indices,
+                                       items=items, journals=journals)))
+        return out + self._rebalance() + self._release()
+
+    def _rebalance(self) -> list[Out]:
+        """Nothing left to lease, yet a worker is idle while another holds a lease queued
+        behind the one it runs (perhaps a long branch): ask for that lease back."""
+        if self.phase != RUNNING or self.queue or self.slots == 1:
+            return []
+        idle = sum(1 for w in self.pool if not self.by_worker[w])
+        need = idle - len(self.revoking)
+        out: list[Out] = []
+        if need <= 0:
+            return out
+        for worker in self.pool:
+            for lease_id in reversed(self.by_worker[worker][1:]):   # never the running one
+                if lease_id not in self.revoking:
+                    self.revoking.add(lease_id)
+                    out.append((worker, Revoke(lease_id=lease_id)))
+                    need -= 1
+                    break
+            if need <= 0:
+                break
+        return out
+
+    def _release(self) -> list[Out]:
+        """Nothing left to lease: a worker without a lease is done, unless a lease may
+        still come back (one being revoked, or one queued behind a running lease that
+        ``_rebalance`` may revoke): as many idle workers as those stay, the others are
+        sent ``Stop`` now, so they end while the rest finish, not at the group's end."""
+        if self.phase != RUNNING or self.queue or not self.leases:
+            return []   # (no lease out: the group ends now, and every worker with it)
+        idle = [w for w in self.pool if not self.by_worker[w]]
+        if not idle:
+            return []
+        may_return = set(self.revoking)
+        for leases in self.by_worker.values():
+            may_return.update(leases[1:])
+        go = idle[len(may_return):]
+        if not go:
+            return []
+        self.released.update(go)
+        gone = set(go)
+        self.pool = [w for w in self.pool if w not in gone]
+        return [(w, Stop(reason="the group has no more branches for this worker"))
+                for w in go]
+
+    def _maybe_end(self) -> list[Out]:
+        if self.phase in (IDLE, AWAITING_INPUTS, ENDED) or self.leases:
+            return []
+        if self.phase == RUNNING and self.queue:
+            if not self.planned:
+                return self._fail(None, "no worker to run the branches on", "ConfigError") \
+                    + self._maybe_end()
+            if self.released and not self.pool:
+                # Defensive: branches came back (a lease that did not account for them)
+                # after every worker was let go; never wait for a worker that left.
+                return self._fail(None, f"branches {list(self.queue)[:10]} came back after "
+                                  "every worker had been let go", "IncompleteJoin") \
+                    + self._maybe_end()
+            return []
+        self.phase = ENDED
+        if self.first is not None:
+            return [(self.driver, self._failed_result())]
+        if self.pending:
+            return [(self.driver, self._suspended())]
+        n = len(self.state)
+        if any(s != FINISHED for s in self.state):  # defensive: never publish a partial join
+            missing = [i for i, s in enumerate(self.state) if s != FINISHED]
+            self.first = (None, f"branches {missing[:10]} ended without a result",
+                          "IncompleteJoin")
+            return [(self.driver, self._failed_result())]
+        values = self.values
+        return [(self.driver, GroupResult(group_id=self.gid, status="completed",
+                                          results=[values[i] for i in range(n)],
+                                          effects=self.effects, leases=self.n_leases,
+                                          peak_leases=self.peak_leases, late=self.late))]
+
+    def _failed_result(self) -> GroupResult:
+        branch, error, etype = self.first
+        by: dict[str, list[int]] = collections.defaultdict(list)
+        for i, s in enumerate(self.state):
+            by[s].append(i)
+        return GroupResult(
+            group_id=self.gid, status="failed", error=error, error_type=etype,
+            error_branch=branch,
+            finished={i: self.values[i] for i in by[FINISHED]},
+            failed=by[FAILED], cancelled=by[CANCELLED] + by[SUSPENDED],
+            never_started=by[PENDING], abandoned=by[ABANDONED], errors=dict(self.errors),
+            effects=self.effects, leases=self.n_leases, peak_leases=self.peak_leases,
+            late=self.late)
+
+    def _suspended(self) -> GroupSuspended:
+        pending = sorted(self.pending.values(), key=lambda p: (p.branch, p.id))
+        status = ("user_input_pending" if any(p.kind == "ask" for p in pending)
+                  else "approval_pending")
+        # Every continuation not finished: suspended branches, and answered ones the
+        # pause caught before they started again (their answers must not be lost).
+        keep = [i for i, s in enumerate(self.state)
+                if s == SUSPENDED or (s == PENDING and i in self.journals)]
+        return GroupSuspended(
+            group_id=self.gid, status=status, pending=pending,
+            finished={i: v for i, v in sorted(self.values.items())},
+            journals={i: self.journals.get(i, []) for i in keep},
+            not_started=[i for i, s in enumerate(self.state) if s == PENDING],
+            used_ids=list(self.used), effects=self.effects, leases=self.n_leases,
+            peak_leases=self.peak_leases)

@@ -1,0 +1,254 @@
+"""The Planner: owns the parallelism strategy, the train/held-out split, the round (or
+wave) counter, the budgets and the stop decision. A pure state machine (DESIGN
+section 3): ``handle(msg) -> [(receiver, message), ...]``, no I/O, no clock, seeded
+randomness.
+
+Synchronous mode: plan round r, wait for ``RoundClosed(r)``, plan r + 1.
+Asynchronous mode: plan a wave when the Scheduler says ``NeedWork``; every merge
+closes one history entry; a stop drains the Scheduler, the Merger merges what is
+left, and only then does the run finish (no completed rollout is lost).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+from actors.addresses import DRIVER, MERGER, SCHEDULER, Out
+from protocol import (Baseline, Drain, Finish, Lease, LeaseBatch, Message, NeedWork, Open,
+                      Progress, RoundClosed, RoundRecord, Settled, SettledBatch, Shutdown,
+                      Start, Tick,
+                      WorkUnit)
+
+log = logging.getLogger(__name__)
+
+
+#: Budgets whose exhaustion means "the work is done": the last proposals are merged.
+WORK_BUDGETS = ("max_rollouts", "max_calls")
+
+
+def split_tasks(task_ids: list[str], held_out_frac: float, seed: int) -> tuple[list[str], list[str]]:
+    """Seeded split into (train, held-out); both non-empty, train keeps input order."""
+    shuffled = list(task_ids)
+    random.Random(seed).shuffle(shuffled)
+    n_held = min(len(task_ids) - 1, max(1, round(len(task_ids) * held_out_frac)))
+    held = set(shuffled[:n_held])
+    return [t for t in task_ids if t not in held], [t for t in task_ids if t in held]
+
+
+class Planner:
+    name = "planner"
+
+    def __init__(self, strategy, sampler=None) -> None:
+        self.strategy = strategy
+        self.sampler = sampler
+        self._observe = getattr(strategy, "observe", None)
+        self.start: Start | None = None
+        self.train: list[str] = []
+        self.heldout: list[str] = []
+        self.round = -1
+        self.units: dict[str, WorkUnit] = {}
+        self.planned = 0
+        self.rollouts = 0
+        self.calls = 0
+        self.backend_errors = 0
+        self.first_error: str | None = None
+        self.elapsed = 0.0
+        self.history: list[RoundRecord] = []
+        self.without_commit = 0
+        self.since_merge = 0
+        self.settled: list[Settled] = []
+        self.stopping: str | None = None
+        self.fatal: str | None = None
+        self.finished = False
+
+    @property
+    def asynchronous(self) -> bool:
+        return bool(self.start and self.start.asynchronous)
+
+    # -- the machine ------------------------------------------------------------------
+
+    def handle(self, msg: Message) -> list[Out]:
+        match msg:
+            case Start():
+                return self._on_start(msg)
+            case Baseline(heldout_reward=reward):
+                if self.start.target_reward is not None and reward >= self.start.target_reward:
+                    return self._stop("target_reward")
+                return self._plan_next()
+            case Settled():
+                return self._on_settled(msg)
+            case SettledBatch(settled=settled):
+                out: list[Out] = []
+                for one in settled:
+                    out += self._on_settled(one)
+                return out
+            case RoundClosed():
+                return self._on_round_closed(msg)
+            case NeedWork():
+                if self.stopping or self.finished or self.round < 0:
+                    return []  # not open yet (the baseline plans wave 0), or stopping
+                return self._plan_next()
+            case Tick(elapsed=elapsed):
+                self.elapsed = elapsed
+                s = self.start
+                if (s is not None and s.max_seconds is not None and elapsed >= s.max_seconds
+                        and self.asynchronous and not self.stopping):
+                    return self._stop("max_seconds")
+                return []
+            case _:
+                log.warning("planner: unexpected %s", type(msg).__name__)
+                return []
+
+    def _on_start(self, msg: Start) -> list[Out]:
+        self.start = msg
+        self.train, self.heldout = split_tasks(msg.task_ids, msg.held_out_frac, msg.seed)
+        return [(MERGER, Open(heldout_ids=self.heldout, initial_state=msg.initial_state,
+                              sections=msg.sections))]
+
+    def _budget_left(self) -> int | None:
+        if self.start.max_rollouts is None:
+            return None
+        return max(0, self.start.max_rollouts - self.planned)
+
+    def _plan_next(self) -> list[Out]:
+        left = self._budget_left()
+        if self.asynchronous and (left == 0 or not self.train):
+            return []  # nothing more to plan; the stop comes with the last settlement
+        self.round += 1
+        r = self.round
+        units = self.strategy.plan(self.start.n_workers, r, list(self.train))
+        leases = []
+        prefix = "w" if self.asynchronous else "r"
+        for unit in units:
+            keys = list(unit.keys)
+            if self.sampler is not None:
+                keys = list(self.sampler.order(keys, r))
+            if left is not None:
+                keys = keys[:left]
+                left -= len(keys)
+            if not keys:
+                continue
+            size = self.start.lease_size or len(keys)
+            for c, first in enumerate(range(0, len(keys), size)):
+                lease_id = f"{prefix}{r}.u{unit.worker}" + (f".{c}" if size < len(keys) else "")
+                lease = Lease(lease_id=lease_id, round=r, unit=unit.worker,
+                              task_ids=keys[first:first + size], section=unit.section,
+                              stage=unit.stage)
+                self.units[lease.lease_id] = unit
+                leases.append(lease)
+            self.planned += len(keys)
+        # max_calls is checked per settled lease in async mode (so that a crossing
+        # cancels what has not started); everything else can wait for a batch.
+        report_each = self.asynchronous and self.start.max_calls is not None
+        return [(SCHEDULER, LeaseBatch(round=r, leases=leases, report_each=report_each))]
+
+    def _on_settled(self, msg: Settled) -> list[Out]:
+        self.calls += msg.calls
+        self.rollouts += len(msg.scores)
+        self.since_merge += len(msg.scores)
+        if msg.errors:
+            self.backend_errors += len(msg.errors)
+            if self.first_error is None:
+                self.first_error = msg.errors[0]
+        if msg.fatal and not self.finished:
+            self.fatal = msg.fatal
+            return self._finish("error")
+        self.settled.append(msg)
+        if not self.asynchronous:
+            return []
+        # Async: learn from each rollout as it arrives (the log fixes that order).
+        self._learn()
+        s = self.start
+        if self.stopping:
+            return []
+        if s.max_rollouts is not None and self.rollouts >= s.max_rollouts:
+            return self._stop("max_rollouts")
+        if s.max_calls is not None and self.calls >= s.max_calls:
+            return self._stop("max_calls")
+        return []
+
+    def _learn(self) -> None:
+        """Feed settled rollouts to ``observe`` and the sampler. Synchronous mode does it
+        at the end of the round in plan order, so what is learnt does not depend on
+        thread timing."""
+        if self._observe is None and self.sampler is None:  # nothing learns: forget them
+            for settled in self.settled:
+                self.units.pop(settled.lease_id, None)
+            self.settled.clear()
+            return
+        for settled in sorted(self.settled, key=lambda s: s.unit):
+            unit = self.units.pop(settled.lease_id, None)
+            for task_id, score in settled.scores:
+                if score is None:
+                    continue
+                if self._observe is not None and unit is not None:
+                    self._observe(unit, task_id, score)
+                if self.sampler is not None:
+                    self.sampler.record(task_id, score)
+        self.settled.clear()
+
+    def _on_round_closed(self, msg: RoundClosed) -> list[Out]:
+        if self.finished:
+            return []
+        self._learn()
+        out: list[Out] = []
+        if msg.proposals or msg.committed or not self.asynchronous:
+            record = RoundRecord(round=msg.round, version=msg.version, committed=msg.committed,
+                                 heldout_reward=msg.heldout_reward, rollouts=self.since_merge,
+                                 proposals=msg.proposals, reasons=dict(msg.outcomes),
+                                 elapsed=self.elapsed)
+            self.since_merge = 0
+            self.history.append(record)
+            out.append((DRIVER, Progress(record=record, rollouts=self.rollouts,
+                                         calls=self.calls)))
+            self.without_commit = 0 if msg.committed else self.without_commit + 1
+        if self.asynchronous:
+            if msg.final:
+                return out + self._finish(self.stopping or "drained")
+            reason = None if self.stopping else self._reason(msg)
+            return out + (self._stop(reason) if reason else [])
+        reason = self._reason(msg)
+        if reason is None and self.round + 1 >= self.start.rounds:
+            reason = "rounds"
+        if reason is not None:
+            return out + self._finish(reason)
+        return out + self._plan_next()
+
+    def _reason(self, msg: RoundClosed) -> str | None:
+        s = self.start
+        if s.target_reward is not None and msg.heldout_reward >= s.target_reward:
+            return "target_reward"
+        if s.max_rollouts is not None and self.rollouts >= s.max_rollouts:
+            return "max_rollouts"
+        if s.max_calls is not None and self.calls >= s.max_calls:
+            return "max_calls"
+        if s.max_seconds is not None and self.elapsed >= s.max_seconds:
+            return "max_seconds"
+        if s.patience is not None and self.without_commit >= s.patience:
+            return "patience"
+        if not self.train:
+            return "no_work"
+        return None
+
+    def _stop(self, reason: str) -> list[Out]:
+        """Stop: at once in sync mode (between rounds); by draining in async mode."""
+        if not self.asynchronous:
+            return self._finish(reason)
+        if self.stopping:
+            return []
+        self.stopping = reason
+        # Out of time: do not spend more of it merging; any other stop merges what the
+        # completed rollouts proposed before returning.
+        return [(SCHEDULER, Drain(reason=reason, merge=reason != "max_seconds"))]
+
+    def _finish(self, reason: str) -> list[Out]:
+        self.finished = True
+        error = None
+        if self.backend_errors:
+            error = (f"{self.backend_errors} rollout(s) failed in the backend; first: "
+                     f"{self.first_error}")
+        return [(MERGER, Finish(stop_reason=reason, error=error, fatal=self.fatal,
+                                rollouts=self.rollouts, calls=self.calls,
+                                backend_errors=self.backend_errors, history=self.history)),
+                (SCHEDULER, Shutdown(reason=reason))]

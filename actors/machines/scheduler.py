@@ -1,0 +1,559 @@
+"""The Scheduler: owns the lease table (which lease is with which worker), worker
+registrations and credits, and the round barrier. A pure state machine.
+
+- Rollout leases come from the Planner in batches; eval leases are cut from the
+  Merger's ``EvalRequest`` (held-out scoring is work done by workers too) and go first.
+- Never more than ``max_concurrency`` leases run at once, and a worker runs at most
+  ``slots`` leases (in async mode it may hold its ``Hello.prefetch`` more, queued
+  behind them: rollout leases only, never evals).
+- ``Barrier(r)`` goes to the Merger once every lease of round r is settled, after the
+  results themselves (one sender, FIFO: the Merger always sees results first).
+- A late answer for a lease already answered is dropped and counted.
+- Settlements reach the Planner in batches (``SettledBatch``), when it next has to
+  act: before a round's ``Barrier``, before ``NeedWork``, when nothing is left running,
+  before a drain ends. A fatal settlement goes at once; a ``LeaseBatch`` with
+  ``report_each`` asks for a ``Settled`` per lease (a budget checked per lease).
+
+Asynchronous mode (``asynchronous=True``) has no barrier: when the queue runs dry and a
+worker has room (a free slot, or room to queue a lease) the Planner is asked for a wave
+(``NeedWork``); a worker is sent the head
+before a lease once the head is more than ``async_ratio`` versions ahead of its
+snapshot (the lag budget); rollout leases are held back while more than
+``async_ratio * n_workers`` proposals wait unmerged (backpressure), and the
+worker-seconds spent starved that way are counted; ``Drain`` cancels what no worker
+holds yet and, once the leases workers hold settle, asks the Merger to ``Flush``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from actors.addresses import MERGER, PLANNER, Out
+from protocol import (Barrier, Commit, Drain, EvalDone, EvalRequest, Flush, Hello, Lease,
+                      LeaseBatch, LeaseDone, Merged, Message, NeedWork, Refresh, Settled,
+                      SettledBatch, Shutdown, Stop, Tick)
+from protocol import Heartbeat, RolloutResult  # issue 6: liveness
+
+log = logging.getLogger(__name__)
+
+
+
+@dataclass
+class _Worker:
+    name: str
+    slots: int
+    #: Leases it may hold: ``slots`` running plus those queued behind them (prefetch).
+    capacity: int = 0
+    running: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _Eval:
+    n_chunks: int
+    scores: dict[str, float] = field(default_factory=dict)
+    errors: int = 0
+    done: int = 0
+
+
+class Scheduler:
+    name = "scheduler"
+
+    def __init__(self, max_concurrency: int, *, asynchronous: bool = False,
+                 async_ratio: int = 3, n_workers: int = 1,
+                 deadline: float | None = None, max_tries: int = 3) -> None:
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        self.max_concurrency = max_concurrency
+        # issue 6: liveness. Workers whose Hello declares a heartbeat are presumed lost
+        # after ``deadline`` seconds of silence (time arrives only as Tick messages);
+        # their leases are re-dispatched under the same id, up to ``max_tries`` losses.
+        self.deadline = deadline
+        self.max_tries = max(1, max_tries)
+        self.last_seen: dict[str, float] = {}
+        self.lost: dict[str, _Worker] = {}
+        self.tries: dict[str, int] = {}
+        self.redispatched = 0
+        self.lost_workers = 0
+        self.given_up = 0
+        self.asynchronous = asynchronous
+        self.async_ratio = async_ratio
+        self.backlog_bound = max(1, async_ratio * n_workers)
+        self.unmerged = 0
+        self.asked = False
+        self.draining = False
+        self.flushed = False
+        self.merge_on_flush = True
+        self.cancelled = 0
+        # Backend calls spent scoring (held-out gates, re-verifications): not in the
+        # Planner's ``calls`` nor its max_calls budget, reported in the result's stats.
+        self.eval_calls = 0
+        self.worker_version: dict[str, int] = {}
+        self.elapsed = 0.0
+        self.starved_seconds = 0.0
+        self.held_back = 0
+        self.refreshes = 0
+        self.workers: dict[str, _Worker] = {}
+        self.queue: collections.deque[Lease] = collections.deque()
+        # Leases not yet answered. An answered (or cancelled) lease leaves this table, and
+        # lease ids are never reused, so an answer for an id not in it is late or a
+        # duplicate: no set of answered ids grows with the run (memory stays bounded by
+        # the work in flight).
+        self.leases: dict[str, Lease] = {}
+        self.holder: dict[str, str] = {}
+        self.open_rounds: dict[int, set[str]] = {}
+        self.evals: dict[str, _Eval] = {}
+        self.head: Commit | None = None
+        # Settlements not yet reported to the Planner (see _report).
+        self.unreported: list[Settled] = []
+        self.report_each = False
+        self.running = 0      # leases held by workers (running or queued behind)
+        self.active = 0       # leases running: sum over workers of min(held, slots)
+        self.peak_running = 0  # the most leases running at once (<= max_concurrency)
+        self.duplicates_dropped = 0
+        self.shut = False
+
+    def handle(self, msg: Message) -> list[Out]:
+        match msg:
+            case Hello():
+                return self._rejoin(msg) + self._on_hello(msg)  # issue 6: _rejoin
+            case Heartbeat(worker=name):  # issue 6
+                return self._on_heartbeat(name)
+            case LeaseBatch():
+                return self._on_batch(msg)
+            case EvalRequest():
+                return self._on_eval_request(msg)
+            case LeaseDone():
+                return self._on_done(msg)
+            case Commit():
+                self.head = msg
+                if self.asynchronous:
+                    return self._dispatch()  # workers refresh lazily, by the lag budget
+                for w in self.workers:
+                    self.worker_version[w] = msg.version
+                return [(w, msg) for w in self.workers]
+            case Merged(consumed=n):
+                self.unmerged = max(0, self.unmerged - n)
+                return self._dispatch()
+            case Refresh():
+                return self._refresh_all()
+            case Drain(merge=merge):
+                self.merge_on_flush = merge
+                return self._on_drain()
+            case Tick(elapsed=elapsed):
+                if self._starving():
+                    free = sum(1 for w in self.workers.values() if len(w.running) < w.slots)
+                    self.starved_seconds += max(0.0, elapsed - self.elapsed) * free
+                self.elapsed = elapsed
+                return self._check_liveness()  # issue 6
+            case Shutdown(reason=reason):
+                self.shut = True
+                self.queue.clear()
+                return [(w, Stop(reason=reason)) for w in self.workers]
+            case _:
+                log.warning("scheduler: unexpected %s", type(msg).__name__)
+                return []
+
+    # -- resume ---------------------------------------------------------------------------
+
+    def reopen(self, leases: Iterable[str] | None = None) -> list[str]:
+        """Make this Scheduler, rebuilt from a log (actors/replay/resume.py), one that a *new*
+        set of workers can join; nothing is sent.
+
+        It forgets the old workers (new ones register with ``Hello`` and get the head
+        version first) and puts every lease a worker held and never answered back into
+        its queue, under its original id: eval leases at the front (a merge waits on
+        them), rollout leases after the evals already queued and before the rollouts
+        not yet dispatched. ``leases`` orders them (lease ids; default: the order they
+        were dispatched in); a held lease it leaves out follows the named ones (none is
+        ever dropped), and an id no worker holds is refused with ``ValueError``.
+        Returns the re-issued ids in that order."""
+        held = [lease_id for lease_id in self.holder if lease_id in self.leases]
+        order = held
+        if leases is not None:
+            named = list(dict.fromkeys(leases))
+            unknown = [i for i in named if i not in self.holder or i not in self.leases]
+            if unknown:
+                raise ValueError(f"reopen: {unknown} are not leases a worker holds here "
+                                 f"(held: {held}); name only leases in flight")
+            order = named + [i for i in held if i not in set(named)]
+        again = [self.leases[lease_id] for lease_id in order]
+        # Keep the queue's discipline: eval leases (a merge waits on them) ahead of rollout
+        # leases, which backpressure may hold back; each group in its order.
+        waiting = list(self.queue)
+        split = next((i for i, lease in enumerate(waiting) if lease.kind == "rollout"),
+                     len(waiting))
+        self.queue.clear()
+        self.queue.extend([lease for lease in again if lease.kind != "rollout"]
+                          + waiting[:split]
+                          + [lease for lease in again if lease.kind == "rollout"]
+                          + waiting[split:])
+        self.holder.clear()
+        self.workers.clear()
+        self.running = self.active = 0
+        return order
+
+    # -- inputs -------------------------------------------------------------------------
+
+    def _on_hello(self, msg: Hello) -> list[Out]:
+        out: list[Out] = []
+        if msg.worker not in self.workers:
+            slots = max(1, msg.slots)
+            queued = max(0, msg.prefetch) if self.asynchronous else 0
+            self.workers[msg.worker] = _Worker(msg.worker, slots, slots + queued)
+        if self.head is not None:
+            out.append((msg.worker, self.head))
+            self.worker_version[msg.worker] = self.head.version
+        if self.shut:
+            return out + [(msg.worker, Stop(reason="run finished"))]
+        return out + self._dispatch()
+
+    def _on_batch(self, msg: LeaseBatch) -> list[Out]:
+        self.asked = False
+        self.report_each = msg.report_each
+        if not self.asynchronous:
+            self.open_rounds[msg.round] = {lease.lease_id for lease in msg.leases}
+        for lease in msg.leases:
+            self.leases[lease.lease_id] = lease
+            self.queue.append(lease)
+        if self.asynchronous:
+            return self._dispatch()
+        return self._barrier_if_settled(msg.round) + self._dispatch()
+
+    def _on_drain(self) -> list[Out]:
+        self.draining = True
+        kept = collections.deque()
+        for lease in self.queue:
+            if lease.kind == "rollout":
+                self.cancelled += 1
+                del self.leases[lease.lease_id]
+            else:
+                kept.append(lease)
+        self.queue = kept
+        return self._flush_if_drained()
+
+    def _flush_if_drained(self) -> list[Out]:
+        if not self.draining or self.flushed:
+            return []
+        if any(lease.kind == "rollout" for lease in self.leases.values()):
+            return []
+        self.flushed = True
+        return self._report() + [(MERGER, Flush(cancelled=self.cancelled,
+                                                merge=self.merge_on_flush))]
+
+    def _refresh_all(self) -> list[Out]:
+        if self.head is None:
+            return []
+        self.refreshes += 1
+        out: list[Out] = []
+        for w in self.workers:
+            if self.worker_version.get(w, 0) != self.head.version:
+                self.worker_version[w] = self.head.version
+                out.append((w, self.head))
+        return out
+
+    def _starving(self) -> bool:
+        """Rollout work is waiting, a worker is free, and only backpressure stops it."""
+        return (self.asynchronous and self.unmerged > self.backlog_bound
+                and any(lease.kind == "rollout" for lease in self.queue)
+                and any(len(w.running) < w.slots for w in self.workers.values()))
+
+    def _on_eval_request(self, msg: EvalRequest) -> list[Out]:
+        n = max(1, min(len(msg.task_ids), len(self.workers) or 1, self.max_concurrency))
+        chunks = [msg.task_ids[i::n] for i in range(n)]
+        chunks = [c for c in chunks if c]
+        self.evals[msg.eval_id] = _Eval(n_chunks=len(chunks))
+        if not chunks:
+            del self.evals[msg.eval_id]
+            return [(MERGER, EvalDone(eval_id=msg.eval_id, score=0.0))]
+        # Evals jump the queue: a round's merge waits on them.
+        for i, chunk in reversed(list(enumerate(chunks))):
+            lease = Lease(lease_id=f"{msg.eval_id}.{i}", round=-1, kind="eval",
+                          task_ids=chunk, state=msg.state)
+            self.leases[lease.lease_id] = lease
+            self.queue.appendleft(lease)
+        return self._dispatch()
+
+    def _on_done(self, msg: LeaseDone) -> list[Out]:
+        lease = self.leases.get(msg.lease_id)
+        if lease is None:  # answered already (or never ours): late, dropped and counted
+            self.duplicates_dropped += 1
+            # issue 6: an answer, even a late one, is a sign of life like a heartbeat (a
+            # remote worker heartbeats only when it has sent nothing else for a while): it
+            # takes a worker presumed lost back.
+            return self._on_heartbeat(msg.worker)
+        self._seen_done(msg)  # issue 6: evidence of life; a re-queued copy is withdrawn
+        holder = self.holder.pop(msg.lease_id, None)
+        if holder is not None and holder in self.workers:
+            self._release(self.workers[holder], msg.lease_id)
+            self.running -= 1
+        del self.leases[msg.lease_id]
+        if lease.kind == "eval":
+            out = self._on_eval_chunk(lease, msg)
+        else:
+            out = self._on_rollout_done(lease, msg)
+        return out + self._dispatch()
+
+    def _on_rollout_done(self, lease: Lease, msg: LeaseDone) -> list[Out]:
+        scores: list[tuple[str, float | None]] = []
+        errors: list[str] = []
+        calls = proposals = 0
+        for r in msg.results:  # one pass over the results
+            scores.append((r.task_id, r.score))
+            calls += r.calls
+            if r.error:
+                errors.append(f"{r.task_id}: {r.error}")
+            if r.diff is not None:
+                proposals += 1
+        self.unreported.append(Settled(
+            lease_id=lease.lease_id, round=lease.round, unit=lease.unit, scores=scores,
+            calls=calls, errors=errors, fatal=msg.fatal, section=lease.section,
+            stage=lease.stage))
+        out: list[Out] = []
+        if msg.fatal or (self.asynchronous and self.report_each):
+            out += self._report()  # the Planner acts on this one now
+        if proposals:
+            out.append((MERGER, msg))
+            self.unmerged += proposals
+        if self.asynchronous:
+            return out + self._flush_if_drained()
+        pending = self.open_rounds.get(lease.round)
+        if pending is not None:
+            pending.discard(lease.lease_id)
+            if not pending:
+                out += self._barrier_if_settled(lease.round)
+        return out
+
+    def _report(self) -> list[Out]:
+        """The settlements held so far, to the Planner: one ``SettledBatch`` (a single
+        one goes as itself, as do fatal ones and ``report_each`` ones)."""
+        held = self.unreported
+        if not held:
+            return []
+        self.unreported = []
+        if len(held) == 1:
+            return [(PLANNER, held[0])]
+        return [(PLANNER, SettledBatch(settled=held))]
+
+    def _barrier_if_settled(self, round_: int) -> list[Out]:
+        pending = self.open_rounds.get(round_)
+        if pending is not None and not pending:  # every lease of the round is settled
+            del self.open_rounds[round_]
+            # The Planner hears of the round's rollouts before the Merger closes it.
+            return self._report() + [(MERGER, Barrier(round=round_))]
+        return []
+
+    def _on_eval_chunk(self, lease: Lease, msg: LeaseDone) -> list[Out]:
+        eval_id = lease.lease_id.rsplit(".", 1)[0]
+        agg = self.evals.get(eval_id)
+        if msg.fatal:  # a caller's mistake found while scoring: the planner stops the run
+            self.unreported.append(Settled(lease_id=lease.lease_id, round=lease.round,
+                                           unit=0, fatal=msg.fatal))
+            return self._report()
+        self.eval_calls += sum(r.calls for r in msg.results)
+        if agg is None:
+            return []
+        for r in msg.results:
+            agg.scores[r.task_id] = r.score if r.score is not None else 0.0
+            agg.errors += r.error is not None
+        agg.done += 1
+        if agg.done < agg.n_chunks:
+            return []
+        del self.evals[eval_id]
+        # Summed in task-id order: the mean must not depend on which chunk came back first.
+        ordered = {k: agg.scores[k] for k in sorted(agg.scores)}
+        mean = sum(ordered.values()) / len(ordered) if ordered else 0.0
+        return [(MERGER, EvalDone(eval_id=eval_id, score=mean, scores=ordered,
+                                  errors=agg.errors))]
+
+    # -- dispatch -------------------------------------------------------------------------
+
+    def _dispatch(self) -> list[Out]:
+        out: list[Out] = []
+        if self.shut or (not self.queue and not self.asynchronous):
+            return out  # nothing waits and nothing to ask
+        workers, queue = self.workers, self.queue
+        order = list(workers)
+        # issue 6: the free lists are built once per call (only when work waits) and kept
+        # up to date below; rebuilding them per lease cost O(workers) each time (~30 ms
+        # to dispatch a round to 256 remote workers). ``idle``: a slot is free, the lease
+        # starts at once (while fewer than max_concurrency run). ``spare``: every slot
+        # runs, but the worker can queue a rollout lease behind them (async prefetch: it
+        # starts the moment a slot frees, with no round trip through the bus); evals
+        # never queue behind rollouts, a merge waits on them.
+        idle = [w for w in order if len(workers[w].running) < workers[w].slots] \
+            if queue else []
+        idle_set = set(idle)
+        spare = [w for w in order if workers[w].slots <= len(workers[w].running)
+                 < workers[w].capacity] if queue and self.asynchronous else []
+        spare_set = set(spare)
+        while queue:
+            lease = queue[0]
+            rollout = lease.kind == "rollout"
+            if idle and self.active < self.max_concurrency:
+                free, free_set = idle, idle_set
+            elif spare and rollout:
+                free, free_set = spare, spare_set
+            else:
+                break  # no lease may start or queue now
+            if rollout and self.asynchronous and self.unmerged > self.backlog_bound:
+                self.held_back += 1
+                break  # backpressure: the merger is behind; evals still jump the queue
+            queue.popleft()
+            # Affinity: logical unit i prefers the i-th registered worker.
+            preferred = order[lease.unit % len(order)] if rollout else None
+            name = preferred if preferred in free_set else free[0]
+            worker = workers[name]
+            if free is idle:
+                self.active += 1
+                if self.active > self.peak_running:
+                    self.peak_running = self.active
+            worker.running.add(lease.lease_id)
+            held = len(worker.running)
+            if free is idle and held >= worker.slots:  # issue 6
+                idle.remove(name)
+                idle_set.discard(name)
+                if held < worker.capacity:
+                    spare.append(name)
+                    spare_set.add(name)
+            elif free is spare and held >= worker.capacity:
+                spare.remove(name)
+                spare_set.discard(name)
+            self.holder[lease.lease_id] = name
+            self.running += 1
+            if self.head is not None and rollout:
+                known = self.worker_version.get(name, 0)
+                if self.asynchronous and self.head.version - known > self.async_ratio:
+                    self.worker_version[name] = self.head.version
+                    out.append((name, self.head))  # the lag budget is spent: refresh
+                lease = msgspec.structs.replace(
+                    lease, version=self.worker_version.get(name, self.head.version))
+            out.append((name, lease))
+        if (self.asynchronous and not self.queue and not self.asked and not self.draining
+                and not self.shut and self._room()):
+            self.asked = True
+            out += self._report()  # what settled, before the Planner plans the next wave
+            out.append((PLANNER, NeedWork()))
+        elif self.asynchronous and self.unreported and not self.running:
+            out += self._report()  # nothing left running: nothing else would report them
+        return out
+
+    def _room(self) -> bool:
+        """Could a rollout lease be handed out now (to start, or to queue at a worker)?"""
+        if self.active < self.max_concurrency and any(
+                len(w.running) < w.slots for w in self.workers.values()):
+            return True
+        return any(w.slots <= len(w.running) < w.capacity for w in self.workers.values())
+
+    def _release(self, worker: _Worker, lease_id: str) -> None:
+        """``lease_id`` leaves ``worker`` (answered, or taken back): one lease fewer runs
+        if the worker held no more than its slots (else a queued one starts instead)."""
+        if lease_id in worker.running:
+            worker.running.discard(lease_id)
+            if len(worker.running) < worker.slots:
+                self.active -= 1
+
+    # -- issue 6: liveness (remote and process workers) -----------------------------------
+
+    def _rejoin(self, msg: Hello) -> list[Out]:
+        """A worker that heartbeats registers, or registers again after a reconnect."""
+        if msg.heartbeat <= 0:
+            return []  # an in-process worker: never presumed lost
+        self.last_seen[msg.worker] = self.elapsed
+        back = self.lost.pop(msg.worker, None)
+        if back is not None:
+            log.warning("scheduler: worker %s is back after being presumed lost (it "
+                        "registered again); its old leases were re-dispatched", msg.worker)
+            return []  # _on_hello takes it back with an empty lease set
+        known = self.workers.get(msg.worker)
+        if known is None:
+            return []
+        self.active -= min(len(known.running), known.slots)
+        known.capacity += max(1, msg.slots) - known.slots
+        known.slots = max(1, msg.slots)
+        self.active += min(len(known.running), known.slots)
+        # The connection dropped: leases it does not list were lost on the way.
+        gone = sorted(known.running - set(msg.leases))
+        return self._requeue(known, gone, lost=False)
+
+    def _on_heartbeat(self, name: str) -> list[Out]:
+        back = self.lost.pop(name, None)
+        if back is not None:
+            # Presumed lost, alive after all (a stopped process, a slow network): take it
+            # back; its old leases were re-dispatched and its late answers are dropped.
+            log.warning("scheduler: worker %s is back after being presumed lost", name)
+            self.last_seen[name] = self.elapsed
+            return self._on_hello(Hello(worker=name, slots=back.slots))
+        if name in self.last_seen:
+            self.last_seen[name] = self.elapsed
+        return []
+
+    def _seen_done(self, msg: LeaseDone) -> None:
+        if msg.worker in self.last_seen:
+            self.last_seen[msg.worker] = self.elapsed
+        self.tries.pop(msg.lease_id, None)
+        if msg.lease_id not in self.holder and any(q.lease_id == msg.lease_id
+                                                   for q in self.queue):
+            self.queue = collections.deque(q for q in self.queue
+                                           if q.lease_id != msg.lease_id)
+
+    def _check_liveness(self) -> list[Out]:
+        if self.deadline is None:
+            return []
+        silent = [name for name, seen in self.last_seen.items()
+                  if name in self.workers and self.elapsed - seen > self.deadline]
+        out: list[Out] = []
+        for name in silent:
+            worker = self.workers.pop(name)
+            self.lost[name] = worker
+            self.lost_workers += 1
+            log.warning("scheduler: worker %s silent for %.2f s (deadline %.2f s): presumed "
+                        "lost; re-dispatching %s", name, self.elapsed - self.last_seen[name],
+                        self.deadline, sorted(worker.running) or "nothing")
+            out += self._requeue(worker, sorted(worker.running), lost=True)
+        if silent and not self.workers:
+            log.warning("scheduler: no worker left; %d lease(s) wait for one to (re)join",
+                        len(self.queue))
+        return out + (self._dispatch() if silent else [])
+
+    def _requeue(self, worker: _Worker, lease_ids: list[str], *, lost: bool) -> list[Out]:
+        """Put a worker's leases back at the head of the queue (same lease ids)."""
+        out: list[Out] = []
+        back: list[Lease] = []
+        for lease_id in lease_ids:
+            self._release(worker, lease_id)
+            if self.holder.get(lease_id) == worker.name:
+                del self.holder[lease_id]
+                self.running -= 1
+            lease = self.leases.get(lease_id)
+            if lease is None:  # answered meanwhile
+                continue
+            if lost:
+                tries = self.tries[lease_id] = self.tries.get(lease_id, 0) + 1
+                if tries >= self.max_tries:
+                    out += self._give_up(lease, tries)
+                    continue
+            self.redispatched += 1
+            log.info("scheduler: lease %s re-dispatched (was with %s)", lease_id, worker.name)
+            back.append(lease)
+        self.queue.extendleft(reversed(back))
+        return out
+
+    def _give_up(self, lease: Lease, tries: int) -> list[Out]:
+        """Workers died holding this lease ``tries`` times: settle it as an
+        infrastructure failure (reported to the Planner, counted) so the round closes."""
+        self.given_up += 1
+        self.tries.pop(lease.lease_id, None)
+        reason = (f"infrastructure failure: lease {lease.lease_id} given up after {tries} "
+                  f"worker(s) were lost running it")
+        log.error("scheduler: %s", reason)
+        done = LeaseDone(lease_id=lease.lease_id, worker=self.name, round=lease.round,
+                         kind=lease.kind, unit=lease.unit, section=lease.section,
+                         version=lease.version,
+                         results=[RolloutResult(task_id=t, error=reason)
+                                  for t in lease.task_ids])
+        return self._on_done(done)

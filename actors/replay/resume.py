@@ -1,0 +1,268 @@
+"""Resume a run whose coordinator died (``kill -9``) from its message log.
+
+Resuming is replay without sending (DESIGN section 3): every control actor is rebuilt
+by feeding it the inputs the log recorded (and checking it reproduces the log's
+outputs; a log that does not replay is refused), then a new topology starts whose
+Planner, Scheduler and Merger *are* those rebuilt machines. At the junction:
+
+- messages the old run's control actors had produced but the log never recorded
+  (lost with the process: a ``Settled``, an ``EvalRequest``, a ``RoundClosed``...) are
+  sent again by the rebuilt actors themselves, before anything else they send, so
+  each actor's messages keep their order;
+- leases the Scheduler had handed to a worker with no ``LeaseDone`` in the log (rollout
+  and eval leases alike) go back to the front of its queue and are dispatched again,
+  under their original ids, to the new workers (:func:`reopen`, which asks the
+  Scheduler: ``Scheduler.reopen``); every rollout whose result is in the log has been
+  fed to the machines and is never run again;
+- counters (rollouts, calls, rounds without commit, the time spent) live in the
+  rebuilt Planner, so budgets consumed before the crash stay consumed; the driver's
+  clock starts at the time the old logs cover.
+
+The resumed run writes a **new log** (``run.evolog`` -> ``run.r1.evolog``, then
+``run.r2.evolog``) whose header names the log it continues (``resumed_from``, relative
+to its directory, and ``resumed_after_seq``); its sequence numbers go on after the old
+log's last one (evolve() starts the bus at ``first_seq = last_seq + 1``). The old log is left as it was, except that a torn tail (what a crash
+leaves) is cut back to its last good record on disk first. ``evobus replay`` of the
+new log replays the whole chain. For the log to hold everything that happened before a
+crash, run with ``EVOBUS_LOG_FSYNC=always`` (see docs/replay.md): with the default
+``batched`` policy a ``kill -9`` loses the records still in the writer's buffer, and
+the work they recorded is done again (never lost, never counted twice).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from actors.addresses import DRIVER
+from actors.errors import ConfigError, RunFailed
+from actors.replay.engine import META_RESUMED_AFTER, META_RESUMED_FROM, META_SCENARIO_TOML, log_chain, rebuild, reopen
+from actors.replay.report import ReplayReport
+from bus.base import Delivery
+from bus.log import read_log
+from protocol import Message, RunDone, Start, decode
+from actors.runtime.evolve import evolve
+from actors.runtime.launch import evolve_kwargs
+from protocol.scenario import parse_scenario
+from bus.log import read_header
+from actors.artifacts import KeyedRules
+from actors.runtime.evolve import EvolveResult
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ResumePoint", "next_log_path", "resume", "resume_scenario_log"]
+
+def next_log_path(path: str | Path) -> Path:
+    """``run.evolog`` -> ``run.r1.evolog``; ``run.r1.evolog`` -> ``run.r2.evolog``."""
+    path = Path(path)
+    stem, suffix = path.stem, path.suffix or ".evolog"
+    m = re.fullmatch(r"(.*)\.r(\d+)", stem)
+    base, n = (m.group(1), int(m.group(2)) + 1) if m else (stem, 1)
+    candidate = path.with_name(f"{base}.r{n}{suffix}")
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{base}.r{n}{suffix}")
+    return candidate
+
+
+class ResumePoint:
+    """A crashed run's logs, read and ready to be rebuilt into fresh machines.
+
+    Passed to :func:`actors.evolve` as ``resume_from``: evolve() builds its machines as
+    usual and calls :meth:`prepare` (replay into them, no sending) before spawning them
+    and :meth:`begin` (re-send what was lost) instead of sending ``Start``."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.paths = log_chain(self.path)
+        # Only the newest log can have a torn tail (older ones were repaired when they
+        # were resumed); cut it on disk so the chain reads clean from now on.
+        self.contents = [read_log(p, repair=(p == self.paths[-1])) for p in self.paths]
+        self.dropped_tail = self.contents[-1].dropped_tail
+        self.dropped_records = self.contents[-1].dropped_records
+        self.last_seq = max((c.records[-1].seq for c in self.contents if c.records),
+                            default=0)
+        # Time the old logs cover (each log's clock starts at its own run's start).
+        self.elapsed = sum(c.records[-1].t for c in self.contents if c.records)
+        self.meta = dict(self.contents[0].header.meta)
+        for c in self.contents[1:]:
+            self.meta.update({k: v for k, v in c.header.meta.items()
+                              if k not in (META_RESUMED_FROM, META_RESUMED_AFTER)})
+        self.start = _first(self.contents, Start, DRIVER, "planner")
+        self.finished: RunDone | None = _first(self.contents, RunDone, None, DRIVER)
+        self.report: ReplayReport | None = None
+        self.pending: list[tuple[str, str, Message]] = []
+        self.reissued: list[str] = []
+        self._rt = None
+
+    # -- the evolve() hook ------------------------------------------------------------
+
+    def prepare(self, rt, machines: dict[str, Any]) -> None:
+        """Replay the logs into ``machines`` (nothing is sent) and reopen them for new
+        workers. The runtime's bus must have been built with ``first_seq = last_seq +
+        1`` (evolve() does it) so the new log's numbers follow the old ones."""
+        report, engine = rebuild(self.paths, self.contents, strict=False, machines=machines,
+                              specs={})
+        self.report = report
+        if not report.ok:
+            raise RunFailed(f"cannot resume {self.path}: the control actors do not "
+                            f"reproduce the log, so their state cannot be rebuilt from it "
+                            f"(was it written by another version of the code?)\n"
+                            f"{report.format()}")
+        if engine is None:
+            raise RunFailed(f"cannot resume {self.path}: it holds no Start message")
+        self._rt = rt
+        self.pending = list(engine.pending)
+        self.reissued = reopen(machines)
+        for name, outs in _by_sender(self.pending).items():
+            # Instance attribute over the class's method: the actor shell calls
+            # machine.handle, and the first call sends these before anything else.
+            machines[name].handle = _SendsFirst(machines[name].handle, outs)
+        logger.info("resuming %s after seq %d: %d message(s) to re-send, %d lease(s) to "
+                    "re-issue %s", self.path, self.last_seq, len(self.pending),
+                    len(self.reissued), self.reissued[:8])
+
+    def begin(self, receiver: str, fresh_start: Message) -> None:
+        """Called by evolve() in place of sending ``Start`` (which is ignored: the log's
+        Start was replayed). Nudges each rebuilt actor that has undelivered messages,
+        so it sends them at once even if no new input comes (one may be waiting for the
+        answer to one of them)."""
+        senders = _by_sender(self.pending)
+        if not senders:
+            return
+        for ref in self._rt.refs:
+            if getattr(ref.actor_class, "__name__", "") != "ControlActor":
+                continue
+            name = ref.proxy().name.get(timeout=10.0)
+            if name in senders:
+                # In-process only: not a bus message, never logged; the actor's first
+                # handle() call (this nudge, or a real input before it) sends them.
+                ref.tell(Delivery(0, "resume", name, _NUDGE))
+
+    # -- the new log --------------------------------------------------------------------
+
+    def log_meta(self, new_log: str | Path) -> dict[str, str]:
+        """Header meta of the log the resumed run writes."""
+        new_dir = Path(new_log).resolve().parent
+        meta = dict(self.meta)
+        meta[META_RESUMED_FROM] = os.path.relpath(self.path.resolve(), new_dir)
+        meta[META_RESUMED_AFTER] = str(self.last_seq)
+        meta["run_id"] = self.start.run_id if self.start else meta.get("run_id", "")
+        meta["seed"] = str(self.start.seed if self.start else 0)
+        meta.setdefault("scenario", self.contents[0].header.scenario)
+        return meta
+
+
+_NUDGE = object()
+
+
+class _SendsFirst:
+    """A rebuilt machine's ``handle`` for its first call after a resume: returns, before
+    that call's own outputs, the messages the crashed actor had produced and never
+    delivered. Sent by the actor's own thread, they keep their place in its per-sender
+    FIFO order: nothing it sends later (a ``Barrier`` after a forwarded ``LeaseDone``)
+    can overtake them."""
+
+    def __init__(self, handle, outputs: list[tuple[str, Message]]) -> None:
+        self.handle = handle
+        self.outputs: list[tuple[str, Message]] | None = outputs
+
+    def __call__(self, msg: Message) -> list[tuple[str, Message]]:
+        first, self.outputs = self.outputs or [], None
+        if msg is _NUDGE:
+            return first
+        return first + self.handle(msg)
+
+
+def _by_sender(pending: list[tuple[str, str, Message]]) -> dict[str, list[tuple[str, Message]]]:
+    out: dict[str, list[tuple[str, Message]]] = {}
+    for sender, receiver, msg in pending:
+        out.setdefault(sender, []).append((receiver, msg))
+    return out
+
+
+def _first(contents, kind: type, sender: str | None, receiver: str):
+    for c in contents:
+        for rec in c.records:
+            if rec.receiver == receiver and (sender is None or rec.sender == sender):
+                msg = decode(rec.body)
+                if isinstance(msg, kind):
+                    return msg
+    return None
+
+
+def resume(path: str | Path | ResumePoint, *, log: str | Path | None = None,
+           **evolve_kwargs: Any):
+    """Resume the run whose (newest) log is ``path``; returns an ``EvolveResult``.
+
+    Pass the same :func:`actors.evolve` arguments the run was started with (tasks,
+    reward, agent or run/propose, strategy, parallel, n_workers, ...). ``log`` is the
+    new log (default: :func:`next_log_path`). A run whose log already holds its result
+    is not run again: that result is returned. ``path`` may be a :class:`ResumePoint`
+    already read (its ``report``, ``pending`` and ``reissued`` then tell what resume
+    did)."""
+
+    point = path if isinstance(path, ResumePoint) else ResumePoint(path)
+    strategy = evolve_kwargs.get("strategy")
+    if point.finished is not None:
+        return _result_of(point, point.finished, strategy)
+    new_log = Path(log) if log is not None else next_log_path(point.path)
+    kwargs = dict(evolve_kwargs)
+    kwargs["log"] = str(new_log)
+    user_meta = dict(kwargs.pop("log_meta", None) or {})
+    if point.start is None:
+        # Killed before the run began: there is no state to rebuild, start it again.
+        logger.warning("%s holds no Start message: starting the run again from scratch",
+                    point.path)
+        meta = {**user_meta, "restarted_from": os.path.relpath(
+            point.path.resolve(), new_log.resolve().parent)}
+        if META_SCENARIO_TOML in point.meta:
+            meta[META_SCENARIO_TOML] = point.meta[META_SCENARIO_TOML]
+        return evolve(**kwargs, log_meta=meta)
+    kwargs["seed"] = point.start.seed
+    meta = {**point.log_meta(new_log), **user_meta}
+    return evolve(**kwargs, log_meta=meta, resume_from=point)
+
+
+def resume_scenario_log(path: str | Path | ResumePoint, *, log: str | Path | None = None,
+                        on_progress=None, log_fsync: str | None = None):
+    """`evobus resume`: the run's scenario comes from the log header."""
+
+    where = path.path if isinstance(path, ResumePoint) else Path(path)
+    chain = path.paths if isinstance(path, ResumePoint) else log_chain(path)
+    meta: dict[str, str] = {}
+    for p in chain:
+        meta.update(read_log_header_meta(p))
+    text = meta.get(META_SCENARIO_TOML)
+    if not text:
+        raise ConfigError(
+            f"{where}: the log carries no scenario (the run was started from Python, not "
+            "with `evobus run`): resume it from Python with actors.replay.resume.resume(path, "
+            "**the evolve() arguments of the run)")
+    source = meta.get("scenario", "") or "the log's scenario"
+    scenario = parse_scenario(text, source)
+    kwargs = evolve_kwargs(scenario, source)
+    kwargs.pop("log", None)
+    kwargs.pop("log_meta", None)
+    if log_fsync is not None:
+        kwargs["log_fsync"] = log_fsync
+    return resume(path, log=log, on_progress=on_progress, **kwargs)
+
+
+def read_log_header_meta(path: str | Path) -> dict[str, str]:
+
+    return dict(read_header(path).meta)
+
+
+def _result_of(point: ResumePoint, done: RunDone, strategy):
+
+    strategy = strategy if strategy is not None else KeyedRules(categories=[])
+    return EvolveResult(rendered=strategy.render(done.state), state=dict(done.state),
+                        version=done.version, final_reward=done.final_reward,
+                        initial_reward=done.initial_reward, stop_reason=done.stop_reason,
+                        history=list(done.history), rollouts=done.rollouts,
+                        calls=done.calls, error=done.error, log_path=str(point.path),
+                        elapsed=point.elapsed, _outcomes=dict(done.outcomes))

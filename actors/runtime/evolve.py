@@ -1,0 +1,319 @@
+"""evolve(): the Python API. Check the arguments, build the topology, drive it to RunDone.
+
+See docs/concepts.md and docs/async.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import msgspec
+
+from actors.addresses import PLANNER, SCHEDULER, worker_name
+from actors.artifacts import KeyedRules, declared_keys, normaliser
+from actors.version import PACKAGE_VERSION
+from actors.errors import ConfigError
+from actors.machines.merger import STALENESS, Merger
+from actors.policies.parallelism import DataParallel
+from actors.policies.pipeline import PipelineParallel
+from actors.machines.planner import Planner
+from actors.machines.scheduler import Scheduler
+from actors.workers.core import SOLVED, WorkerCore
+from protocol import Progress, RoundRecord, RunDone, Start, Task, Tick, Hello, Refused
+from actors.runtime.runtime import Runtime
+from actors.runtime import pools as coordinator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvolveResult:
+    """What :func:`evolve` returns."""
+
+    rendered: str
+    state: dict[str, str]
+    version: int
+    final_reward: float
+    initial_reward: float
+    stop_reason: str
+    history: list[RoundRecord]
+    rollouts: int
+    calls: int
+    error: str | None = None
+    log_path: str | None = None
+    elapsed: float = 0.0
+    bus: dict[str, int] = field(default_factory=dict)
+    #: Runtime counters that are not per-proposal decisions: reverified, stall_refreshes,
+    #: starved_seconds (worker-seconds held back by backpressure), held_back,
+    #: refreshes, cancelled_leases, max_eta_kept, scoring_calls (backend calls spent
+    #: scoring candidates on the held-out split: not in ``calls``).
+    stats: dict[str, float] = field(default_factory=dict)
+    #: Token usage of the agent, when it keeps one (``agent.usage.as_dict()``, e.g.
+    #: actors.openai_agent.OpenAIAgent); None otherwise.
+    usage: dict[str, int] | None = None
+    _outcomes: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def outcomes(self) -> dict[str, int]:
+        """Decision -> count: committed, below-threshold, conflict, duplicate, unchanged,
+        section-violation, rollout-error, ..."""
+        return dict(self._outcomes)
+
+
+def _validate(tasks, reward, agent, run, propose, n_workers, rounds, held_out_frac,
+              max_concurrency) -> list[Task]:
+    tasks = list(tasks)
+    for t in tasks:
+        if not isinstance(t, Task):
+            raise ConfigError(f"tasks must be protocol Task objects (Task(id, prompt, meta)); "
+                              f"got {type(t).__name__}: build them with actors.Task(id=..., prompt=...)")
+    if len(tasks) < 4:
+        raise ConfigError(f"evolve() needs at least 4 tasks (some train, some held out); got "
+                          f"{len(tasks)}: add tasks")
+    seen: set[str] = set()
+    dupes = sorted({t.id for t in tasks if t.id in seen or seen.add(t.id)})
+    if dupes:
+        raise ConfigError(f"duplicate task ids {dupes[:5]}: every Task.id must be unique")
+    if not isinstance(n_workers, int) or n_workers < 1:
+        raise ConfigError(f"n_workers must be an integer >= 1, got {n_workers!r}")
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ConfigError(f"rounds must be an integer >= 1, got {rounds!r}")
+    if not 0.0 < held_out_frac < 1.0:
+        raise ConfigError(f"held_out_frac must be in (0, 1), got {held_out_frac!r}")
+    if max_concurrency is not None and (not isinstance(max_concurrency, int) or max_concurrency < 1):
+        raise ConfigError(f"max_concurrency must be an integer >= 1, got {max_concurrency!r}")
+    if not callable(reward):
+        raise ConfigError("reward must be a callable reward(task, output) -> float in [0, 1]")
+    if agent is None and (run is None or propose is None):
+        raise ConfigError("evolve() needs either agent= (an object with solve(rendered, task) "
+                          "and propose(rendered, task, output, reward)) or both run= and "
+                          "propose=")
+    if agent is not None and (run is not None or propose is not None):
+        raise ConfigError("pass either agent= or run=/propose=, not both")
+    if agent is not None and not (callable(getattr(agent, "solve", None))
+                                  and callable(getattr(agent, "propose", None))):
+        raise ConfigError(f"agent {type(agent).__name__} needs methods solve(rendered, task) "
+                          "and propose(rendered, task, output, reward)")
+    return tasks
+
+
+def prepare_parallel(parallel, strategy, task_ids: list[str], n_workers: int):
+    """Check the parallelism/artifact pairing before the first rollout; returns the
+    strategy to plan with and the key -> section map the Merger enforces (or None)."""
+    if parallel is None:
+        return DataParallel(), None
+    if isinstance(parallel, PipelineParallel):
+        raise ConfigError(parallel.refusal_message())
+    if not callable(getattr(parallel, "plan", None)):
+        raise ConfigError(f"parallel={parallel!r} has no plan(n_workers, round_index, keys) "
+                          "method: pass DataParallel(), TensorParallel(...), "
+                          "ClusterParallel(...) or an object implementing plan()")
+    with_keys = getattr(parallel, "with_keys", None)
+    if with_keys is not None:
+        # with_keys keeps keys given to the constructor, checking them against the
+        # artifact's declared space; otherwise it takes that space.
+        parallel = with_keys(declared_keys(strategy), normaliser(strategy))
+        parallel.validate(task_ids, n_workers=n_workers)
+        return parallel, dict(parallel.section_map())
+    return parallel, None
+
+
+def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent=None,
+           run: Callable | None = None, propose: Callable | None = None, strategy=None,
+           parallel=None, task_sampler=None, rounds: int | None = None, n_workers: int = 4,
+           max_concurrency: int | None = None, held_out_frac: float = 0.4, seed: int = 0,
+           log: str | None = None, max_rollouts: int | None = None,
+           max_seconds: float | None = None, max_calls: int | None = None,
+           target_reward: float | None = None, patience: int | None = None,
+           initial_state: dict[str, str] | None = None, solved_threshold: float = SOLVED,
+           asynchronous: bool = False, async_ratio: int | None = None,
+           staleness: str | None = None, stall_merges: int | None = None,
+           lease_size: int | None = None,
+           bus: str = "zmq", on_progress: Callable[[RoundRecord], None] | None = None,
+           log_meta: dict[str, Any] | None = None, log_fsync: str | None = None,
+           resume_from: Any = None, workers: Any = None, refs: dict[str, Any] | None = None,
+           insecure: bool = False) -> EvolveResult:
+    """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
+    folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
+
+    ``log_fsync``: the log's fsync policy ("always", "batched", "never"; default
+    $EVOBUS_LOG_FSYNC, else "batched"). ``resume_from``: an
+    :class:`actors.replay.resume.ResumePoint` (use :func:`actors.replay.resume.resume`): the control
+    actors start from the state its log rebuilds, and no ``Start`` is sent.
+
+    ``rounds`` (default 15) counts synchronous rounds; in asynchronous mode it has no
+    meaning (a warning says so if it is passed) and the run stops on a budget:
+    ``max_rollouts``, ``max_calls``, ``max_seconds``, ``target_reward`` or ``patience``.
+    ``async_ratio`` (default 3), ``staleness`` (default "guarded") and ``stall_merges``
+    (default 3) shape asynchronous mode only (docs/async.md); passed to a synchronous
+    run, a warning names them.
+    """
+    async_only = {"async_ratio": async_ratio, "staleness": staleness,
+                  "stall_merges": stall_merges}
+    if not asynchronous:
+        given = [name for name, value in async_only.items() if value is not None]
+        if given:
+            warnings.warn(f"evolve(asynchronous=False): {', '.join(given)} only shape"
+                          f"{'s' if len(given) == 1 else ''} asynchronous mode and "
+                          f"{'is' if len(given) == 1 else 'are'} ignored in synchronous "
+                          "rounds; pass asynchronous=True to use "
+                          f"{'it' if len(given) == 1 else 'them'}", RuntimeWarning,
+                          stacklevel=2)
+    async_ratio = 3 if async_ratio is None else async_ratio
+    staleness = "guarded" if staleness is None else staleness
+    stall_merges = 3 if stall_merges is None else stall_merges
+    if asynchronous:
+        if rounds is not None:
+            warnings.warn("evolve(asynchronous=True): rounds has no meaning without rounds "
+                          "and is ignored; stop with max_rollouts, max_calls, max_seconds, "
+                          "target_reward or patience", RuntimeWarning, stacklevel=2)
+        if all(b is None for b in (max_rollouts, max_calls, max_seconds, target_reward,
+                                   patience)):
+            raise ConfigError("evolve(asynchronous=True) needs a stop condition: pass "
+                              "max_rollouts, max_calls, max_seconds, target_reward or "
+                              "patience (there is no default time limit)")
+        if not isinstance(async_ratio, int) or async_ratio < 1:
+            raise ConfigError(f"async_ratio must be an integer >= 1, got {async_ratio!r}")
+        if staleness not in STALENESS:
+            raise ConfigError(f"staleness={staleness!r}: choose one of {', '.join(STALENESS)}")
+        if isinstance(stall_merges, bool) or not isinstance(stall_merges, int) \
+                or stall_merges < 1:
+            raise ConfigError(f"stall_merges must be an integer >= 1, got {stall_merges!r}")
+    rounds = 15 if rounds is None else rounds
+    if isinstance(solved_threshold, bool) or not isinstance(solved_threshold, (int, float)) \
+            or not 0.0 < solved_threshold <= 1.0:
+        raise ConfigError(f"solved_threshold must be in (0, 1] (a rollout scoring at least "
+                          f"this asks for no proposal; rewards are in [0, 1]), got "
+                          f"{solved_threshold!r}")
+    if lease_size is not None and (not isinstance(lease_size, int) or lease_size < 1):
+        raise ConfigError(f"lease_size must be an integer >= 1 (tasks per lease), got "
+                          f"{lease_size!r}; None sends each worker's share as one lease")
+    tasks = _validate(tasks, reward, agent, run, propose, n_workers, rounds, held_out_frac,
+                      max_concurrency)
+    strategy = strategy if strategy is not None else KeyedRules(categories=[])
+    task_ids = [t.id for t in tasks]
+    plan_with, sections = prepare_parallel(parallel, strategy, task_ids, n_workers)
+    if agent is not None:
+        run, propose = agent.solve, agent.propose
+    state0 = dict(initial_state) if initial_state is not None else strategy.initial()
+    by_id = {t.id: t for t in tasks}
+    run_id = uuid.uuid4().hex[:12]
+    # issue 6: workers in other processes (``workers``: a protocol.scenario.Workers;
+    # ``refs``: how to name the code for them). Closures are refused here, before any
+    # rollout; docs/remote.md.
+
+    remote = coordinator.plan(workers, n_workers, bus=bus, tasks=tasks, reward=reward,
+                              run=run, propose=propose, agent=agent, strategy=strategy,
+                              initial_state=state0, solved=solved_threshold,
+                              package_version=PACKAGE_VERSION, refs=refs, insecure=insecure,
+                              run_id=run_id)
+    meta = {"seed": seed, "run_id": run_id, **(log_meta or {})}
+    # What replay needs to rebuild the planner of a run started from Python.
+    meta.setdefault("parallel", repr(plan_with))
+    # Constructor arguments of the control actors that Start does not carry (replay).
+    meta.setdefault("machine_args", msgspec.json.encode(
+        {"merger": {"stall_merges": stall_merges},
+         **({"scheduler": remote.scheduler_kwargs()} if remote else {})}).decode())
+    if task_sampler is not None:
+        meta.setdefault("task_sampler", repr(task_sampler))
+    # A resumed run's clock starts at the time its old logs cover (time budgets).
+    t0 = time.monotonic() - (resume_from.elapsed if resume_from is not None else 0.0)
+    # A resumed run's log numbers its messages on from the old log's last one.
+    first_seq = resume_from.last_seq + 1 if resume_from is not None else 1
+    with Runtime(bus=bus, log_path=log, log_meta=meta, fsync=log_fsync,
+                 peers=remote.ports if remote else (), first_seq=first_seq) as rt:
+        rt.spawn("planner", Planner(plan_with, task_sampler))
+        rt.spawn("scheduler", Scheduler(max_concurrency or n_workers, asynchronous=asynchronous,
+                                        async_ratio=async_ratio, n_workers=n_workers,
+                                        **(remote.scheduler_kwargs() if remote else {})))
+        rt.spawn("merger", Merger(asynchronous=asynchronous, alpha=async_ratio,
+                                  staleness=staleness, stall_merges=stall_merges))
+        if resume_from is not None:
+            # Before any message flows: replay the old log into the machines (no sending).
+            resume_from.prepare(rt, rt.machines)
+        for i in range(remote.local if remote else n_workers):
+            rt.spawn_worker(WorkerCore(worker_name(i), by_id, reward, run, propose, strategy,
+                                       solved=solved_threshold, initial_state=state0))
+        if remote:  # issue 6: the registry, process workers, and a deadline for everyone
+            remote.start(rt, t0)
+        # A resumed run sends no Start: begin() re-sends what the crashed run never delivered.
+        send_start = rt.send if resume_from is None else resume_from.begin
+        send_start(PLANNER, Start(run_id=run_id, seed=seed, task_ids=task_ids, n_workers=n_workers,
+                               rounds=rounds, held_out_frac=held_out_frac,
+                               max_concurrency=max_concurrency or n_workers,
+                               initial_state=state0, max_rollouts=max_rollouts,
+                               max_calls=max_calls, max_seconds=max_seconds,
+                               target_reward=target_reward, patience=patience,
+                               sections=sections, asynchronous=asynchronous,
+                               async_ratio=async_ratio, staleness=staleness,
+                               lease_size=lease_size))
+        elapsed_by_round: dict[int, float] = {}
+        done: RunDone | None = None
+        next_tick = 0.0
+        ticking = max_seconds is not None or asynchronous or remote is not None
+        period = min(0.1, max_seconds / 10) if max_seconds is not None else 0.1
+        while done is None:
+            now = time.monotonic() - t0
+            if ticking and now >= next_tick:
+                if max_seconds is not None:
+                    rt.send(PLANNER, Tick(elapsed=now))
+                if asynchronous or remote is not None:  # issue 6: liveness runs on Ticks
+                    rt.send(SCHEDULER, Tick(elapsed=now))
+                next_tick = now + period
+            delivery = rt.next_delivery(timeout=period if ticking else 0.5)
+            if delivery is None:
+                continue
+            match delivery.msg:
+                case Progress(record=record):
+                    elapsed_by_round[record.round] = time.monotonic() - t0
+                    if on_progress is not None:
+                        # The Scheduler's registry, read between messages: a count, for
+                        # display only (decisions never depend on it).
+                        alive = len(rt.machines["scheduler"].workers)
+                        on_progress(msgspec.structs.replace(
+                            record, elapsed=round(elapsed_by_round[record.round], 6),
+                            workers_alive=alive))
+                case RunDone() as done:
+                    pass
+                case Hello() | Refused() if remote:  # issue 6: late joiners, refusals
+                    remote.note(delivery.msg)
+        bus_stats = rt.bus.stats.as_dict()
+        scheduler = rt.machines["scheduler"]
+        bus_stats["duplicates_dropped"] = scheduler.duplicates_dropped
+        bus_stats["peak_running"] = scheduler.peak_running
+        bus_stats["redispatched"] = scheduler.redispatched  # issue 6
+        if remote:
+            bus_stats.update(remote.counters(scheduler))
+        stats = dict(done.stats)
+        stats.update(starved_seconds=round(scheduler.starved_seconds, 3),
+                     held_back=scheduler.held_back, refreshes=scheduler.refreshes,
+                     cancelled_leases=scheduler.cancelled,
+                     scoring_calls=scheduler.eval_calls)
+    if done.fatal:
+        raise ConfigError(done.fatal)
+    history = [_with_elapsed(r, elapsed_by_round.get(r.round, r.elapsed)) for r in done.history]
+    return EvolveResult(rendered=strategy.render(done.state), state=dict(done.state),
+                        version=done.version, final_reward=done.final_reward,
+                        initial_reward=done.initial_reward, stop_reason=done.stop_reason,
+                        history=history, rollouts=done.rollouts, calls=done.calls,
+                        error=done.error, log_path=log, elapsed=time.monotonic() - t0,
+                        bus=bus_stats, stats=stats, usage=_usage_of(agent),
+                        _outcomes={**done.outcomes, **({"infrastructure-failure":
+                                                        scheduler.given_up}
+                                                       if scheduler.given_up else {})})
+
+
+def _usage_of(agent) -> dict[str, int] | None:
+    usage = getattr(agent, "usage", None)
+    if usage is None:
+        return None
+    as_dict = getattr(usage, "as_dict", None)
+    return dict(as_dict()) if callable(as_dict) else dict(usage)
+
+
+def _with_elapsed(record: RoundRecord, elapsed: float) -> RoundRecord:
+    return msgspec.structs.replace(record, elapsed=round(elapsed, 6))

@@ -1,0 +1,102 @@
+"""From a scenario file to a running topology: build the strategy objects the file
+names and call :func:`actors.evolve` (or run its parallel groups)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from actors.workers import code as refs
+from actors.artifacts import AppendRules, KeyedRules, SingleSlot
+from actors.policies.parallelism import ClusterParallel, DataParallel, TensorParallel
+from actors.runtime.evolve import EvolveResult, evolve
+from protocol import scenario as sc
+
+
+def _resolve(spec, what: str, allow: list[str] | None = None) -> Any:
+    if isinstance(spec, sc.RefSpec):
+        spec = refs.Ref(ref=spec.ref, args=list(spec.args), kwargs=dict(spec.kwargs),
+                        call=spec.call)
+    return refs.resolve(spec, allow, what=what)
+
+
+def build_strategy(spec: sc.Strategy):
+    match spec:
+        case sc.KeyedRulesSpec(categories=categories, title=title):
+            return KeyedRules(categories=list(categories), title=title)
+        case sc.AppendRulesSpec(title=title):
+            return AppendRules(title=title)
+        case sc.SingleSlotSpec(initial_value=value, key=key):
+            return SingleSlot(initial_value=value, key=key)
+    raise AssertionError(f"unknown strategy spec {spec!r}")
+
+
+def build_parallel(spec: sc.Parallel):
+    match spec:
+        case sc.DataParallelSpec(per_worker=per_worker):
+            return DataParallel(per_worker=per_worker)
+        case sc.TensorParallelSpec(n_sections=n, keys=keys, route=route):
+            return TensorParallel(n, keys=keys,
+                                  route=_resolve(route, "$.parallel.route") if route else None)
+        case sc.ClusterParallelSpec(cluster_of=cluster_of, c=c):
+            return ClusterParallel(_resolve(cluster_of, "$.parallel.cluster_of"), c=c)
+        case sc.CustomParallelSpec(ref=ref):
+            return _resolve(ref, "$.parallel.ref")
+    raise AssertionError(f"unknown parallel spec {spec!r}")
+
+
+def evolve_kwargs(scenario: sc.Scenario, source: str = "") -> dict[str, Any]:
+    """The keyword arguments of :func:`evolve` a scenario describes."""
+    d = scenario.domain
+    tasks = _resolve(d.tasks, "$.domain.tasks")
+    if callable(tasks):
+        tasks = tasks()
+    kwargs: dict[str, Any] = dict(
+        tasks=list(tasks), reward=_resolve(d.reward, "$.domain.reward"),
+        strategy=build_strategy(scenario.strategy), parallel=build_parallel(scenario.parallel),
+        n_workers=_n_workers(scenario.workers),
+        max_concurrency=scenario.workers.max_concurrency, held_out_frac=scenario.held_out_frac,
+        seed=scenario.seed, log=scenario.log,
+        log_meta={"scenario": source or scenario.name},
+    )
+    if d.agent is not None:
+        agent = _resolve(d.agent, "$.domain.agent")
+        kwargs["agent"] = agent
+    else:
+        kwargs["run"] = _resolve(d.run, "$.domain.run")
+        kwargs["propose"] = _resolve(d.propose, "$.domain.propose")
+    w = scenario.workers
+    if w.processes or w.remote:
+        # issue 6: workers in other processes get the code as the scenario names it.
+        kwargs["workers"] = w
+        kwargs["refs"] = {k: v for k, v in (("tasks", d.tasks), ("reward", d.reward),
+                                            ("agent", d.agent), ("run", d.run),
+                                            ("propose", d.propose)) if v is not None}
+    if scenario.mode == "async":
+        kwargs.update(asynchronous=True, async_ratio=scenario.async_ratio,
+                      staleness=scenario.staleness)
+    else:
+        kwargs["rounds"] = scenario.rounds
+    b = scenario.budgets
+    kwargs.update(max_rollouts=b.max_rollouts, max_calls=b.max_calls,
+                  max_seconds=b.max_seconds, target_reward=b.target_reward,
+                  patience=b.patience)
+    return kwargs
+
+
+def _n_workers(w: sc.Workers) -> int:
+    """One logical worker per worker, wherever it runs (threads, processes, remote)."""
+    return w.local + w.processes + w.remote
+
+
+def run_scenario(scenario: sc.Scenario, *, source: str = "", log: str | None = None,
+                 on_progress: Callable | None = None, insecure: bool = False) -> EvolveResult:
+    kwargs = evolve_kwargs(scenario, source)
+    if insecure:  # issue 6: `evobus run --insecure`
+        kwargs["insecure"] = True
+    if log is not None:
+        kwargs["log"] = log
+    if kwargs["log"]:
+        import os
+
+        os.makedirs(os.path.dirname(os.path.abspath(kwargs["log"])), exist_ok=True)
+    return evolve(**kwargs, on_progress=on_progress)

@@ -1,0 +1,283 @@
+"""The coordinator's side of workers in other processes: process workers (spawned,
+never forked) and remote workers (``evobus worker --connect``).
+
+- :func:`code_ref` names a callable (or an agent or strategy object) as data: import
+  path plus JSON arguments. Closures, lambdas, bound methods, partials and objects
+  defined in ``__main__`` are refused *before the first rollout*, with the fix.
+- :func:`build_spec` makes the run's :class:`~protocol.Spec`: references, tasks (inline
+  as data, or by reference), the first state, environment variable *names* (never their
+  values), and a fingerprint of the source of every module named.
+- :class:`Registry` (a pure state machine, actor ``registry``) answers a worker's
+  ``Join`` with the spec, checks its ``Hello`` (same code, same package version) and
+  forwards it to the Scheduler and the driver.
+- :class:`RemoteWorkers` is what :func:`actors.evolve` asks: the peer ports to bind,
+  the Scheduler's liveness settings, starting process workers, waiting for everyone
+  with a deadline, and Ticks for the Scheduler's clock.
+
+See docs/remote.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from typing import Any
+
+
+from actors.addresses import SCHEDULER, REGISTRY
+from actors.errors import ConfigError
+from protocol import Hello, Message, Refused, Spec, Stop, Task, Tick
+from actors.workers.code import BUILTIN_ALLOW, build_spec, module_of, spec_refs
+from actors.machines.registry import Registry
+from actors.addresses import SCHEDULER as _S
+from bus.remote import PeerPort
+from bus.security import load_server_keys
+from actors.workers.remote import process_main
+
+
+log = logging.getLogger(__name__)
+
+
+
+
+
+
+#: Process workers get this long to leave after the run's Stop before being terminated.
+PROCESS_STOP_DEADLINE_S = 5.0
+
+
+class ProcessPool:
+    """Process workers: started with multiprocessing's 'spawn' context (never fork: a
+    forked copy would inherit the coordinator's threads and sockets), supervised and
+    always reaped: Stop first, then terminate, then kill."""
+
+    def __init__(self, n: int, address: str, *, allow: list[str],
+                 broker_timeout: float) -> None:
+        self.n = n
+        self.address = address
+        self.allow = allow
+        self.broker_timeout = broker_timeout
+        self.procs: list = []
+
+    def names(self) -> list[str]:
+        return [f"proc-{i}" for i in range(self.n)]
+
+    def start(self) -> None:
+
+        ctx = multiprocessing.get_context("spawn")
+        for name in self.names():
+            proc = ctx.Process(target=process_main, name=f"evobus-{name}", daemon=True,
+                               kwargs=dict(address=self.address, worker_id=name,
+                                           allow=self.allow,
+                                           broker_timeout=self.broker_timeout))
+            proc.start()
+            self.procs.append(proc)
+
+    def exited(self) -> dict[str, int]:
+        return {p.name: p.exitcode for p in self.procs if p.exitcode is not None}
+
+    def close(self, deadline: float = PROCESS_STOP_DEADLINE_S) -> None:
+        end = time.monotonic() + deadline
+        for p in self.procs:
+            p.join(max(0.0, end - time.monotonic()))
+        for p in self.procs:
+            if p.is_alive():
+                log.warning("process worker %s did not leave after the run; terminating it",
+                            p.name)
+                p.terminate()
+                p.join(2.0)
+            if p.is_alive():
+                p.kill()
+                p.join(2.0)
+        for p in self.procs:
+            if p.exitcode is not None:
+                p.close()
+
+
+@dataclasses.dataclass
+class RemoteWorkers:
+    """Workers in other processes for one run (see :func:`plan`)."""
+
+    local: int
+    processes: int
+    remote: int
+    spec: Spec
+    ports: list
+    heartbeat: float
+    deadline: float
+    max_tries: int
+    wait_seconds: float
+    bind: str | None
+    keys: str | None
+    allow: list[str]
+    pool: ProcessPool | None = None
+    tmpdir: str | None = None
+    joined: dict[str, Hello] = dataclasses.field(default_factory=dict)
+    refused: dict[str, str] = dataclasses.field(default_factory=dict)
+    _next_tick: float = 0.0
+
+    @property
+    def expected(self) -> int:
+        return self.processes + self.remote
+
+    def scheduler_kwargs(self) -> dict[str, Any]:
+        return {"deadline": self.deadline, "max_tries": self.max_tries}
+
+    @property
+    def tick_period(self) -> float:
+        return max(0.02, min(self.heartbeat, self.deadline / 4))
+
+    def tick(self, rt, now: float) -> None:
+        """Time for the Scheduler's liveness checks, as a message."""
+        if now >= self._next_tick:
+            rt.send(SCHEDULER, Tick(elapsed=now))
+            self._next_tick = now + self.tick_period
+
+    def start(self, rt, t0: float) -> None:
+        """Start the registry and the process workers; wait for every expected worker."""
+        rt.spawn(REGISTRY, Registry(self.spec))
+        rt.own(lambda: self.close(rt))
+        if self.processes:
+            address = self.ports[-1].addresses[0]
+            self.pool = ProcessPool(self.processes, address, allow=self.allow,
+                                    broker_timeout=max(5.0, 5 * self.heartbeat))
+            self.pool.start()
+        self.wait(rt, t0)
+
+    def wait(self, rt, t0: float) -> None:
+        end = time.monotonic() + self.wait_seconds
+        while len(self.joined) < self.expected:
+            now = time.monotonic()
+            if now >= end:
+                raise ConfigError(self.missing_message())
+            if self.pool is not None and self.pool.exited():
+                raise ConfigError(self.missing_message())
+            self.tick(rt, now - t0)
+            delivery = rt.next_delivery(timeout=min(self.tick_period, max(0.0, end - now)))
+            if delivery is not None:
+                self.note(delivery.msg)
+
+    def note(self, msg: Message) -> None:
+        """A Hello or Refused the registry copied to the driver."""
+        match msg:
+            case Hello(worker=worker):
+                self.joined[worker] = msg
+                self.refused.pop(worker, None)
+            case Refused(worker=worker, reason=reason):
+                self.refused[worker] = reason
+                log.warning("worker %s refused: %s", worker, reason)
+
+    def missing_message(self) -> str:
+        have = len(self.joined)
+        parts = [f"expected {self.expected} worker(s) in other processes within "
+                 f"{self.wait_seconds:g} s (wait_seconds), {have} registered"
+                 + (f" ({', '.join(sorted(self.joined))})" if self.joined else "")]
+        if self.remote:
+            remote_have = sum(1 for w in self.joined if not w.startswith("proc-"))
+            cmd = f"evobus worker --connect {self.ports[0].addresses[0]}"
+            modules = sorted({module_of(r) for _, r in spec_refs(self.spec)}
+                             - set(BUILTIN_ALLOW))
+            cmd += "".join(f" --allow {m}" for m in modules)
+            if self.keys:
+                cmd += (f" --key {os.path.join(self.keys, 'NAME.key_secret')}"
+                        f" --server-key {os.path.join(self.keys, 'server.key')}")
+            parts.append(f"remote: {remote_have} of {self.remote} at {self.bind}; start each "
+                         f"missing one with `{cmd}`")
+        if self.pool is not None:
+            proc_have = sum(1 for w in self.joined if w.startswith("proc-"))
+            dead = self.pool.exited()
+            parts.append(f"processes: {proc_have} of {self.processes}"
+                         + (f"; exited: {dead} (see their stderr above)" if dead else ""))
+        for worker, reason in sorted(self.refused.items()):
+            parts.append(f"worker {worker} refused: {reason}")
+        return "; ".join(parts)
+
+    def close(self, rt=None) -> None:
+        if rt is not None:
+            # The Scheduler's Shutdown already said Stop; workers it presumed lost (or
+            # that joined late) hear it here too, so process workers leave by themselves.
+            for worker in sorted(self.joined):
+                rt.send(worker, Stop(reason="run finished"))
+        if self.pool is not None:
+            self.pool.close()
+        if self.tmpdir is not None:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            self.tmpdir = None
+
+    def counters(self, scheduler) -> dict[str, int]:
+        return {"redispatched": scheduler.redispatched, "lost_workers": scheduler.lost_workers,
+                "given_up": scheduler.given_up, "workers_joined": len(self.joined),
+                "workers_refused": len(self.refused)}
+
+
+def plan(workers, n_workers: int, *, bus: str, tasks: list[Task], reward, run, propose,
+         agent, strategy, initial_state: dict[str, str], solved: float, package_version: str,
+         refs: dict[str, Any] | None = None, insecure: bool = False,
+         run_id: str = "") -> RemoteWorkers | None:
+    """Check a ``workers`` section (protocol.scenario.Workers) against ``n_workers`` and,
+    when some workers live in other processes, name the run's code as data (refusing
+    closures: this runs before the first rollout) and prepare the peer ports.
+    None: every worker is a thread of this process."""
+    if workers is not None:
+        total = workers.local + workers.processes + workers.remote
+        if total != n_workers:
+            raise ConfigError(f"n_workers={n_workers} but workers declares {workers.local} "
+                              f"local + {workers.processes} processes + {workers.remote} "
+                              f"remote = {total}: set n_workers={total} (the plan has one "
+                              "logical worker per worker)")
+    if workers is None or (not workers.processes and not workers.remote):
+        unused = [name for name, value in (("refs", refs), ("insecure", insecure)) if value]
+        if unused:
+            warnings.warn(f"{' and '.join(unused)} only concern workers in other processes "
+                          "(workers=Workers(processes=..., remote=...)); every worker of this "
+                          "run is a thread here, so "
+                          f"{'it is' if len(unused) == 1 else 'they are'} ignored",
+                          RuntimeWarning, stacklevel=3)
+        return None
+    if bus != "zmq":
+        raise ConfigError(f"bus={bus!r} cannot reach workers in other processes; use bus='zmq'")
+    heartbeat = getattr(workers, "heartbeat", 1.0)
+    deadline = getattr(workers, "deadline", 5.0)
+    if deadline <= heartbeat:
+        raise ConfigError(f"workers.deadline ({deadline:g} s) must exceed workers.heartbeat "
+                          f"({heartbeat:g} s), or every worker looks dead; use deadline >= "
+                          f"{3 * heartbeat:g}")
+    if workers.remote and not workers.bind:
+        raise ConfigError(f"workers.remote = {workers.remote} needs an address to wait at: "
+                          "set bind = \"tcp://HOST:PORT\" (loopback unless keys are configured)")
+    spec = build_spec(tasks=tasks, reward=reward, run=run, propose=propose, agent=agent,
+                      strategy=strategy, initial_state=initial_state, solved=solved,
+                      heartbeat=heartbeat, package_version=package_version, refs=refs,
+                      env=getattr(workers, "env", ()), run_id=run_id)
+
+    keys_dir = getattr(workers, "keys", None)
+    insecure = insecure or getattr(workers, "insecure", False)
+    ports = []
+    if workers.remote:
+        try:
+            server_keys = load_server_keys(keys_dir) if keys_dir else None
+            ports.append(PeerPort([workers.bind], keys=server_keys, insecure=insecure,
+                                  receivers=[_S, REGISTRY], label="remote"))
+        except ValueError as exc:
+            raise ConfigError(f"workers: {exc}") from None
+    tmpdir = None
+    if workers.processes:
+        if sys.platform == "win32":
+            addr = "tcp://127.0.0.1:*"
+        else:
+            tmpdir = tempfile.mkdtemp(prefix="evobus-")
+            addr = f"ipc://{tmpdir}/workers.sock"
+        ports.append(PeerPort([addr], receivers=[_S, REGISTRY], label="process"))
+    modules = sorted({module_of(r) for _, r in spec_refs(spec)})
+    return RemoteWorkers(local=workers.local, processes=workers.processes,
+                         remote=workers.remote, spec=spec, ports=ports, heartbeat=heartbeat,
+                         deadline=deadline, max_tries=getattr(workers, "max_tries", 3),
+                         wait_seconds=workers.wait_seconds, bind=workers.bind, keys=keys_dir,
+                         allow=sorted(set(modules) | set(workers.allow)), tmpdir=tmpdir)

@@ -1,0 +1,172 @@
+"""Wiring: build a topology (bus, control actors, workers), run it, tear it down.
+
+:class:`Runtime` owns everything it starts and closes all of it (a supervisor never
+exits leaving orphans). :func:`evolve` is the Python API on top.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import time
+from typing import Any, Callable, Sequence
+
+import pykka
+
+from actors.addresses import DRIVER
+from actors.version import PACKAGE_VERSION
+from actors.errors import ConfigError, RunFailed
+from actors.runtime.shell import ControlActor
+from actors.workers.local import WorkerActor
+from actors.workers.core import WorkerCore
+from bus.base import Delivery
+from bus.memory import InMemoryBus
+from bus.zmq_bus import ZmqBus
+from bus.log import LogHeader, LogWriter, FORMAT_VERSION
+
+
+log = logging.getLogger(__name__)
+
+
+#: How long close() waits for actors to stop before leaving a stuck one behind.
+STOP_DEADLINE_S = 10.0
+
+
+class Runtime:
+    """One topology's bus and actors. Use as a context manager."""
+
+    def __init__(self, *, bus: str = "zmq", log_path: str | None = None,
+                 log_meta: dict[str, Any] | None = None, binds: Sequence[str] = (),
+                 fsync: str | None = None, peers: Sequence = (), first_seq: int = 1) -> None:
+        writer = None
+        if log_path is not None:
+
+            # The log's fsync policy (bus/log.py): the argument, else $EVOBUS_LOG_FSYNC,
+            # else "batched". "always" makes a kill -9 lose no record (docs/replay.md).
+            fsync = fsync or os.environ.get("EVOBUS_LOG_FSYNC") or "batched"
+            meta = dict(log_meta or {})
+            scenario_file = str(meta.get("scenario", ""))
+            if "scenario_toml" not in meta and scenario_file.endswith(".toml") \
+                    and os.path.isfile(scenario_file):
+                # The scenario's text makes `evobus replay/resume LOG` work standalone.
+                with open(scenario_file, encoding="utf-8") as f:
+                    meta["scenario_toml"] = f.read()
+            header = LogHeader(format_version=FORMAT_VERSION, package_version=PACKAGE_VERSION,
+                               scenario=str(meta.pop("scenario", "")),
+                               seed=int(meta.pop("seed", 0)),
+                               run_id=str(meta.pop("run_id", "")),
+                               started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                               meta={k: str(v) for k, v in meta.items()})
+            writer = LogWriter(log_path, header, fsync=fsync)
+        if bus == "zmq":
+            # issue 6: ``peers`` are bus.remote.PeerPort objects for workers in other processes
+            self.bus = ZmqBus(writer, binds=binds, peers=tuple(peers), first_seq=first_seq)
+        elif bus == "memory":
+            self.bus = InMemoryBus(writer, first_seq=first_seq)
+        else:
+            raise ConfigError(f"bus={bus!r}: choose 'zmq' (default) or 'memory'")
+        self.log_path = log_path
+        self.refs: list[pykka.ActorRef] = []
+        self.crashes: "queue.Queue[tuple[str, BaseException]]" = queue.Queue()
+        self.inbox: "queue.Queue[Delivery]" = queue.Queue()
+        self.bus.attach(DRIVER, self.inbox.put)
+        self.machines: dict[str, Any] = {}
+        self._closed = False
+        self._owned: list[Callable[[], None]] = []  # issue 6: closed after actors, before the bus
+
+    def own(self, closer: Callable[[], None]) -> None:
+        """Close something this runtime started (process workers) after the actors stop
+        and before the bus closes."""
+        self._owned.append(closer)
+
+    def _on_crash(self, name: str, exc: BaseException) -> None:
+        self.crashes.put((name, exc))
+        self.inbox.put(None)  # wake the driver
+
+    def spawn(self, name: str, machine) -> None:
+        self.machines[name] = machine
+        self.refs.append(ControlActor.spawn(self.bus, name, machine, self._on_crash))
+
+    def spawn_worker(self, core: WorkerCore) -> None:
+        self.refs.append(WorkerActor.spawn(self.bus, core, self._on_crash))
+
+    def start_actor(self, actor_class, *args, **kwargs) -> pykka.ActorRef:
+        """Start any other actor on this runtime's bus; the runtime owns it (close stops it).
+        Used by parallel groups (actors.groups) for their Collector and branch workers."""
+        ref = actor_class.start(*args, **kwargs)
+        self.refs.append(ref)
+        return ref
+
+    def stop_actors(self, refs: Sequence[pykka.ActorRef], timeout: float) -> list[pykka.ActorRef]:
+        """Stop these actors (not the whole runtime) within ``timeout`` seconds; returns
+        those still running at the deadline. Every one is released by the runtime: a
+        stuck one is left behind (logged by the caller), never waited on again at close."""
+        futures = []
+        for ref in refs:
+            try:
+                futures.append((ref, ref.stop(block=False)))
+            except pykka.ActorDeadError:  # already stopped: nothing to do
+                pass
+        deadline = time.monotonic() + timeout
+        stuck = []
+        for ref, fut in futures:
+            try:
+                fut.get(timeout=max(0.0, deadline - time.monotonic()))
+            except pykka.Timeout:  # reported to the caller, which decides what to say
+                stuck.append(ref)
+            except pykka.ActorDeadError:  # stopped meanwhile
+                pass
+        gone = {id(r) for r in refs}
+        self.refs = [r for r in self.refs if id(r) not in gone]
+        return stuck
+
+    def send(self, receiver: str, msg) -> None:
+        self.bus.send(DRIVER, receiver, msg)
+
+    def next_delivery(self, timeout: float) -> Delivery | None:
+        """The next message for the driver, or None on timeout; raises if an actor died."""
+        try:
+            item = self.inbox.get(timeout=timeout)
+        except queue.Empty:
+            item = None
+        if not self.crashes.empty():
+            name, exc = self.crashes.get()
+            if isinstance(exc, (ConfigError, ValueError, TypeError)):
+                raise exc
+            raise RunFailed(f"actor {name!r} crashed: {type(exc).__name__}: {exc}") from exc
+        return item
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.bus.closing()
+        futures = []
+        for ref in self.refs:
+            try:
+                futures.append(ref.stop(block=False))
+            except pykka.ActorDeadError:  # already stopped: nothing to do
+                pass
+        deadline = time.monotonic() + STOP_DEADLINE_S
+        for fut in futures:
+            try:
+                fut.get(timeout=max(0.0, deadline - time.monotonic()))
+            except pykka.Timeout:
+                # A worker stuck in a user's rollout: its thread is a daemon and the bus
+                # closes under it; say so rather than hang.
+                log.warning("an actor did not stop within %s s; leaving it behind", STOP_DEADLINE_S)
+            except pykka.ActorDeadError:  # stopped meanwhile
+                pass
+        for closer in reversed(self._owned):  # issue 6: e.g. reap process workers
+            try:
+                closer()
+            except Exception:  # logged; the bus must still close
+                log.exception("closing %r failed", closer)
+        self.bus.close()
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

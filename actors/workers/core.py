@@ -1,0 +1,145 @@
+"""The Worker: rolls the artifact out on tasks and proposes edits. The edge where
+nondeterminism lives (a model's answer, a crash); everything it reports is a message.
+
+:class:`WorkerCore` is the logic (no bus, no threads): it turns a ``Lease`` into a
+``LeaseDone``. The pykka shell in :mod:`actors.workers.local` moves messages in and out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import Any, Callable
+
+from protocol import Commit, Lease, LeaseDone, RolloutResult, Task
+
+log = logging.getLogger(__name__)
+
+#: A rollout scoring at least this is solved: no proposal is asked for it.
+SOLVED = 0.999
+
+
+def describe(exc: BaseException, limit: int = 300) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class Awaiter:
+    """Settles what user code returned: an awaitable (an ``async def`` target, run,
+    propose, reward or agent method) runs to its end on this object's own event loop,
+    made at first use and kept (a client the code opened on it stays usable); anything
+    else is returned as it is. One per worker thread: a loop runs on one thread."""
+
+    __slots__ = ("_loop",)
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __call__(self, value: Any) -> Any:
+        if not hasattr(value, "__await__"):
+            return value
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(_as_coroutine(value))
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+
+
+async def _as_coroutine(awaitable) -> Any:
+    """Any awaitable (a coroutine, a future-like object) as a coroutine for the loop."""
+    return await awaitable
+
+
+def check_reward(value: Any, task: Task) -> float:
+    """A reward must be a real number in [0, 1]; anything else is the caller's mistake."""
+    if value.__class__ is float and 0.0 <= value <= 1.0:  # the common case, first (NaN fails)
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+            or not 0.0 <= value <= 1.0:
+        raise ValueError(
+            f"reward(task={task.id!r}, ...) returned {value!r}: a reward must be a float in "
+            "[0, 1]; rescale or clamp it inside your reward function")
+    return float(value)
+
+
+class WorkerCore:
+    def __init__(self, name: str, tasks: dict[str, Task], reward: Callable, run: Callable,
+                 propose: Callable | None, strategy, solved: float = SOLVED,
+                 initial_state: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.tasks = tasks
+        self.reward = reward
+        self.run = run
+        self.propose = propose
+        self.strategy = strategy
+        self.solved = solved
+        self.version = 0
+        self.state: dict[str, str] = dict(initial_state if initial_state is not None
+                                          else strategy.initial())
+        self.rendered = strategy.render(self.state)
+        self.settle = Awaiter()   # async run / propose / reward (one core per thread)
+
+    def close(self) -> None:
+        """The worker is done: close the event loop async code ran on, if any."""
+        self.settle.close()
+
+    def on_commit(self, msg: Commit) -> None:
+        if msg.version >= self.version:
+            self.version = msg.version
+            self.state = dict(msg.state)
+            self.rendered = self.strategy.render(self.state)
+
+    def run_lease(self, lease: Lease, cancelled: Callable[[], bool] | None = None) -> LeaseDone:
+        if lease.kind == "eval":
+            rendered = self.strategy.render(lease.state or {})
+            state, version, may_propose = lease.state or {}, lease.version, False
+        else:
+            rendered, state, version = self.rendered, self.state, self.version
+            may_propose = self.propose is not None
+        results: list[RolloutResult] = []
+        fatal = None
+        for task_id in lease.task_ids:
+            if cancelled is not None and cancelled():
+                break
+            task = self.tasks.get(task_id)
+            if task is None:
+                fatal = (f"worker {self.name} has no task {task_id!r}: the worker was started "
+                         "with a different task list than the coordinator")
+                break
+            try:
+                result = self._one(task, rendered, state, version, may_propose)
+            except ValueError as exc:  # a caller's mistake (reward range): fatal for the run
+                fatal = str(exc)
+                break
+            results.append(result)
+        return LeaseDone(lease_id=lease.lease_id, worker=self.name, round=lease.round,
+                         kind=lease.kind, unit=lease.unit, section=lease.section,
+                         version=version, results=results, fatal=fatal)
+
+    def _one(self, task: Task, rendered: str, state, version: int, may_propose: bool):
+        try:
+            output = self.run(rendered, task)
+            if output.__class__ is not str and hasattr(output, "__await__"):   # async run
+                output = self.settle(output)
+        except Exception as exc:  # a flaky backend is evidence: reported in the result
+            return RolloutResult(task_id=task.id, error=describe(exc), calls=1)
+        score = self.reward(task, output)
+        if score.__class__ is not float:   # an int, or an async reward's coroutine
+            score = self.settle(score)
+        score = check_reward(score, task)
+        if not may_propose or score >= self.solved:
+            return RolloutResult(task_id=task.id, score=score, calls=1)
+        try:
+            text = self.settle(self.propose(rendered, task, output, score))
+        except Exception as exc:  # reported with the rollout; the score still counts
+            return RolloutResult(task_id=task.id, score=score, error="propose: " + describe(exc),
+                                 calls=2)
+        if text is not None and not isinstance(text, str):
+            raise ValueError(f"propose(task={task.id!r}, ...) returned "
+                             f"{type(text).__name__}; it must return a str or None")
+        diff = self.strategy.to_diff(state, text, self.name, version) if text else None
+        return RolloutResult(task_id=task.id, score=score, diff=diff, calls=2)
