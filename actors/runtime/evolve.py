@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 import msgspec
 
-from actors.addresses import PLANNER, SCHEDULER, worker_name
+from actors.addresses import MERGER, PLANNER, SCHEDULER, worker_name
 from actors.artifacts import KeyedRules, declared_keys, normaliser
 from actors.version import PACKAGE_VERSION
 from actors.errors import ConfigError
@@ -152,38 +152,119 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     (default 3) shape asynchronous mode only (docs/async.md); passed to a synchronous
     run, a warning names them.
     """
+    modes = _check_modes(asynchronous, rounds, async_ratio, staleness, stall_merges,
+                         (max_rollouts, max_calls, max_seconds, target_reward, patience))
+    _check_numbers(solved_threshold, lease_size)
+    tasks = _validate(tasks, reward, agent, run, propose, n_workers, modes.rounds,
+                      held_out_frac, max_concurrency)
+    strategy = strategy if strategy is not None else KeyedRules(categories=[])
+    task_ids = [t.id for t in tasks]
+    plan_with, sections = prepare_parallel(parallel, strategy, task_ids, n_workers)
+    if agent is not None:
+        run, propose = agent.solve, agent.propose
+    state0 = dict(initial_state) if initial_state is not None else strategy.initial()
+    run_id = uuid.uuid4().hex[:12]
+    # Workers in other processes (``workers``: a protocol.scenario.Workers; ``refs``: how
+    # to name the code for them). Closures are refused here, before any rollout.
+    remote = coordinator.plan(workers, n_workers, bus=bus, tasks=tasks, reward=reward,
+                              run=run, propose=propose, agent=agent, strategy=strategy,
+                              initial_state=state0, solved=solved_threshold,
+                              package_version=PACKAGE_VERSION, refs=refs, insecure=insecure,
+                              run_id=run_id)
+    meta = _log_meta(seed, run_id, log_meta, plan_with, task_sampler, modes, remote)
+    start = Start(run_id=run_id, seed=seed, task_ids=task_ids, n_workers=n_workers,
+                  rounds=modes.rounds, held_out_frac=held_out_frac,
+                  max_concurrency=max_concurrency or n_workers, initial_state=state0,
+                  max_rollouts=max_rollouts, max_calls=max_calls, max_seconds=max_seconds,
+                  target_reward=target_reward, patience=patience, sections=sections,
+                  asynchronous=asynchronous, async_ratio=modes.async_ratio,
+                  staleness=modes.staleness, lease_size=lease_size)
+    # A resumed run's clock starts at the time its old logs cover (time budgets), and
+    # its log numbers its messages on from the old log's last one.
+    t0 = time.monotonic() - (resume_from.elapsed if resume_from is not None else 0.0)
+    first_seq = resume_from.last_seq + 1 if resume_from is not None else 1
+    with Runtime(bus=bus, log_path=log, log_meta=meta, fsync=log_fsync,
+                 peers=remote.ports if remote else (), first_seq=first_seq) as rt:
+        _spawn_machines(rt, plan_with, task_sampler, start, modes, remote)
+        if resume_from is not None:
+            # Before any message flows: replay the old log into the machines (no sending).
+            resume_from.prepare(rt, rt.machines)
+        by_id = {t.id: t for t in tasks}
+        for i in range(remote.local if remote else n_workers):
+            rt.spawn_worker(WorkerCore(worker_name(i), by_id, reward, run, propose, strategy,
+                                       solved=solved_threshold, initial_state=state0))
+        if remote:  # the registry, process workers, and a deadline for everyone
+            remote.start(rt, t0)
+        # A resumed run sends no Start: begin() re-sends what the crashed run never delivered.
+        (rt.send if resume_from is None else resume_from.begin)(PLANNER, start)
+        done, elapsed_by_round = _drive(rt, t0, max_seconds, asynchronous, remote, on_progress)
+        bus_stats, stats = _counters(rt, done, remote)
+        given_up = rt.machines[SCHEDULER].given_up
+    if done.fatal:
+        raise ConfigError(done.fatal)
+    history = [_with_elapsed(r, elapsed_by_round.get(r.round, r.elapsed)) for r in done.history]
+    outcomes = {**done.outcomes, **({"infrastructure-failure": given_up} if given_up else {})}
+    return EvolveResult(rendered=strategy.render(done.state), state=dict(done.state),
+                        version=done.version, final_reward=done.final_reward,
+                        initial_reward=done.initial_reward, stop_reason=done.stop_reason,
+                        history=history, rollouts=done.rollouts, calls=done.calls,
+                        error=done.error, log_path=log, elapsed=time.monotonic() - t0,
+                        bus=bus_stats, stats=stats, usage=_usage_of(agent),
+                        _outcomes=outcomes)
+
+
+@dataclass(frozen=True)
+class _Modes:
+    """The round settings once defaults are applied: ``rounds`` counts synchronous
+    rounds; the other three shape asynchronous mode only."""
+
+    rounds: int
+    async_ratio: int
+    staleness: str
+    stall_merges: int
+
+
+def _check_modes(asynchronous: bool, rounds, async_ratio, staleness, stall_merges,
+                 stops: tuple) -> _Modes:
+    """Apply the defaults; warn by name about what the mode ignores, refuse what is
+    invalid. ``stops``: the stop conditions, one of which async mode needs."""
     async_only = {"async_ratio": async_ratio, "staleness": staleness,
                   "stall_merges": stall_merges}
     if not asynchronous:
         given = [name for name, value in async_only.items() if value is not None]
         if given:
+            one = len(given) == 1
             warnings.warn(f"evolve(asynchronous=False): {', '.join(given)} only shape"
-                          f"{'s' if len(given) == 1 else ''} asynchronous mode and "
-                          f"{'is' if len(given) == 1 else 'are'} ignored in synchronous "
+                          f"{'s' if one else ''} asynchronous mode and "
+                          f"{'is' if one else 'are'} ignored in synchronous "
                           "rounds; pass asynchronous=True to use "
-                          f"{'it' if len(given) == 1 else 'them'}", RuntimeWarning,
-                          stacklevel=2)
-    async_ratio = 3 if async_ratio is None else async_ratio
-    staleness = "guarded" if staleness is None else staleness
-    stall_merges = 3 if stall_merges is None else stall_merges
-    if asynchronous:
-        if rounds is not None:
-            warnings.warn("evolve(asynchronous=True): rounds has no meaning without rounds "
-                          "and is ignored; stop with max_rollouts, max_calls, max_seconds, "
-                          "target_reward or patience", RuntimeWarning, stacklevel=2)
-        if all(b is None for b in (max_rollouts, max_calls, max_seconds, target_reward,
-                                   patience)):
-            raise ConfigError("evolve(asynchronous=True) needs a stop condition: pass "
-                              "max_rollouts, max_calls, max_seconds, target_reward or "
-                              "patience (there is no default time limit)")
-        if not isinstance(async_ratio, int) or async_ratio < 1:
-            raise ConfigError(f"async_ratio must be an integer >= 1, got {async_ratio!r}")
-        if staleness not in STALENESS:
-            raise ConfigError(f"staleness={staleness!r}: choose one of {', '.join(STALENESS)}")
-        if isinstance(stall_merges, bool) or not isinstance(stall_merges, int) \
-                or stall_merges < 1:
-            raise ConfigError(f"stall_merges must be an integer >= 1, got {stall_merges!r}")
-    rounds = 15 if rounds is None else rounds
+                          f"{'it' if one else 'them'}", RuntimeWarning, stacklevel=3)
+    modes = _Modes(rounds=15 if rounds is None else rounds,
+                   async_ratio=3 if async_ratio is None else async_ratio,
+                   staleness="guarded" if staleness is None else staleness,
+                   stall_merges=3 if stall_merges is None else stall_merges)
+    if not asynchronous:
+        return modes
+    if rounds is not None:
+        warnings.warn("evolve(asynchronous=True): rounds has no meaning without rounds "
+                      "and is ignored; stop with max_rollouts, max_calls, max_seconds, "
+                      "target_reward or patience", RuntimeWarning, stacklevel=3)
+    if all(b is None for b in stops):
+        raise ConfigError("evolve(asynchronous=True) needs a stop condition: pass "
+                          "max_rollouts, max_calls, max_seconds, target_reward or "
+                          "patience (there is no default time limit)")
+    if not isinstance(modes.async_ratio, int) or modes.async_ratio < 1:
+        raise ConfigError(f"async_ratio must be an integer >= 1, got {modes.async_ratio!r}")
+    if modes.staleness not in STALENESS:
+        raise ConfigError(f"staleness={modes.staleness!r}: choose one of "
+                          f"{', '.join(STALENESS)}")
+    merges = modes.stall_merges
+    if isinstance(merges, bool) or not isinstance(merges, int) or merges < 1:
+        raise ConfigError(f"stall_merges must be an integer >= 1, got {merges!r}")
+    return modes
+
+
+def _check_numbers(solved_threshold, lease_size) -> None:
     if isinstance(solved_threshold, bool) or not isinstance(solved_threshold, (int, float)) \
             or not 0.0 < solved_threshold <= 1.0:
         raise ConfigError(f"solved_threshold must be in (0, 1] (a rollout scoring at least "
@@ -192,119 +273,82 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     if lease_size is not None and (not isinstance(lease_size, int) or lease_size < 1):
         raise ConfigError(f"lease_size must be an integer >= 1 (tasks per lease), got "
                           f"{lease_size!r}; None sends each worker's share as one lease")
-    tasks = _validate(tasks, reward, agent, run, propose, n_workers, rounds, held_out_frac,
-                      max_concurrency)
-    strategy = strategy if strategy is not None else KeyedRules(categories=[])
-    task_ids = [t.id for t in tasks]
-    plan_with, sections = prepare_parallel(parallel, strategy, task_ids, n_workers)
-    if agent is not None:
-        run, propose = agent.solve, agent.propose
-    state0 = dict(initial_state) if initial_state is not None else strategy.initial()
-    by_id = {t.id: t for t in tasks}
-    run_id = uuid.uuid4().hex[:12]
-    # issue 6: workers in other processes (``workers``: a protocol.scenario.Workers;
-    # ``refs``: how to name the code for them). Closures are refused here, before any
-    # rollout; docs/remote.md.
 
-    remote = coordinator.plan(workers, n_workers, bus=bus, tasks=tasks, reward=reward,
-                              run=run, propose=propose, agent=agent, strategy=strategy,
-                              initial_state=state0, solved=solved_threshold,
-                              package_version=PACKAGE_VERSION, refs=refs, insecure=insecure,
-                              run_id=run_id)
+
+def _log_meta(seed: int, run_id: str, log_meta, plan_with, task_sampler, modes: _Modes,
+              remote) -> dict[str, Any]:
+    """The log header's meta: what replay needs to rebuild the machines of a run
+    started from Python (its planner's strategy and the constructor arguments that
+    Start does not carry)."""
     meta = {"seed": seed, "run_id": run_id, **(log_meta or {})}
-    # What replay needs to rebuild the planner of a run started from Python.
     meta.setdefault("parallel", repr(plan_with))
-    # Constructor arguments of the control actors that Start does not carry (replay).
     meta.setdefault("machine_args", msgspec.json.encode(
-        {"merger": {"stall_merges": stall_merges},
+        {"merger": {"stall_merges": modes.stall_merges},
          **({"scheduler": remote.scheduler_kwargs()} if remote else {})}).decode())
     if task_sampler is not None:
         meta.setdefault("task_sampler", repr(task_sampler))
-    # A resumed run's clock starts at the time its old logs cover (time budgets).
-    t0 = time.monotonic() - (resume_from.elapsed if resume_from is not None else 0.0)
-    # A resumed run's log numbers its messages on from the old log's last one.
-    first_seq = resume_from.last_seq + 1 if resume_from is not None else 1
-    with Runtime(bus=bus, log_path=log, log_meta=meta, fsync=log_fsync,
-                 peers=remote.ports if remote else (), first_seq=first_seq) as rt:
-        rt.spawn("planner", Planner(plan_with, task_sampler))
-        rt.spawn("scheduler", Scheduler(max_concurrency or n_workers, asynchronous=asynchronous,
-                                        async_ratio=async_ratio, n_workers=n_workers,
-                                        **(remote.scheduler_kwargs() if remote else {})))
-        rt.spawn("merger", Merger(asynchronous=asynchronous, alpha=async_ratio,
-                                  staleness=staleness, stall_merges=stall_merges))
-        if resume_from is not None:
-            # Before any message flows: replay the old log into the machines (no sending).
-            resume_from.prepare(rt, rt.machines)
-        for i in range(remote.local if remote else n_workers):
-            rt.spawn_worker(WorkerCore(worker_name(i), by_id, reward, run, propose, strategy,
-                                       solved=solved_threshold, initial_state=state0))
-        if remote:  # issue 6: the registry, process workers, and a deadline for everyone
-            remote.start(rt, t0)
-        # A resumed run sends no Start: begin() re-sends what the crashed run never delivered.
-        send_start = rt.send if resume_from is None else resume_from.begin
-        send_start(PLANNER, Start(run_id=run_id, seed=seed, task_ids=task_ids, n_workers=n_workers,
-                               rounds=rounds, held_out_frac=held_out_frac,
-                               max_concurrency=max_concurrency or n_workers,
-                               initial_state=state0, max_rollouts=max_rollouts,
-                               max_calls=max_calls, max_seconds=max_seconds,
-                               target_reward=target_reward, patience=patience,
-                               sections=sections, asynchronous=asynchronous,
-                               async_ratio=async_ratio, staleness=staleness,
-                               lease_size=lease_size))
-        elapsed_by_round: dict[int, float] = {}
-        done: RunDone | None = None
-        next_tick = 0.0
-        ticking = max_seconds is not None or asynchronous or remote is not None
-        period = min(0.1, max_seconds / 10) if max_seconds is not None else 0.1
-        while done is None:
-            now = time.monotonic() - t0
-            if ticking and now >= next_tick:
-                if max_seconds is not None:
-                    rt.send(PLANNER, Tick(elapsed=now))
-                if asynchronous or remote is not None:  # issue 6: liveness runs on Ticks
-                    rt.send(SCHEDULER, Tick(elapsed=now))
-                next_tick = now + period
-            delivery = rt.next_delivery(timeout=period if ticking else 0.5)
-            if delivery is None:
-                continue
-            match delivery.msg:
-                case Progress(record=record):
-                    elapsed_by_round[record.round] = time.monotonic() - t0
-                    if on_progress is not None:
-                        # The Scheduler's registry, read between messages: a count, for
-                        # display only (decisions never depend on it).
-                        alive = len(rt.machines["scheduler"].workers)
-                        on_progress(msgspec.structs.replace(
-                            record, elapsed=round(elapsed_by_round[record.round], 6),
-                            workers_alive=alive))
-                case RunDone() as done:
-                    pass
-                case Hello() | Refused() if remote:  # issue 6: late joiners, refusals
-                    remote.note(delivery.msg)
-        bus_stats = rt.bus.stats.as_dict()
-        scheduler = rt.machines["scheduler"]
-        bus_stats["duplicates_dropped"] = scheduler.duplicates_dropped
-        bus_stats["peak_running"] = scheduler.peak_running
-        bus_stats["redispatched"] = scheduler.redispatched  # issue 6
-        if remote:
-            bus_stats.update(remote.counters(scheduler))
-        stats = dict(done.stats)
-        stats.update(starved_seconds=round(scheduler.starved_seconds, 3),
-                     held_back=scheduler.held_back, refreshes=scheduler.refreshes,
-                     cancelled_leases=scheduler.cancelled,
-                     scoring_calls=scheduler.eval_calls)
-    if done.fatal:
-        raise ConfigError(done.fatal)
-    history = [_with_elapsed(r, elapsed_by_round.get(r.round, r.elapsed)) for r in done.history]
-    return EvolveResult(rendered=strategy.render(done.state), state=dict(done.state),
-                        version=done.version, final_reward=done.final_reward,
-                        initial_reward=done.initial_reward, stop_reason=done.stop_reason,
-                        history=history, rollouts=done.rollouts, calls=done.calls,
-                        error=done.error, log_path=log, elapsed=time.monotonic() - t0,
-                        bus=bus_stats, stats=stats, usage=_usage_of(agent),
-                        _outcomes={**done.outcomes, **({"infrastructure-failure":
-                                                        scheduler.given_up}
-                                                       if scheduler.given_up else {})})
+    return meta
+
+
+def _spawn_machines(rt: Runtime, plan_with, task_sampler, start: Start, modes: _Modes,
+                    remote) -> None:
+    rt.spawn(PLANNER, Planner(plan_with, task_sampler))
+    rt.spawn(SCHEDULER, Scheduler(start.max_concurrency, asynchronous=start.asynchronous,
+                                  async_ratio=modes.async_ratio, n_workers=start.n_workers,
+                                  **(remote.scheduler_kwargs() if remote else {})))
+    rt.spawn(MERGER, Merger(asynchronous=start.asynchronous, alpha=modes.async_ratio,
+                            staleness=modes.staleness, stall_merges=modes.stall_merges))
+
+
+def _drive(rt: Runtime, t0: float, max_seconds, asynchronous: bool, remote,
+           on_progress) -> tuple[RunDone, dict[int, float]]:
+    """Deliver the driver's messages until ``RunDone``, sending the clock as ``Tick``s
+    where something runs on time (a seconds budget, async mode, remote liveness)."""
+    elapsed_by_round: dict[int, float] = {}
+    next_tick = 0.0
+    ticking = max_seconds is not None or asynchronous or remote is not None
+    period = min(0.1, max_seconds / 10) if max_seconds is not None else 0.1
+    while True:
+        now = time.monotonic() - t0
+        if ticking and now >= next_tick:
+            if max_seconds is not None:
+                rt.send(PLANNER, Tick(elapsed=now))
+            if asynchronous or remote is not None:  # liveness runs on Ticks
+                rt.send(SCHEDULER, Tick(elapsed=now))
+            next_tick = now + period
+        delivery = rt.next_delivery(timeout=period if ticking else 0.5)
+        if delivery is None:
+            continue
+        match delivery.msg:
+            case Progress(record=record):
+                elapsed_by_round[record.round] = time.monotonic() - t0
+                if on_progress is not None:
+                    # The Scheduler's registry, read between messages: a count, for
+                    # display only (decisions never depend on it).
+                    alive = len(rt.machines[SCHEDULER].workers)
+                    on_progress(msgspec.structs.replace(
+                        record, elapsed=round(elapsed_by_round[record.round], 6),
+                        workers_alive=alive))
+            case RunDone() as done:
+                return done, elapsed_by_round
+            case Hello() | Refused() if remote:  # late joiners, refusals
+                remote.note(delivery.msg)
+
+
+def _counters(rt: Runtime, done: RunDone, remote) -> tuple[dict[str, int], dict[str, float]]:
+    """The bus's and the Scheduler's counters, read once the run is done."""
+    bus_stats = rt.bus.stats.as_dict()
+    scheduler = rt.machines[SCHEDULER]
+    bus_stats["duplicates_dropped"] = scheduler.duplicates_dropped
+    bus_stats["peak_running"] = scheduler.peak_running
+    bus_stats["redispatched"] = scheduler.redispatched
+    if remote:
+        bus_stats.update(remote.counters(scheduler))
+    stats = dict(done.stats)
+    stats.update(starved_seconds=round(scheduler.starved_seconds, 3),
+                 held_back=scheduler.held_back, refreshes=scheduler.refreshes,
+                 cancelled_leases=scheduler.cancelled, scoring_calls=scheduler.eval_calls)
+    return bus_stats, stats
 
 
 def _usage_of(agent) -> dict[str, int] | None:
