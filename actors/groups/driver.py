@@ -234,18 +234,86 @@ class _Crash:
 
 
 def _execute(plan: _Plan) -> GroupOutcome:
+    """Run one group to its end (or its suspension) and tell what happened."""
+    opts, parent = plan.options, plan.parent
+    settings = _settings(plan)
+    ledger = _Ledger(plan.budgets, plan.consumed,
+                     parent=parent.ledger if parent is not None else None)
+    store = plan.store if plan.store is not None else (
+        parent.store if parent is not None else Store())
+    live, external = _gates(plan, settings.limits)
+    gid = plan.group_id
+    names = _Names(gid, settings.n_workers)
+    # Checked before anything starts (the items must fit in one message).
+    start = _group_start(plan, gid, names.driver, names.workers, settings.concurrency,
+                         settings.chunk, settings.prefetch, settings.cancel_deadline, ledger)
+    runtime, own_runtime = _runtime_for(plan)
+    host = _Host(group_id=gid, target=plan.fn, wants_ctx=settings.wants_ctx,
+                 depth=settings.depth, limits=settings.limits, ledger=ledger, store=store,
+                 live=live, external=external, parent=parent, trace=bool(opts.get("trace")),
+                 runtime=runtime, nested=plan.nested)
+    actors = _Actors(runtime, own_runtime, names)
+    result_msg: GroupResult | GroupSuspended | None = None
+    # A branch that waits for its nested group lends its live-branch slots meanwhile.
+    lent: tuple[_Gate, ...] = getattr(_ambient, "slots", ()) if parent is not None else ()
+    for gate in lent:
+        gate.leave()
+    _ambient.slots = ()
+    progress: Callable[[bool], None] | None = None
+    t0 = time.monotonic()
+    try:
+        boxes = actors.start(host, start, plan.inputs)
+        actors.phases["start"] = time.monotonic() - t0
+        if settings.on_progress is not None:
+            progress = _reporter(plan, host, boxes, settings.on_progress, t0)
+        result_msg, actors.crash = _drive(runtime, actors.inbox, host, names.driver,
+                                          names.collector, gid, t0,
+                                          ticks=ledger.remaining_seconds() is not None,
+                                          progress=progress)
+        actors.phases["run"] = time.monotonic() - t0 - actors.phases["start"]
+    except BaseException:
+        host.cancel()   # Ctrl-C or a driver bug: branches see ctx.cancelled, then teardown
+        raise
+    finally:
+        actors.stop(abandoned=isinstance(result_msg, GroupResult) and result_msg.abandoned,
+                    t0=t0)
+        if lent:
+            _enter_all(lent, lambda: False)
+            _ambient.slots = lent
+    if actors.crash is not None:
+        _raise_crash(actors.crash, gid)
+    outcome = _outcome(plan, host, ledger, store, result_msg, time.monotonic() - t0,
+                       settings.n_workers, settings.concurrency, PACKAGE_VERSION)
+    outcome.stats["phases"] = {k: round(v, 6) for k, v in actors.phases.items()}
+    if progress is not None:
+        progress(True)
+    return outcome
 
-    opts = plan.options
-    parent = plan.parent
+
+@dataclass(frozen=True)
+class _Settings:
+    """A group's options, checked, with the limits of the groups above it applied."""
+
+    limits: HostLimits
+    depth: int
+    cancel_deadline: float
+    chunk: int
+    prefetch: int
+    on_progress: Callable | None
+    wants_ctx: bool
+    concurrency: int
+    n_workers: int
+
+
+def _settings(plan: _Plan) -> _Settings:
+    opts, parent = plan.options, plan.parent
     limits = opts.get("limits")
     if limits is not None and not isinstance(limits, HostLimits):
         raise ConfigError(f"limits must be HostLimits(...), got {type(limits).__name__}")
     if parent is not None:
-        limits = parent.limits.tightened(limits)
-        depth = parent.depth + 1
+        limits, depth = parent.limits.tightened(limits), parent.depth + 1
     else:
-        limits = limits or HostLimits()
-        depth = 1
+        limits, depth = limits or HostLimits(), 1
     if depth > limits.max_depth:
         raise HostLimitExceeded(f"a group nested {depth} deep is over the host's max_depth "
                                 f"({limits.max_depth}); flatten the work or raise "
@@ -262,38 +330,38 @@ def _execute(plan: _Plan) -> GroupOutcome:
     if on_progress is not None and not callable(on_progress):
         raise ConfigError(f"on_progress must be a callable taking a GroupProgress, got "
                           f"{type(on_progress).__name__}")
-    pass_ctx = opts.get("pass_ctx")
     for name in ("pass_ctx", "trace"):   # "no" would be true: only True/False mean it
         if opts.get(name) is not None and not isinstance(opts[name], bool):
             raise ConfigError(f"{name} must be True or False, got {opts[name]!r}")
-    wants_ctx = _wants_ctx(plan.fn) if pass_ctx is None else pass_ctx
+    pass_ctx = opts.get("pass_ctx")
     concurrency = plan.max_concurrency
     for cap in (limits.max_concurrency, limits.max_live_branches):
         if cap is not None:
             concurrency = min(concurrency, cap)
-    n_workers = max(1, min(concurrency, plan.branches_to_run))
+    return _Settings(limits=limits, depth=depth, cancel_deadline=cancel_deadline,
+                     chunk=chunk, prefetch=prefetch, on_progress=on_progress,
+                     wants_ctx=_wants_ctx(plan.fn) if pass_ctx is None else pass_ctx,
+                     concurrency=concurrency,
+                     n_workers=max(1, min(concurrency, plan.branches_to_run)))
 
-    ledger = _Ledger(plan.budgets, plan.consumed,
-                     parent=parent.ledger if parent is not None else None)
-    store = plan.store if plan.store is not None else (
-        parent.store if parent is not None else Store())
-    # Gates chain from the top-level group down: a nested group's branches count against
-    # every limit above them, and against the nested group's own when it sets one.
-    own = opts.get("limits") if parent is not None else limits
+
+def _gates(plan: _Plan, limits: HostLimits) -> tuple[tuple[_Gate, ...], tuple[_Gate, ...]]:
+    """The live-branch and external-call gates. They chain from the top-level group down:
+    a nested group's branches count against every limit above them, and against the
+    nested group's own when it sets one."""
+    parent = plan.parent
+    own = plan.options.get("limits") if parent is not None else limits
     live = (parent.live if parent is not None else ()) + (
         (_Gate(own.max_live_branches),) if own is not None and own.max_live_branches else ())
     external = (parent.external if parent is not None else ()) + (
         (_Gate(own.max_external_calls),) if own is not None and own.max_external_calls else ())
+    return live, external
 
-    gid = plan.group_id
-    collector_name = f"collector.{gid}"
-    driver_name = f"group-driver.{gid}"
-    worker_names = [f"branch-worker.{gid}.{i}" for i in range(n_workers)]
-    # Checked before anything starts (the items must fit in one message).
-    start = _group_start(plan, gid, driver_name, worker_names, concurrency, chunk, prefetch,
-                         cancel_deadline, ledger)
 
-    own_runtime = None
+def _runtime_for(plan: _Plan) -> tuple[Runtime, Runtime | None]:
+    """The runtime the group runs on, and the one it started itself (to close), if any:
+    the one given, else its parent's, else a new one."""
+    opts, parent = plan.options, plan.parent
     runtime = opts.get("runtime")
     if runtime is not None and not isinstance(runtime, Runtime):
         raise ConfigError(f"runtime must be an actors.Runtime, got {type(runtime).__name__}")
@@ -308,117 +376,116 @@ def _execute(plan: _Plan) -> GroupOutcome:
                           f"{'them' if len(ignored) > 1 else 'it'}")
     if runtime is None and parent is not None:
         runtime = parent.runtime
-    if runtime is None:
-        bus = opts.get("bus", "zmq")
-        log_path = opts.get("log")
-        if log_path:
-            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        own_runtime = runtime = Runtime(bus=bus, log_path=log_path,
-                                        log_meta={"scenario": "parallel-group",
-                                                  "run_id": plan.group_id})
-    host = _Host(group_id=gid, target=plan.fn, wants_ctx=wants_ctx, depth=depth, limits=limits,
-                 ledger=ledger, store=store, live=live, external=external, parent=parent,
-                 trace=bool(opts.get("trace")), runtime=runtime,
-                 nested=plan.nested)
-    inbox: "queue.SimpleQueue[Delivery | _Crash]" = queue.SimpleQueue()
+    if runtime is not None:
+        return runtime, None
+    log_path = opts.get("log")
+    if log_path:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    runtime = Runtime(bus=opts.get("bus", "zmq"), log_path=log_path,
+                      log_meta={"scenario": "parallel-group", "run_id": plan.group_id})
+    return runtime, runtime
 
-    def on_crash(name: str, exc: BaseException) -> None:
-        inbox.put(_Crash(name, exc))
 
-    result_msg: GroupResult | GroupSuspended | None = None
-    crash: _Crash | None = None
-    # A branch that waits for its nested group lends its live-branch slots meanwhile.
-    lent: tuple[_Gate, ...] = getattr(_ambient, "slots", ()) if parent is not None else ()
-    for gate in lent:
-        gate.leave()
-    _ambient.slots = ()
-    started: list[pykka.ActorRef] = []
-    attached: list[str] = []
-    phases: dict[str, float] = {}
-    progress: Callable[[bool], None] | None = None
-    t0 = time.monotonic()
-    try:
+class _Names:
+    """The bus names of one group's actors."""
+
+    def __init__(self, gid: str, n_workers: int) -> None:
+        self.gid = gid
+        self.collector = f"collector.{gid}"
+        self.driver = f"group-driver.{gid}"
+        self.workers = [f"branch-worker.{gid}.{i}" for i in range(n_workers)]
+
+
+class _Actors:
+    """The Collector and branch workers of one group: started together, stopped
+    together, and the first crash among them."""
+
+    def __init__(self, runtime: Runtime, own_runtime: Runtime | None, names: _Names) -> None:
+        self.runtime = runtime
+        self.own_runtime = own_runtime
+        self.names = names
+        self.inbox: "queue.SimpleQueue[Delivery | _Crash]" = queue.SimpleQueue()
+        self.started: list[pykka.ActorRef] = []
+        self.attached: list[str] = []
+        self.phases: dict[str, float] = {}
+        self.crash: _Crash | None = None
+
+    def on_crash(self, name: str, exc: BaseException) -> None:
+        self.inbox.put(_Crash(name, exc))
+
+    def start(self, host: _Host, start: GroupStart, inputs: UserInputs | None
+              ) -> list[_LeaseBox]:
         # The driver attaches every name itself, one after the other from one socket (a
         # socket per actor thread costs ~10x more). Attach returns once the broker routes
         # the name; pykka queues what arrives before the actor's thread has started.
+        runtime, names = self.runtime, self.names
         bus = runtime.bus
-        ref = runtime.start_actor(_CollectorActor, bus, collector_name,
-                                  Collector(collector_name), on_crash)
-        started.append(ref)
+        ref = runtime.start_actor(_CollectorActor, bus, names.collector,
+                                  Collector(names.collector), self.on_crash)
+        self.started.append(ref)
         # Every name routes before any work flows, in one round trip to the broker.
-        boxes = [_LeaseBox() for _ in worker_names]
-        names = [(driver_name, inbox.put), (collector_name, teller(bus, ref))] + [
-            (name, _worker_deliver(bus, host, box, name, collector_name))
-            for name, box in zip(worker_names, boxes)]
+        boxes = [_LeaseBox() for _ in names.workers]
+        routes = [(names.driver, self.inbox.put), (names.collector, teller(bus, ref))] + [
+            (name, _worker_deliver(bus, host, box, name, names.collector))
+            for name, box in zip(names.workers, boxes)]
         attach_many = getattr(bus, "attach_many", None)
         if attach_many is not None:
-            attach_many(names)
-            attached.extend(name for name, _ in names)
+            attach_many(routes)
+            self.attached.extend(name for name, _ in routes)
         else:
-            for name, deliver in names:
+            for name, deliver in routes:
                 bus.attach(name, deliver)
-                attached.append(name)
+                self.attached.append(name)
         # Leases go out at once, into the workers' boxes; each worker's thread starts
         # after that and finds its leases waiting: the first ones work while the others
         # start, and none waits for a Hello to make a round trip through the Collector.
-        bus.send(driver_name, collector_name, start)
-        if plan.inputs is not None:
-            bus.send(driver_name, collector_name, plan.inputs)
-        for name, box in zip(worker_names, boxes):
-            started.append(runtime.start_actor(GroupWorker, bus, name, host, collector_name,
-                                               on_crash, box))
-        phases["start"] = time.monotonic() - t0
-        if on_progress is not None:
-            before = len(plan.resume.finished) if plan.resume is not None else 0
+        bus.send(names.driver, names.collector, start)
+        if inputs is not None:
+            bus.send(names.driver, names.collector, inputs)
+        for name, box in zip(names.workers, boxes):
+            self.started.append(runtime.start_actor(GroupWorker, bus, name, host,
+                                                    names.collector, self.on_crash, box))
+        return boxes
 
-            def report(done: bool) -> None:
-                on_progress(GroupProgress(
-                    group_id=gid, total=len(plan.items),
-                    finished=before + sum(box.finished for box in boxes),
-                    failed=len(host.errors), elapsed=round(time.monotonic() - t0, 3),
-                    done=done, finished_before=before))
-            progress = report
-        result_msg, crash = _drive(runtime, inbox, host, driver_name, collector_name, gid, t0,
-                                   ticks=ledger.remaining_seconds() is not None,
-                                   progress=progress)
-        phases["run"] = time.monotonic() - t0 - phases["start"]
-    except BaseException:
-        host.cancel()   # Ctrl-C or a driver bug: branches see ctx.cancelled, then teardown
-        raise
-    finally:
-        abandoned_workers = bool(result_msg is not None and
-                                 isinstance(result_msg, GroupResult) and result_msg.abandoned)
+    def stop(self, *, abandoned: bool, t0: float) -> None:
+        runtime = self.runtime
         # Workers the Collector let go, and the Collector once the group ended, have
         # stopped already: asking a dead actor to stop costs an exception (~20 us each).
-        alive = [ref for ref in started if ref.is_alive()]
-        stuck = runtime.stop_actors(alive, 0.2 if abandoned_workers or crash else
-                                    STOP_GRACE_S)
-        if len(alive) < len(started):   # the runtime forgets the dead ones too
-            dead = {id(ref) for ref in started} - {id(ref) for ref in alive}
+        alive = [ref for ref in self.started if ref.is_alive()]
+        stuck = runtime.stop_actors(alive, 0.2 if abandoned or self.crash else STOP_GRACE_S)
+        if len(alive) < len(self.started):   # the runtime forgets the dead ones too
+            dead = {id(ref) for ref in self.started} - {id(ref) for ref in alive}
             runtime.refs = [ref for ref in runtime.refs if id(ref) not in dead]
         if stuck:
             log.warning("group %s: %d actor(s) still running user code past the deadline; "
-                        "left behind (daemon threads)", gid, len(stuck))
-        if own_runtime is None:   # a shared runtime goes on: give the names back
-            for name in attached:
+                        "left behind (daemon threads)", self.names.gid, len(stuck))
+        if self.own_runtime is None:   # a shared runtime goes on: give the names back
+            for name in self.attached:
                 runtime.bus.detach(name)
-        if own_runtime is not None:
-            own_runtime.close()
-        phases["stop"] = time.monotonic() - t0 - phases.get("start", 0) - phases.get("run", 0)
-        if lent:
-            _enter_all(lent, lambda: False)
-            _ambient.slots = lent
-    if crash is not None:
-        if isinstance(crash.exc, (ConfigError, ValueError, TypeError)):
-            raise crash.exc
-        raise RunFailed(f"group {gid}: actor {crash.name!r} crashed: "
-                        f"{type(crash.exc).__name__}: {crash.exc}") from crash.exc
-    outcome = _outcome(plan, host, ledger, store, result_msg, time.monotonic() - t0,
-                       n_workers, concurrency, PACKAGE_VERSION)
-    outcome.stats["phases"] = {k: round(v, 6) for k, v in phases.items()}
-    if progress is not None:
-        progress(True)
-    return outcome
+        else:
+            self.own_runtime.close()
+        self.phases["stop"] = (time.monotonic() - t0 - self.phases.get("start", 0)
+                               - self.phases.get("run", 0))
+
+
+def _reporter(plan: _Plan, host: _Host, boxes: list[_LeaseBox], on_progress: Callable,
+              t0: float) -> Callable[[bool], None]:
+    before = len(plan.resume.finished) if plan.resume is not None else 0
+
+    def report(done: bool) -> None:
+        on_progress(GroupProgress(
+            group_id=plan.group_id, total=len(plan.items),
+            finished=before + sum(box.finished for box in boxes),
+            failed=len(host.errors), elapsed=round(time.monotonic() - t0, 3),
+            done=done, finished_before=before))
+    return report
+
+
+def _raise_crash(crash: _Crash, gid: str) -> None:
+    if isinstance(crash.exc, (ConfigError, ValueError, TypeError)):
+        raise crash.exc
+    raise RunFailed(f"group {gid}: actor {crash.name!r} crashed: "
+                    f"{type(crash.exc).__name__}: {crash.exc}") from crash.exc
 
 
 def _group_start(plan: _Plan, gid: str, driver: str, workers: list[str], concurrency: int,
