@@ -39,7 +39,15 @@ _WHERE = {
 }
 _MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
 
-__all__ = sorted(_MODULE_OF)
+__all__ = ["AppendRules", "ArtifactStrategy", "BranchCancelled", "BranchContext",
+           "BudgetExhausted", "Budgets", "ClusterParallel", "ConfigError", "DataParallel",
+           "Diff", "DifficultyWeighted", "EvobusError", "EvolveResult", "GroupFailed",
+           "GroupOutcome", "GroupPaused", "GroupProgress", "HostLimits", "KeyedRules",
+           "ParallelConfigError", "ParallelStrategy", "PipelineChain", "PipelineParallel",
+           "ResumeRefused", "RoundRobin", "RunFailed", "Runtime", "SectionViolation",
+           "SingleSlot", "StageRecord", "Store", "Task", "TaskSampler", "TensorParallel",
+           "TensorParallelMerge", "WorkUnit", "assign_key_sections", "evolve", "parallel",
+           "resume_group", "run_group", "section_of", "shard_round_robin"]
 
 
 def __getattr__(name: str) -> Any:

@@ -12,7 +12,7 @@ from actors.addresses import SCHEDULER
 from actors.workers.core import WorkerCore
 from bus.base import Bus, Delivery
 from protocol import Cancel, Commit, Hello, Lease, Stop
-from actors.runtime.shell import Crash, _FastInbox, teller
+from actors.inbox import Crash, _FastInbox, teller
 
 log = logging.getLogger(__name__)
 
