@@ -35,7 +35,7 @@ _WHERE = {
                       "HostLimits", "Store", "parallel", "resume_group", "run_group"],
     "actors.runtime.evolve": ["EvolveResult", "evolve"],
     "actors.runtime.runtime": ["Runtime"],
-    "protocol": ["Diff", "Task", "WorkUnit"],
+    "protocol": ["Diff", "Ref", "Task", "WorkUnit"],
 }
 _MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
 
@@ -44,10 +44,11 @@ __all__ = ["AppendRules", "ArtifactStrategy", "BranchCancelled", "BranchContext"
            "Diff", "DifficultyWeighted", "EvobusError", "EvolveResult", "GroupFailed",
            "GroupOutcome", "GroupPaused", "GroupProgress", "HostLimits", "KeyedRules",
            "ParallelConfigError", "ParallelStrategy", "PipelineChain", "PipelineParallel",
-           "ResumeRefused", "RoundRobin", "RunFailed", "Runtime", "SectionViolation",
-           "SingleSlot", "StageRecord", "Store", "Task", "TaskSampler", "TensorParallel",
-           "TensorParallelMerge", "WorkUnit", "assign_key_sections", "evolve", "parallel",
-           "resume_group", "run_group", "section_of", "shard_round_robin"]
+           "Ref", "ResumeRefused", "RoundRobin", "RunFailed", "Runtime",
+           "SectionViolation", "SingleSlot", "StageRecord", "Store", "Task", "TaskSampler",
+           "TensorParallel", "TensorParallelMerge", "WorkUnit", "assign_key_sections",
+           "evolve", "parallel", "resume_group", "run_group", "section_of",
+           "shard_round_robin"]
 
 
 def __getattr__(name: str) -> Any:
@@ -78,4 +79,4 @@ if TYPE_CHECKING:  # what a type checker and an IDE see: the same names, eagerly
     from actors.policies.sampling import DifficultyWeighted, RoundRobin, TaskSampler
     from actors.runtime.evolve import EvolveResult, evolve
     from actors.runtime.runtime import Runtime
-    from protocol import Diff, Task, WorkUnit
+    from protocol import Diff, Ref, Task, WorkUnit

@@ -31,7 +31,7 @@ TABLES = [
     ("Workers", "[workers]", "Workers"),
     ("Budgets", "[budgets]", "Budgets"),
     ("Parallel groups", "[[groups]]", "GroupSpec"),
-    ("References", "key = \"module:attr\" or key = {ref = ...}", "RefSpec"),
+    ("References", "key = \"module:attr\" or key = {ref = ...}", "Ref"),
 ]
 
 INTRO = """\
@@ -83,7 +83,7 @@ def _type(prop: dict, defs: dict) -> str:
     """A schema property in words: `integer >= 1`, `"sync" | "async"`, a table, ..."""
     if "$ref" in prop:
         name = prop["$ref"].rsplit("/", 1)[1]
-        if name == "RefSpec":
+        if name == "Ref":
             return "reference"
         return "table"
     if "enum" in prop:

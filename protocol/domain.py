@@ -1,6 +1,9 @@
-"""Domain types that travel inside messages: tasks, work units, diffs, rollout results."""
+"""Domain types that travel inside messages: tasks, work units, diffs, rollout results,
+and references to code."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import msgspec
 
@@ -53,3 +56,21 @@ class RolloutResult(msgspec.Struct, frozen=True, omit_defaults=True):
     diff: Diff | None = None
     error: str | None = None
     calls: int = 0
+
+
+class Ref(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """A callable named as data: ``ref = "package.module:attr"`` plus JSON arguments.
+
+    The one reference type: in a scenario file (a table ``{ref=..., args=[...],
+    kwargs={...}}``), in Python (``refs={"run": Ref(...)}``) and on the wire (the run's
+    ``Spec``). ``call``: None calls it when args/kwargs are given or when the attribute
+    is a class. ``Ref("pkg.mod:attr", kwargs={...})``: the reference may be positional.
+    Unknown fields are refused: a typo in a scenario must not become a
+    default (the registry admits only workers of the same package version, so a newer
+    field never reaches an older reader).
+    """
+
+    ref: str
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    call: bool | None = None

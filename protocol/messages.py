@@ -10,8 +10,7 @@ from typing import Any
 
 import msgspec
 
-from protocol.domain import Diff, RolloutResult
-from protocol.domain import Task  # issue 6: Spec.inline_tasks
+from protocol.domain import Diff, Ref, RolloutResult, Task
 
 
 class Msg(msgspec.Struct, frozen=True, kw_only=True, tag=True, omit_defaults=True):
@@ -533,15 +532,6 @@ class GroupSuspended(Msg, frozen=True):
 # environment variables, never as values.
 
 
-class CodeRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """``"package.module:attr"`` plus JSON arguments: a callable (or a class to call)."""
-
-    ref: str
-    args: list[Any] = []
-    kwargs: dict[str, Any] = {}
-    call: bool | None = None
-
-
 class Join(Msg, frozen=True):
     """Worker (another process) -> Registry: I am here; what does this run execute?"""
 
@@ -555,15 +545,15 @@ class Spec(Msg, frozen=True):
     inline as data), the artifact's first state, and what the coordinator expects:
     the per-module source ``fingerprints``, the package version and the heartbeat."""
 
-    reward: CodeRef
-    strategy: CodeRef
+    reward: Ref
+    strategy: Ref
     run_id: str = ""
-    tasks: CodeRef | None = None
+    tasks: Ref | None = None
     inline_tasks: list[Task] = []
     task_digest: str = ""
-    agent: CodeRef | None = None
-    run: CodeRef | None = None
-    propose: CodeRef | None = None
+    agent: Ref | None = None
+    run: Ref | None = None
+    propose: Ref | None = None
     initial_state: dict[str, str] = {}
     solved: float = 0.999
     env: list[str] = []
@@ -598,5 +588,5 @@ __all__ = [
     "JournalEntry", "PendingInteraction", "GroupStart", "Branch", "BranchDone",
     "BranchFailed", "Interaction", "Hold", "UserInputs", "GroupCancel", "GroupResult",
     "GroupSuspended", "Revoke",
-    "CodeRef", "Join", "Spec", "Refused",
+    "Join", "Spec", "Refused",
 ]

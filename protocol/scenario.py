@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from protocol.domain import Ref
 from protocol.scenario_errors import explain, explain_syntax, raw_toml
 
 
@@ -20,16 +21,7 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     """Scenario tables refuse unknown keys: a typo must not silently become a default."""
 
 
-class RefSpec(_Section, frozen=True):
-    """A callable named as data: ``ref = "package.module:attr"`` plus JSON arguments."""
-
-    ref: str
-    args: list[Any] = []
-    kwargs: dict[str, Any] = {}
-    call: bool | None = None
-
-
-Reference = Annotated[str | RefSpec, msgspec.Meta(
+Reference = Annotated[str | Ref, msgspec.Meta(
     description="'package.module:attr', or a table {ref=..., args=[...], kwargs={...}}")]
 
 

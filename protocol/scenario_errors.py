@@ -200,7 +200,7 @@ def _describe(t: Any) -> str:
     for o in _options(t):
         if isinstance(o, mi.NoneType):
             continue
-        if isinstance(o, mi.StructType) and o.cls.__name__ == "RefSpec":
+        if isinstance(o, mi.StructType) and o.cls.__name__ == "Ref":
             words.append('a reference "package.module:attr" or a table {ref = "...", '
                          "kwargs = {...}}")
         elif isinstance(o, mi.StrType):
@@ -238,7 +238,7 @@ def _example(t: Any) -> str:
     for o in _options(t):
         if isinstance(o, mi.ListType):
             return '["..."]' if isinstance(o.item_type, mi.StrType) else "[...]"
-        if isinstance(o, mi.StructType) and o.cls.__name__ == "RefSpec":
+        if isinstance(o, mi.StructType) and o.cls.__name__ == "Ref":
             return '"package.module:attr"'
         if isinstance(o, (mi.IntType, mi.FloatType)):
             bound = o.ge if o.ge is not None else (o.gt if o.gt is not None else None)

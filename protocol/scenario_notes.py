@@ -94,10 +94,10 @@ NOTES = {
     "GroupSpec.max_items": "Refuse more items than this.",
     "GroupSpec.checkpoint": "Where a paused group writes its checkpoint.",
     "GroupSpec.approvers": "Who may approve a branch's actions ([groups.md](groups.md)).",
-    "RefSpec.ref": "`package.module:attribute`.",
-    "RefSpec.args": "Positional arguments (JSON values) to call it with.",
-    "RefSpec.kwargs": "Keyword arguments (JSON values) to call it with.",
-    "RefSpec.call": "Call it? Default: yes when args/kwargs are given or it is a class.",
+    "Ref.ref": "`package.module:attribute`.",
+    "Ref.args": "Positional arguments (JSON values) to call it with.",
+    "Ref.kwargs": "Keyword arguments (JSON values) to call it with.",
+    "Ref.call": "Call it? Default: yes when args/kwargs are given or it is a class.",
 }
 
 

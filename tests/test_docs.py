@@ -125,7 +125,7 @@ def test_the_scenario_reference_lists_every_field_of_every_table():
     from protocol import scenario as sc
 
     text = (DOCS / "scenarios.md").read_text()
-    for cls in (sc.Scenario, sc.Domain, sc.Workers, sc.Budgets, sc.GroupSpec, sc.RefSpec,
+    for cls in (sc.Scenario, sc.Domain, sc.Workers, sc.Budgets, sc.GroupSpec, sc.Ref,
                 sc.KeyedRulesSpec, sc.TensorParallelSpec, sc.ClusterParallelSpec):
         for name in cls.__struct_encode_fields__:
             assert f"| `{name}` |" in text, f"{cls.__name__}.{name} missing from scenarios.md"

@@ -51,8 +51,8 @@ EXAMPLES = {
     "Flush": protocol.Flush(cancelled=1),
     # issue 6: workers in other processes
     "Join": protocol.Join(worker="w-1", slots=2, package_version="0.1.0"),
-    "Spec": protocol.Spec(reward=protocol.CodeRef(ref="m:reward"),
-                          strategy=protocol.CodeRef(ref="actors.artifacts:KeyedRules",
+    "Spec": protocol.Spec(reward=protocol.Ref(ref="m:reward"),
+                          strategy=protocol.Ref(ref="actors.artifacts:KeyedRules",
                                                     kwargs={"categories": ["a"]}),
                           inline_tasks=[protocol.Task("t1", "p", {"k": 1})], env=["API_KEY"],
                           fingerprints={"m": "ab12"}, heartbeat=0.2),

@@ -29,13 +29,12 @@ from actors.machines.registry import Registry
 from actors.workers.code import build_spec
 from actors.workers.code import code_ref
 from actors.runtime.launch import run_scenario
-from actors.workers.code import Ref
 from actors.workers.remote import resolve_spec
 from actors.machines.scheduler import Scheduler
 from bus.remote import PeerPort, RemoteEndpoint
 from bus.security import create_keys, load_client_keys, load_server_keys
 from bus.zmq_bus import ZmqBus
-from protocol import (Barrier, CodeRef, Heartbeat, Hello, Join, Lease, LeaseBatch, LeaseDone,
+from protocol import (Barrier, Ref, Heartbeat, Hello, Join, Lease, LeaseBatch, LeaseDone,
                       Refused, RolloutResult, Settled, Spec, Tick)
 from protocol.scenario import Workers, parse_scenario
 from scenarios import router
@@ -367,12 +366,12 @@ def test_a_closure_with_process_workers_is_refused_before_any_rollout():
 
 
 def test_named_functions_agents_and_strategies_become_references():
-    assert code_ref(router.run, "run") == CodeRef(ref="scenarios.router:run", call=False)
-    assert code_ref(router.RouterAgent(), "agent") == CodeRef(ref="scenarios.router:RouterAgent",
+    assert code_ref(router.run, "run") == Ref(ref="scenarios.router:run", call=False)
+    assert code_ref(router.RouterAgent(), "agent") == Ref(ref="scenarios.router:RouterAgent",
                                                               call=True)
     ref = code_ref(KeyedRules(["a", "b"]), "strategy")
     assert ref.ref == "actors.artifacts:KeyedRules" and ref.kwargs["categories"] == ["a", "b"]
-    assert code_ref(Ref(ref="m:f", kwargs={"x": 1}), "run") == CodeRef(ref="m:f",
+    assert code_ref(Ref(ref="m:f", kwargs={"x": 1}), "run") == Ref(ref="m:f",
                                                                        kwargs={"x": 1})
     with pytest.raises(ConfigError, match="bound method"):
         code_ref(router.RouterAgent().solve, "run")
@@ -395,7 +394,7 @@ def _spec(**over) -> Spec:
 
 
 def test_the_allowlist_is_checked_before_anything_is_imported():
-    spec = _spec(run=CodeRef(ref="evobus_never_imported_module:run"))
+    spec = _spec(run=Ref(ref="evobus_never_imported_module:run"))
     with pytest.raises(ConfigError, match="not in this worker's allowlist"):
         resolve_spec(spec, ["scenarios"])
     assert "evobus_never_imported_module" not in sys.modules

@@ -23,7 +23,6 @@ from actors.groups.checkpoint import load_checkpoint
 from actors.groups.api import resume_group
 from actors.cli.progress import GroupProgressView
 from actors.workers import code as refs
-from protocol import scenario as sc
 from actors.groups.api import run_group
 
 log = logging.getLogger(__name__)
@@ -232,19 +231,8 @@ def _items_of(spec, where: str) -> list[Any]:
 
     if isinstance(spec.items, list):
         return spec.items
-    ref = spec.items
-    if isinstance(ref, sc.RefSpec):
-        ref = refs.Ref(ref=ref.ref, args=list(ref.args), kwargs=dict(ref.kwargs), call=ref.call)
-    items = refs.resolve(ref, None, what=f"{where}.items")
+    items = refs.resolve(spec.items, None, what=f"{where}.items")
     return list(items() if callable(items) else items)
-
-
-def _target_of(spec):
-
-    if isinstance(spec.target, sc.RefSpec):
-        t = spec.target
-        return refs.Ref(ref=t.ref, args=list(t.args), kwargs=dict(t.kwargs), call=t.call)
-    return spec.target
 
 
 def run_groups(scenario, source: str, *, quiet: bool = False, json_out: bool = False,
@@ -266,7 +254,7 @@ def run_groups(scenario, source: str, *, quiet: bool = False, json_out: bool = F
         try:
             items = _items_of(spec, where)
             with _progress(spec.name, quiet, json_out) as view:
-                outcome = run_group(_target_of(spec), items,
+                outcome = run_group(spec.target, items,
                                     max_concurrency=spec.max_concurrency,
                                     max_items=spec.max_items, checkpoint=checkpoint,
                                     on_progress=view, **options)

@@ -11,8 +11,7 @@ from typing import Any, Iterator
 
 import msgspec
 
-from actors.workers import code as refs
-from protocol import JournalEntry, PendingInteraction
+from protocol import JournalEntry, PendingInteraction, Ref
 from actors.groups.limits import CANCEL_DEADLINE_S, Budgets, Consumed
 from actors.errors import ResumeRefused
 
@@ -32,7 +31,7 @@ class GroupCheckpoint(msgspec.Struct, kw_only=True):
     version: int = CHECKPOINT_VERSION
     group_id: str
     status: str
-    target: refs.Ref | None = None
+    target: Ref | None = None
     items: list[Any] = []
     max_concurrency: int = 1
     max_items: int = 1

@@ -38,7 +38,7 @@ from actors.machines.collector import Collector
 from actors.errors import ConfigError, RunFailed
 from actors.runtime.shell import teller
 from bus.base import MAX_FRAME_BYTES, Delivery
-from protocol import GroupCancel, GroupResult, GroupStart, GroupSuspended, Tick, UserInputs
+from protocol import GroupCancel, GroupResult, GroupStart, GroupSuspended, Ref, Tick, UserInputs
 from actors.errors import BranchError, BudgetExhausted, HostLimitExceeded, ResumeRefused
 from actors.groups.limits import CANCEL_DEADLINE_S, TICK_S, Budgets, Consumed, HostLimits, _Ledger, _positive
 from actors.groups.checkpoint import GroupCheckpoint, _write_checkpoint
@@ -129,7 +129,7 @@ def _wants_ctx(fn: Callable) -> bool:
     return len(positional) >= 2
 
 
-def _infer_ref(fn: Callable) -> refs.Ref | None:
+def _infer_ref(fn: Callable) -> Ref | None:
     """The import path of a module-level function or class, if it names this object."""
     module = getattr(fn, "__module__", None)
     qualname = getattr(fn, "__qualname__", None)
@@ -138,11 +138,11 @@ def _infer_ref(fn: Callable) -> refs.Ref | None:
     obj: Any = sys.modules.get(module)
     for part in qualname.split("."):
         obj = getattr(obj, part, None)
-    return refs.Ref(ref=f"{module}:{qualname}", call=False) if obj is fn else None
+    return Ref(ref=f"{module}:{qualname}", call=False) if obj is fn else None
 
 
-def _resolve_target(target, allow) -> tuple[Callable, refs.Ref | None]:
-    if isinstance(target, (str, refs.Ref)):
+def _resolve_target(target, allow) -> tuple[Callable, Ref | None]:
+    if isinstance(target, (str, Ref)):
         ref = refs.parse(target)
         fn = refs.resolve(ref, allow, what="target")
         if not callable(fn):
@@ -209,7 +209,7 @@ class _Plan:
 
     group_id: str
     fn: Callable
-    ref: refs.Ref | None
+    ref: Ref | None
     items: list[Any]
     max_concurrency: int
     max_items: int

@@ -12,6 +12,7 @@ from typing import Any, Iterator
 import msgspec
 from msgspec import inspect as mi
 
+from protocol import Ref
 from protocol import scenario as sc
 from protocol.scenario_errors import _options
 
@@ -19,12 +20,12 @@ __all__ = ["check_refs", "references"]
 
 
 def _is_reference(t: Any) -> bool:
-    return any(isinstance(o, mi.StructType) and o.cls is sc.RefSpec for o in _options(t))
+    return any(isinstance(o, mi.StructType) and o.cls is Ref for o in _options(t))
 
 
 def references(obj: Any, path: str = "$") -> Iterator[tuple[str, str]]:
     """Every (field path, "module:attr") a decoded scenario names, in field order."""
-    if isinstance(obj, sc.RefSpec):
+    if isinstance(obj, Ref):
         yield path, obj.ref
         return
     if isinstance(obj, list):

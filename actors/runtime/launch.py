@@ -13,9 +13,6 @@ from protocol import scenario as sc
 
 
 def _resolve(spec, what: str, allow: list[str] | None = None) -> Any:
-    if isinstance(spec, sc.RefSpec):
-        spec = refs.Ref(ref=spec.ref, args=list(spec.args), kwargs=dict(spec.kwargs),
-                        call=spec.call)
     return refs.resolve(spec, allow, what=what)
 
 

@@ -20,16 +20,7 @@ from typing import Any, Iterable
 import msgspec
 
 from actors.errors import ConfigError
-from protocol import CodeRef, Spec, Task
-
-
-class Ref(msgspec.Struct, frozen=True, kw_only=True):
-    """``ref = "package.module:attr"``; ``args``/``kwargs`` call it (JSON values only)."""
-
-    ref: str
-    args: list[Any] = []
-    kwargs: dict[str, Any] = {}
-    call: bool | None = None  # None: call when args/kwargs given or when attr is a class
+from protocol import Ref, Spec, Task
 
 
 def parse(spec: "str | Ref") -> Ref:
@@ -81,7 +72,7 @@ def _closure(what: str, obj: Any, kind: str) -> ConfigError:
         f"import path. Define it at module level in an importable module (not the script "
         f"you run) and pass that, or name it as data: "
         f"refs={{'{what}': Ref('package.module:attr', kwargs={{...}})}} in Python "
-        f"(from actors.workers.code import Ref), {what} = \"package.module:attr\" in a scenario")
+        f"(from actors import Ref), {what} = \"package.module:attr\" in a scenario")
 
 
 def _importable(obj: Any, what: str) -> str:
@@ -114,30 +105,24 @@ def _json_ok(value: Any) -> bool:
         return False
 
 
-def code_ref(obj: Any, what: str) -> CodeRef:
-    """Name ``obj`` as data, or refuse with the fix. Accepts a CodeRef, an actors.workers.code.Ref,
-    a ``"module:attr"`` string, a module-level function or class, or an instance of an
+def code_ref(obj: Any, what: str) -> Ref:
+    """Name ``obj`` as data, or refuse with the fix. Accepts a :class:`~protocol.Ref`, a
+    ``"module:attr"`` string, a module-level function or class, or an instance of an
     importable class that is a dataclass (its fields become JSON kwargs) or holds no state."""
-    if isinstance(obj, CodeRef):
-        return obj
     if isinstance(obj, Ref):
-        return CodeRef(ref=obj.ref, args=list(obj.args), kwargs=dict(obj.kwargs), call=obj.call)
-    if hasattr(obj, "ref") and hasattr(obj, "kwargs") and isinstance(getattr(obj, "ref"), str):
-        # protocol.scenario.RefSpec (a scenario's table form)
-        return CodeRef(ref=obj.ref, args=list(obj.args), kwargs=dict(obj.kwargs),
-                       call=getattr(obj, "call", None))
+        return obj
     if isinstance(obj, str):
         if ":" not in obj:
             raise ConfigError(f"{what}={obj!r} is not a reference; write 'package.module:attr'")
-        return CodeRef(ref=obj)
+        return Ref(ref=obj)
     if isinstance(obj, functools.partial):
         raise _closure(what, obj, "a functools.partial")
     if inspect.ismethod(obj):
         raise _closure(what, obj, f"a bound method of a {type(obj.__self__).__name__} object")
     if inspect.isfunction(obj) or inspect.isbuiltin(obj):
-        return CodeRef(ref=_importable(obj, what), call=False)
+        return Ref(ref=_importable(obj, what), call=False)
     if inspect.isclass(obj):
-        return CodeRef(ref=_importable(obj, what), call=False)
+        return Ref(ref=_importable(obj, what), call=False)
     cls = type(obj)
     name = _importable(cls, f"{what} (its class {cls.__name__})")
     if dataclasses.is_dataclass(obj):
@@ -147,16 +132,16 @@ def code_ref(obj: Any, what: str) -> CodeRef:
             raise ConfigError(f"{what}: the fields of {cls.__name__} are not all JSON values, "
                               f"so it cannot be rebuilt in another process; name it as "
                               f"Ref('{name}', kwargs={{...}}) with JSON arguments")
-        return CodeRef(ref=name, kwargs=kwargs, call=True)
+        return Ref(ref=name, kwargs=kwargs, call=True)
     if not getattr(obj, "__dict__", None) and not getattr(cls, "__slots__", None):
-        return CodeRef(ref=name, call=True)
+        return Ref(ref=name, call=True)
     raise ConfigError(f"{what}: a {cls.__name__} object holds state ({sorted(vars(obj))[:5]}) "
                       f"that cannot travel to another process; name how to build it: "
                       f"refs={{'{what}': Ref('{name}', kwargs={{...}})}} (JSON arguments), "
                       f"or {what} = {{ ref = \"{name}\", kwargs = {{...}} }} in a scenario")
 
 
-def module_of(ref: CodeRef) -> str:
+def module_of(ref: Ref) -> str:
     return ref.ref.partition(":")[0]
 
 
@@ -199,7 +184,7 @@ def build_spec(*, tasks: list[Task], reward, run, propose, agent, strategy,
         raise ConfigError(f"refs: unknown keys {unknown}; use tasks, reward, run, propose, "
                           "agent, strategy")
 
-    def ref(key: str, obj: Any) -> CodeRef:
+    def ref(key: str, obj: Any) -> Ref:
         return code_ref(named.get(key, obj), key)
 
     fields: dict[str, Any] = {"reward": ref("reward", reward),
@@ -218,7 +203,7 @@ def build_spec(*, tasks: list[Task], reward, run, propose, agent, strategy,
     if bad:
         raise ConfigError(f"env: {bad} are not environment variable names; list the *names* "
                           "of the variables workers need (their values never travel)")
-    modules = sorted({module_of(r) for r in fields.values() if isinstance(r, CodeRef)})
+    modules = sorted({module_of(r) for r in fields.values() if isinstance(r, Ref)})
     fingerprints = {m: module_fingerprint(m) for m in modules}
     spec = Spec(**fields, run_id=run_id, task_digest=task_digest(tasks),
                 initial_state=dict(initial_state), solved=solved, env=env,
@@ -239,7 +224,7 @@ def _no_secret_values(spec: Spec) -> None:
                               "and read it with os.environ on the worker")
 
 
-def spec_refs(spec: Spec) -> list[tuple[str, CodeRef]]:
+def spec_refs(spec: Spec) -> list[tuple[str, Ref]]:
     pairs = [("tasks", spec.tasks), ("reward", spec.reward), ("agent", spec.agent),
              ("run", spec.run), ("propose", spec.propose), ("strategy", spec.strategy)]
     return [(k, r) for k, r in pairs if r is not None]
