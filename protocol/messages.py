@@ -397,10 +397,12 @@ class Branch(Msg, frozen=True):
     journals: dict[int, list[JournalEntry]] = {}
 
 
-class BranchDone(Msg, frozen=True):
-    """Worker -> Collector: a lease ended. ``values[k]`` is the result of ``indices[k]``;
-    ``cancelled`` ended on a cancel request; ``unstarted`` were never started (the group
-    was stopping or pausing); ``nbytes`` is the encoded size of ``values``."""
+class BranchAnswer(Msg, frozen=True):
+    """Worker -> Collector: how a lease of branches ended; the fields the three answers
+    share (never sent itself: not in the union). ``values[k]`` is the result of
+    ``indices[k]``; ``cancelled`` ended on a cancel request; ``unstarted`` were never
+    started (the group was stopping or pausing); ``effects`` are (branch, name) of the
+    effects performed; ``nbytes`` is the encoded size of ``values``."""
 
     group_id: str
     lease_id: str
@@ -411,46 +413,34 @@ class BranchDone(Msg, frozen=True):
     unstarted: list[int] = []
     effects: list[tuple[int, str]] = []
     nbytes: int = 0
+
+
+class BranchDone(BranchAnswer, frozen=True):
+    """Worker -> Collector: a lease ended, every branch of it with a value (or
+    cancelled, or unstarted)."""
+
     elapsed: float = 0.0
 
 
-class BranchFailed(Msg, frozen=True):
+class BranchFailed(BranchAnswer, frozen=True, kw_only=True):
     """Worker -> Collector: branch ``index`` raised; the lease stopped there.
 
     ``after_stop``: the group was already stopping when it raised (a secondary error,
     never the group's first). The other fields report the rest of the lease."""
 
-    group_id: str
-    lease_id: str
     index: int
     error: str
     error_type: str = ""
     after_stop: bool = False
-    worker: str = ""
-    indices: list[int] = []
-    values: list[Any] = []
-    cancelled: list[int] = []
-    unstarted: list[int] = []
-    effects: list[tuple[int, str]] = []
-    nbytes: int = 0
 
 
-class Interaction(Msg, frozen=True):
+class Interaction(BranchAnswer, frozen=True, kw_only=True):
     """Worker -> Collector: branch ``index`` needs an answer or an approval and stopped
     there; ``journal`` is its continuation (answers and effects so far)."""
 
-    group_id: str
-    lease_id: str
     index: int
     pending: PendingInteraction
     journal: list[JournalEntry] = []
-    worker: str = ""
-    indices: list[int] = []
-    values: list[Any] = []
-    cancelled: list[int] = []
-    unstarted: list[int] = []
-    effects: list[tuple[int, str]] = []
-    nbytes: int = 0
 
 
 class Hold(Msg, frozen=True):
