@@ -126,3 +126,25 @@ def test_tasks_hash_and_compare_by_id():
     a = protocol.Task("t1", "hello", {"x": 1})
     b = protocol.Task("t1", "other", {})
     assert a == b and len({a, b}) == 1
+
+
+def test_yesterdays_recorded_logs_decode_with_todays_messages():
+    """Schema evolution: every record of every log in tests/logs decodes with today's
+    union, and re-encodes to a message that decodes equal (fields moved into a shared base
+    Struct change the order of keys, never what they say)."""
+    from pathlib import Path
+
+    from bus.log import read_log
+
+    logs = sorted((Path(__file__).parent / "logs").glob("*.evolog"))
+    assert logs
+    kinds: set[str] = set()
+    for path in logs:
+        contents = read_log(path)
+        assert contents.records, path
+        for rec in contents.records:
+            msg = protocol.decode(rec.body)
+            assert protocol.decode(protocol.encode(msg)) == msg, (path, rec.seq)
+            kinds.add(type(msg).__name__)
+    assert {"Start", "Lease", "LeaseDone", "Commit", "GroupStart", "BranchDone",
+            "Interaction", "Spec"} <= kinds, sorted(kinds)
