@@ -123,7 +123,6 @@ class PeerPort:
         self.owned: dict[bytes, set[bytes]] = {}
         self.addresses: list[str] = []
         self.socket: zmq.Socket | None = None
-        self.pings = 0
         self._auth = None
         self._broker = None
         self.stats = BusStats()
@@ -203,7 +202,6 @@ class PeerPort:
             if names is None:
                 self._reject(ident, "a ping from an unregistered peer")
                 return
-            self.pings += 1
             self._send(ident, [b"p"])
         elif kind == b"A" and len(frames) == 3:
             self._attach(ident, frames[2], names)

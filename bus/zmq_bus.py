@@ -143,7 +143,7 @@ class Broker:
         self._posted: collections.deque[tuple[bytes, bytes, bytes]] = collections.deque()
         self._draining = False
         self.ident: int | None = None
-        # issue 6: peer ports (bus/remote.py PeerPort), one ROUTER each for remote and
+        # Peer ports (bus/remote.py PeerPort), one ROUTER each for remote and
         # process workers, with their own frame policy; routed to through _route().
         self._peers = list(peers)
         self._router: zmq.Socket | None = None
@@ -180,7 +180,7 @@ class Broker:
             for addr in self._binds:
                 router.bind(addr)
                 self.addresses.append(router.getsockopt_string(zmq.LAST_ENDPOINT))
-            for port in self._peers:  # issue 6: remote/process worker ports
+            for port in self._peers:  # remote/process worker ports
                 port.open(self)
                 self.addresses.extend(port.addresses)
         except zmq.ZMQError as exc:
@@ -202,7 +202,7 @@ class Broker:
         poller.register(intake, zmq.POLLIN)
         poller.register(router, zmq.POLLIN)
         poller.register(ctl, zmq.POLLIN)
-        for port in self._peers:  # issue 6
+        for port in self._peers:
             poller.register(port.socket, zmq.POLLIN)
         try:
             while not self._stop.is_set():
@@ -222,7 +222,7 @@ class Broker:
                         self._on_frames(router, codec, _recv_frames(router, _NOBLOCK))
                         if not _readable(router):
                             break
-                for port in self._peers:  # issue 6: peer frames go through the port's policy
+                for port in self._peers:  # peer frames go through the port's policy
                     if port.socket is not None and port.socket in ready:
                         port.drain(codec)
         finally:
@@ -322,7 +322,7 @@ class Broker:
             if sock is self._router:
                 _send_frames(sock, [dest, b"M", _SEQ.pack(self._seq), sender, receiver, body],
                              int(flags))
-            else:  # issue 6: a peer port's worker gets one frame (bus/remote.py)
+            else:  # a peer port's worker gets one frame (bus/remote.py)
                 _send_frames(sock, [dest, _delivery(self._seq, sender, receiver, body)],
                              int(flags))
         except zmq.ZMQError:  # the endpoint went away (or a stuck peer is full): counted
@@ -334,7 +334,7 @@ class Broker:
                              body)
         self.stats.delivered += 1
 
-    # -- issue 6: routing to peer ports (bus/remote.py) ----------------------------------
+    # -- routing to peer ports (bus/remote.py) ----------------------------------
 
     def _route(self, receiver: bytes) -> tuple[zmq.Socket | None, bytes | None, int]:
         dest = self._routes.get(receiver)
@@ -592,7 +592,7 @@ class ZmqBus:
         self.stats = BusStats()
         self.clock = RunClock()
         inproc = f"inproc://evobus-{uuid.uuid4().hex}"
-        # issue 6: ``peers`` are bus.remote.PeerPort objects (remote and process workers:
+        # ``peers`` are bus.remote.PeerPort objects (remote and process workers:
         # one DEALER per process, CURVE when keys are configured); see docs/remote.md.
         self.broker = Broker(self.ctx, [inproc, *binds], log_writer=log_writer,
                              stats=self.stats, clock=self.clock, peers=tuple(peers),

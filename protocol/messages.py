@@ -256,7 +256,7 @@ class Hello(Msg, frozen=True):
     slots: int = 1
     package_version: str = ""
     fingerprint: str = ""
-    # issue 6: seconds between this worker's heartbeats (0: an in-process worker, never
+    # Seconds between this worker's heartbeats (0: an in-process worker, never
     # presumed lost), and the leases it still holds when it registers again.
     heartbeat: float = 0.0
     leases: list[str] = []
@@ -515,7 +515,7 @@ class GroupSuspended(Msg, frozen=True):
     peak_leases: int = 0
 
 
-# -- issue 6: workers in other processes (docs/remote.md) -------------------------------
+# -- workers in other processes (docs/remote.md) -------------------------------
 #
 # Work crosses a process only as data: code is named by import path plus JSON arguments
 # and resolved on the worker against its allowlist; secrets travel as the *names* of
@@ -567,7 +567,7 @@ Message = (
     | Hello | Heartbeat | Cancel | Stop | NeedWork | Merged | Refresh | Drain | Flush
     | GroupStart | Branch | BranchDone | BranchFailed | Interaction | Hold | UserInputs
     | GroupCancel | GroupResult | GroupSuspended | Revoke
-    | Join | Spec | Refused  # issue 6: workers in other processes
+    | Join | Spec | Refused  # workers in other processes
 )
 
 __all__ = [

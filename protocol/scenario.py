@@ -82,7 +82,7 @@ class Workers(_Section, frozen=True):
     wait_seconds: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     max_concurrency: Annotated[int, msgspec.Meta(ge=1)] | None = None
     allow: list[str] = []
-    # issue 6 (docs/remote.md): liveness of workers in other processes, CURVE keys (a
+    # Liveness of workers (docs/remote.md) in other processes, CURVE keys (a
     # directory made by `evobus keys DIR`), and environment variable *names* workers need.
     heartbeat: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     deadline: Annotated[float, msgspec.Meta(gt=0)] = 5.0

@@ -1,4 +1,4 @@
-"""Bounded parallel groups (issue 5): one test per rule of the semantics, the Collector
+"""Bounded parallel groups: one test per rule of the semantics, the Collector
 driven by messages, a property test, checkpoints resumed from another process, the CLI.
 
 Deterministic: branches meet on threading Events and Barriers with bounded waits; the

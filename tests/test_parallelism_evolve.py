@@ -1,4 +1,4 @@
-"""Every parallelism paradigm through evolve(): the rules of issue 3, end to end."""
+"""Every parallelism paradigm through evolve(): the rules of docs/parallelism.md, end to end."""
 
 from __future__ import annotations
 

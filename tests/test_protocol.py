@@ -49,7 +49,7 @@ EXAMPLES = {
     "Refresh": protocol.Refresh(reason="stall"),
     "Drain": protocol.Drain(reason="max_rollouts"),
     "Flush": protocol.Flush(cancelled=1),
-    # issue 6: workers in other processes
+    # workers in other processes
     "Join": protocol.Join(worker="w-1", slots=2, package_version="0.1.0"),
     "Spec": protocol.Spec(reward=protocol.Ref(ref="m:reward"),
                           strategy=protocol.Ref(ref="actors.artifacts:KeyedRules",
@@ -57,7 +57,7 @@ EXAMPLES = {
                           inline_tasks=[protocol.Task("t1", "p", {"k": 1})], env=["API_KEY"],
                           fingerprints={"m": "ab12"}, heartbeat=0.2),
     "Refused": protocol.Refused(worker="w-1", reason="module 'x' is not allowed"),
-    # issue 5: bounded parallel groups
+    # bounded parallel groups
     "GroupStart": protocol.GroupStart(
         group_id="g", items=[1, "two", {"k": [3]}, b"\x00"], workers=["w0"], max_concurrency=1,
         max_items=4, finished={0: "r0"}, pending=[protocol.PendingInteraction(

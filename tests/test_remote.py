@@ -1,4 +1,4 @@
-"""Workers in other processes (issue 6): process and remote workers, liveness and
+"""Workers in other processes : process and remote workers, liveness and
 re-dispatch, CURVE keys, the broker's peer policy, code named as data.
 
 Loopback only. Every wait has a deadline; a test waits on log growth (files a gated

@@ -1,4 +1,4 @@
-"""The remote wire at its cheapest (issue 6's 256-connection target): one frame per
+"""The remote wire at its cheapest (the 256-connection target): one frame per
 message between the broker and a remote worker, an actor's outputs handed to the broker
 as one frame, heartbeats only on a quiet line, and a worker whose threads wait instead
 of polling.

@@ -1,4 +1,4 @@
-"""Replay: recorded logs as the test oracle (DESIGN sections 3 and 5, issue 7).
+"""Replay: recorded logs as the test oracle (DESIGN sections 3 and 5).
 
 Every ``*.evolog`` in tests/logs/ is replayed (a log added there is picked up without
 touching this file); a control actor changed on purpose is caught at the right

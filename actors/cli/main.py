@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 #: Modules adding verbs (replay, resume, worker, keys, report, ...): each defines
 #: ``register(subparsers)`` which adds its parser and sets ``func``.
 VERB_MODULES: list[str] = ["actors.cli.replay", "actors.cli.report", "actors.cli.groups"]
-VERB_MODULES.append("actors.cli.remote")  # issue 6: `evobus worker`, `evobus keys`
+VERB_MODULES.append("actors.cli.remote")  # `evobus worker`, `evobus keys`
 
 
 def _err(message: str) -> int:
@@ -73,7 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         with progress, interrupt_guard():
             result = run_scenario(scenario, source=args.scenario, log=args.log,
                                   on_progress=progress,
-                                  insecure=getattr(args, "insecure", False))  # issue 6
+                                  insecure=getattr(args, "insecure", False))
     except ConfigError as exc:
         return _err(f"{args.scenario}: {exc}")
     except KeyboardInterrupt:  # Ctrl-C: the runtime closed its actors and the log
@@ -196,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--log", help="write the message log here (overrides the scenario's)")
     r.add_argument("--quiet", action="store_true", help="print only errors")
     r.add_argument("--json", action="store_true", help="print a JSON summary at the end")
-    r.add_argument("--insecure", action="store_true",  # issue 6 (docs/remote.md)
+    r.add_argument("--insecure", action="store_true",  # docs/remote.md
                    help="let [workers] bind a non-loopback address without CURVE keys: "
                         "unauthenticated, unencrypted peers")
     r.set_defaults(func=cmd_run)

@@ -66,8 +66,6 @@ PROGRESS_S = 1.0
 
 
 
-#: How long starting the group's actors may take.
-START_DEADLINE_S = 10.0
 
 
 #: How long the group's actors may take to stop once the group has ended.

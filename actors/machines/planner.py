@@ -24,7 +24,6 @@ log = logging.getLogger(__name__)
 
 
 #: Budgets whose exhaustion means "the work is done": the last proposals are merged.
-WORK_BUDGETS = ("max_rollouts", "max_calls")
 
 
 def split_tasks(task_ids: list[str], held_out_frac: float, seed: int) -> tuple[list[str], list[str]]:

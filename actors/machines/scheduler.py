@@ -28,16 +28,14 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import msgspec
 
 from actors.addresses import MERGER, PLANNER, Out
-from protocol import (Barrier, Commit, Drain, EvalDone, EvalRequest, Flush, Hello, Lease,
-                      LeaseBatch, LeaseDone, Merged, Message, NeedWork, Refresh, Settled,
-                      SettledBatch, Shutdown, Stop, Tick)
-from protocol import Heartbeat, RolloutResult  # issue 6: liveness
+from protocol import (Barrier, Commit, Drain, EvalDone, EvalRequest, Flush, Heartbeat, Hello,
+                      Lease, LeaseBatch, LeaseDone, Merged, Message, NeedWork, Refresh,
+                      RolloutResult, Settled, SettledBatch, Shutdown, Stop, Tick)
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +67,7 @@ class Scheduler:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.max_concurrency = max_concurrency
-        # issue 6: liveness. Workers whose Hello declares a heartbeat are presumed lost
+        # Liveness: workers whose Hello declares a heartbeat are presumed lost
         # after ``deadline`` seconds of silence (time arrives only as Tick messages);
         # their leases are re-dispatched under the same id, up to ``max_tries`` losses.
         self.deadline = deadline
@@ -120,8 +118,8 @@ class Scheduler:
     def handle(self, msg: Message) -> list[Out]:
         match msg:
             case Hello():
-                return self._rejoin(msg) + self._on_hello(msg)  # issue 6: _rejoin
-            case Heartbeat(worker=name):  # issue 6
+                return self._rejoin(msg) + self._on_hello(msg)
+            case Heartbeat(worker=name):
                 return self._on_heartbeat(name)
             case LeaseBatch():
                 return self._on_batch(msg)
@@ -149,7 +147,7 @@ class Scheduler:
                     free = sum(1 for w in self.workers.values() if len(w.running) < w.slots)
                     self.starved_seconds += max(0.0, elapsed - self.elapsed) * free
                 self.elapsed = elapsed
-                return self._check_liveness()  # issue 6
+                return self._check_liveness()
             case Shutdown(reason=reason):
                 self.shut = True
                 self.queue.clear()
@@ -160,27 +158,16 @@ class Scheduler:
 
     # -- resume ---------------------------------------------------------------------------
 
-    def reopen(self, leases: Iterable[str] | None = None) -> list[str]:
+    def reopen(self) -> list[str]:
         """Make this Scheduler, rebuilt from a log (actors/replay/resume.py), one that a *new*
         set of workers can join; nothing is sent.
 
         It forgets the old workers (new ones register with ``Hello`` and get the head
         version first) and puts every lease a worker held and never answered back into
-        its queue, under its original id: eval leases at the front (a merge waits on
-        them), rollout leases after the evals already queued and before the rollouts
-        not yet dispatched. ``leases`` orders them (lease ids; default: the order they
-        were dispatched in); a held lease it leaves out follows the named ones (none is
-        ever dropped), and an id no worker holds is refused with ``ValueError``.
-        Returns the re-issued ids in that order."""
-        held = [lease_id for lease_id in self.holder if lease_id in self.leases]
-        order = held
-        if leases is not None:
-            named = list(dict.fromkeys(leases))
-            unknown = [i for i in named if i not in self.holder or i not in self.leases]
-            if unknown:
-                raise ValueError(f"reopen: {unknown} are not leases a worker holds here "
-                                 f"(held: {held}); name only leases in flight")
-            order = named + [i for i in held if i not in set(named)]
+        its queue, under its original id, in the order they were dispatched: eval leases
+        at the front (a merge waits on them), rollout leases after the evals already
+        queued and before the rollouts not yet dispatched. Returns the re-issued ids."""
+        order = [lease_id for lease_id in self.holder if lease_id in self.leases]
         again = [self.leases[lease_id] for lease_id in order]
         # Keep the queue's discipline: eval leases (a merge waits on them) ahead of rollout
         # leases, which backpressure may hold back; each group in its order.
@@ -282,11 +269,11 @@ class Scheduler:
         lease = self.leases.get(msg.lease_id)
         if lease is None:  # answered already (or never ours): late, dropped and counted
             self.duplicates_dropped += 1
-            # issue 6: an answer, even a late one, is a sign of life like a heartbeat (a
+            # An answer, even a late one, is a sign of life like a heartbeat (a
             # remote worker heartbeats only when it has sent nothing else for a while): it
             # takes a worker presumed lost back.
             return self._on_heartbeat(msg.worker)
-        self._seen_done(msg)  # issue 6: evidence of life; a re-queued copy is withdrawn
+        self._seen_done(msg)  # evidence of life; a re-queued copy is withdrawn
         holder = self.holder.pop(msg.lease_id, None)
         if holder is not None and holder in self.workers:
             self._release(self.workers[holder], msg.lease_id)
@@ -378,7 +365,7 @@ class Scheduler:
             return out  # nothing waits and nothing to ask
         workers, queue = self.workers, self.queue
         order = list(workers)
-        # issue 6: the free lists are built once per call (only when work waits) and kept
+        # The free lists are built once per call (only when work waits) and kept
         # up to date below; rebuilding them per lease cost O(workers) each time (~30 ms
         # to dispatch a round to 256 remote workers). ``idle``: a slot is free, the lease
         # starts at once (while fewer than max_concurrency run). ``spare``: every slot
@@ -414,7 +401,7 @@ class Scheduler:
                     self.peak_running = self.active
             worker.running.add(lease.lease_id)
             held = len(worker.running)
-            if free is idle and held >= worker.slots:  # issue 6
+            if free is idle and held >= worker.slots:
                 idle.remove(name)
                 idle_set.discard(name)
                 if held < worker.capacity:
@@ -457,7 +444,7 @@ class Scheduler:
             if len(worker.running) < worker.slots:
                 self.active -= 1
 
-    # -- issue 6: liveness (remote and process workers) -----------------------------------
+    # -- liveness (remote and process workers) -----------------------------------
 
     def _rejoin(self, msg: Hello) -> list[Out]:
         """A worker that heartbeats registers, or registers again after a reconnect."""

@@ -460,7 +460,7 @@ def reopen(machines: dict[str, Any]) -> list[str]:
     own = getattr(scheduler, "reopen", None)
     if not callable(own):
         raise RunFailed(f"cannot reopen {type(scheduler).__name__} for resume: give it a "
-                        "reopen(leases=None) method that forgets the workers and re-queues "
+                        "reopen() method that forgets the workers and re-queues "
                         "the leases they held (actors.machines.scheduler.Scheduler.reopen does)")
     return list(own())
 

@@ -125,9 +125,9 @@ class ResumePoint:
                     "re-issue %s", self.path, self.last_seq, len(self.pending),
                     len(self.reissued), self.reissued[:8])
 
-    def begin(self, receiver: str, fresh_start: Message) -> None:
-        """Called by evolve() in place of sending ``Start`` (which is ignored: the log's
-        Start was replayed). Nudges each rebuilt actor that has undelivered messages,
+    def begin(self) -> None:
+        """Called by evolve() in place of sending ``Start`` (the log's Start was
+        replayed). Nudges each rebuilt actor that has undelivered messages,
         so it sends them at once even if no new input comes (one may be waiting for the
         answer to one of them)."""
         senders = _by_sender(self.pending)

@@ -195,8 +195,10 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                                        solved=solved_threshold, initial_state=state0))
         if remote:  # the registry, process workers, and a deadline for everyone
             remote.start(rt, t0)
-        # A resumed run sends no Start: begin() re-sends what the crashed run never delivered.
-        (rt.send if resume_from is None else resume_from.begin)(PLANNER, start)
+        if resume_from is None:
+            rt.send(PLANNER, start)
+        else:  # no Start: begin() re-sends what the crashed run never delivered
+            resume_from.begin()
         done, elapsed_by_round = _drive(rt, t0, max_seconds, asynchronous, remote, on_progress)
         bus_stats, stats = _counters(rt, done, remote)
         given_up = rt.machines[SCHEDULER].given_up

@@ -63,7 +63,7 @@ def evolve_kwargs(scenario: sc.Scenario, source: str = "") -> dict[str, Any]:
         kwargs["propose"] = _resolve(d.propose, "$.domain.propose")
     w = scenario.workers
     if w.processes or w.remote:
-        # issue 6: workers in other processes get the code as the scenario names it.
+        # Workers in other processes get the code as the scenario names it.
         kwargs["workers"] = w
         kwargs["refs"] = {k: v for k, v in (("tasks", d.tasks), ("reward", d.reward),
                                             ("agent", d.agent), ("run", d.run),
@@ -88,7 +88,7 @@ def _n_workers(w: sc.Workers) -> int:
 def run_scenario(scenario: sc.Scenario, *, source: str = "", log: str | None = None,
                  on_progress: Callable | None = None, insecure: bool = False) -> EvolveResult:
     kwargs = evolve_kwargs(scenario, source)
-    if insecure:  # issue 6: `evobus run --insecure`
+    if insecure:  # `evobus run --insecure`
         kwargs["insecure"] = True
     if log is not None:
         kwargs["log"] = log

@@ -60,7 +60,7 @@ class Runtime:
                                meta={k: str(v) for k, v in meta.items()})
             writer = LogWriter(log_path, header, fsync=fsync)
         if bus == "zmq":
-            # issue 6: ``peers`` are bus.remote.PeerPort objects for workers in other processes
+            # ``peers`` are bus.remote.PeerPort objects for workers in other processes
             self.bus = ZmqBus(writer, binds=binds, peers=tuple(peers), first_seq=first_seq)
         elif bus == "memory":
             self.bus = InMemoryBus(writer, first_seq=first_seq)
@@ -73,7 +73,7 @@ class Runtime:
         self.bus.attach(DRIVER, self.inbox.put)
         self.machines: dict[str, Any] = {}
         self._closed = False
-        self._owned: list[Callable[[], None]] = []  # issue 6: closed after actors, before the bus
+        self._owned: list[Callable[[], None]] = []  # closed after actors, before the bus
 
     def own(self, closer: Callable[[], None]) -> None:
         """Close something this runtime started (process workers) after the actors stop
@@ -158,7 +158,7 @@ class Runtime:
                 log.warning("an actor did not stop within %s s; leaving it behind", STOP_DEADLINE_S)
             except pykka.ActorDeadError:  # stopped meanwhile
                 pass
-        for closer in reversed(self._owned):  # issue 6: e.g. reap process workers
+        for closer in reversed(self._owned):  # e.g. reap process workers
             try:
                 closer()
             except Exception:  # logged; the bus must still close
