@@ -5,6 +5,13 @@ from __future__ import annotations
 from protocol import JournalEntry, PendingInteraction
 
 
+def describe(exc: BaseException, *, limit: int = 300, typed: bool = True) -> str:
+    """An error as one line for a message or a report: ``Type: text`` (``typed``) cut to
+    ``limit`` characters."""
+    text = f"{type(exc).__name__}: {exc}" if typed else str(exc)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class EvobusError(Exception):
     """Base of evobus's own errors."""
 

@@ -430,3 +430,14 @@ def test_the_planner_asks_for_a_settled_per_lease_only_for_an_async_call_budget(
     p.handle(start(**kw))
     (_, batch), = p.handle(Baseline(version=0, heldout_reward=0.0))
     assert batch.report_each is each
+
+
+def test_a_ticker_is_due_once_per_period_and_never_bursts_to_catch_up():
+    from actors.runtime.clock import Ticker
+
+    t = Ticker(0.1)
+    assert t.due(0.0) and not t.due(0.05) and t.wait(0.05) == pytest.approx(0.05)
+    assert t.due(0.1)
+    assert t.due(5.0) and not t.due(5.05)   # a late loop: one tick, the next a period on
+    with pytest.raises(ValueError, match="period must be > 0"):
+        Ticker(0)

@@ -47,6 +47,7 @@ from actors.groups.worker import GroupWorker, _CollectorActor, _LeaseBox, _worke
 from actors.groups.store import _encoder, Store, _Gate, _enter_all
 from actors.groups.host import _Host, _ambient
 from actors.version import PACKAGE_VERSION
+from actors.runtime.clock import Ticker
 from actors.runtime.runtime import Runtime
 
 
@@ -516,27 +517,24 @@ def _drive(runtime, inbox, host: _Host, driver: str, collector: str, gid: str, t
     The Collector needs the time only for a seconds budget and for the cancel deadline
     once the group is stopping, so ticks go out only then."""
     bus = runtime.bus
-    next_tick = t0 + TICK_S
-    next_progress = t0 + PROGRESS_S
+    ticker = Ticker(TICK_S, first=t0 + TICK_S)
+    reporting = Ticker(PROGRESS_S, first=t0 + PROGRESS_S)
     cancel_sent = False
     while True:
-        timeout = max(0.0, next_tick - time.monotonic())
         try:
-            item = inbox.get(timeout=timeout)
+            item = inbox.get(timeout=ticker.wait(time.monotonic()))
         except queue.Empty:
             item = None
         now = time.monotonic()
-        if now >= next_tick:
+        if ticker.due(now):
             if ticks or host.stopping:
                 bus.send(driver, collector, Tick(elapsed=round(now - t0, 6)))
-            next_tick = now + TICK_S
             if not cancel_sent and host.parent is not None and host.parent.cancelled:
                 cancel_sent = True
                 host.cancel()
                 bus.send(driver, collector, GroupCancel(group_id=gid,
                                                         reason="the parent branch was cancelled"))
-            if progress is not None and now >= next_progress:
-                next_progress = now + PROGRESS_S
+            if progress is not None and reporting.due(now):
                 progress(False)
         if item is None:
             continue

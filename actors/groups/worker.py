@@ -15,17 +15,12 @@ from actors.machines.collector import ENDED
 from actors.runtime.shell import ControlActor, _FastInbox
 from bus.base import Delivery
 from protocol import Branch, BranchDone, BranchFailed, Cancel, Hold, Interaction, Revoke, Stop
-from actors.errors import BranchCancelled, _Suspend
+from actors.errors import BranchCancelled, _Suspend, describe
 from actors.groups.context import BranchContext
 from actors.groups.host import _GO, _Host, _NOT_NOW, _ambient
 from actors.groups.store import _encoder, _enter_all
 
 log = logging.getLogger(__name__)
-
-
-def _describe(exc: BaseException, limit: int = 500) -> str:
-    text = str(exc)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class _LeaseBox:
@@ -302,7 +297,7 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
                       effects=effects, nbytes=nbytes)
         if failed is not None:
             index, exc, after = failed
-            msg = BranchFailed(index=index, error=_describe(exc), error_type=type(exc).__name__,
+            msg = BranchFailed(index=index, error=describe(exc, limit=500, typed=False), error_type=type(exc).__name__,
                                after_stop=after, **common)
         elif suspended is not None:
             index, suspend = suspended

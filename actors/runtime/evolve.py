@@ -25,6 +25,7 @@ from actors.machines.planner import Planner
 from actors.machines.scheduler import Scheduler
 from actors.workers.core import SOLVED, WorkerCore
 from protocol import Progress, RoundRecord, RunDone, Start, Task, Tick, Hello, Refused
+from actors.runtime.clock import Ticker
 from actors.runtime.runtime import Runtime
 from actors.runtime import pools as coordinator
 
@@ -307,18 +308,16 @@ def _drive(rt: Runtime, t0: float, max_seconds, asynchronous: bool, remote,
     """Deliver the driver's messages until ``RunDone``, sending the clock as ``Tick``s
     where something runs on time (a seconds budget, async mode, remote liveness)."""
     elapsed_by_round: dict[int, float] = {}
-    next_tick = 0.0
     ticking = max_seconds is not None or asynchronous or remote is not None
-    period = min(0.1, max_seconds / 10) if max_seconds is not None else 0.1
+    ticker = Ticker(min(0.1, max_seconds / 10) if max_seconds is not None else 0.1)
     while True:
         now = time.monotonic() - t0
-        if ticking and now >= next_tick:
+        if ticking and ticker.due(now):
             if max_seconds is not None:
                 rt.send(PLANNER, Tick(elapsed=now))
             if asynchronous or remote is not None:  # liveness runs on Ticks
                 rt.send(SCHEDULER, Tick(elapsed=now))
-            next_tick = now + period
-        delivery = rt.next_delivery(timeout=period if ticking else 0.5)
+        delivery = rt.next_delivery(timeout=ticker.period if ticking else 0.5)
         if delivery is None:
             continue
         match delivery.msg:

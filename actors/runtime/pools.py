@@ -36,6 +36,7 @@ from actors.errors import ConfigError
 from protocol import Hello, Message, Refused, Spec, Stop, Task, Tick
 from actors.workers.code import BUILTIN_ALLOW, build_spec, module_of, spec_refs
 from actors.machines.registry import Registry
+from actors.runtime.clock import Ticker
 from actors.addresses import SCHEDULER as _S
 from bus.remote import PeerPort
 from bus.security import load_server_keys
@@ -121,7 +122,7 @@ class RemoteWorkers:
     tmpdir: str | None = None
     joined: dict[str, Hello] = dataclasses.field(default_factory=dict)
     refused: dict[str, str] = dataclasses.field(default_factory=dict)
-    _next_tick: float = 0.0
+    _ticker: Ticker | None = None
 
     @property
     def expected(self) -> int:
@@ -136,9 +137,10 @@ class RemoteWorkers:
 
     def tick(self, rt, now: float) -> None:
         """Time for the Scheduler's liveness checks, as a message."""
-        if now >= self._next_tick:
+        if self._ticker is None:
+            self._ticker = Ticker(self.tick_period)
+        if self._ticker.due(now):
             rt.send(SCHEDULER, Tick(elapsed=now))
-            self._next_tick = now + self.tick_period
 
     def start(self, rt, t0: float) -> None:
         """Start the registry and the process workers; wait for every expected worker."""

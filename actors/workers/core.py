@@ -12,17 +12,13 @@ import logging
 import math
 from typing import Any, Callable
 
+from actors.errors import describe
 from protocol import Commit, Lease, LeaseDone, RolloutResult, Task
 
 log = logging.getLogger(__name__)
 
 #: A rollout scoring at least this is solved: no proposal is asked for it.
 SOLVED = 0.999
-
-
-def describe(exc: BaseException, limit: int = 300) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class Awaiter:

@@ -40,8 +40,8 @@ from actors.addresses import SCHEDULER
 from actors.workers.code import BUILTIN_ALLOW, combined_fingerprint, module_of, module_fingerprint
 from actors.addresses import REGISTRY
 from actors.workers.code import spec_refs, task_digest
-from actors.errors import ConfigError
-from actors.workers.core import WorkerCore, describe
+from actors.errors import ConfigError, describe
+from actors.workers.core import WorkerCore
 from bus.base import Delivery
 from bus.remote import RemoteEndpoint
 from bus.security import ClientKeys
