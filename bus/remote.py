@@ -68,6 +68,7 @@ from bus.frames import (
 )
 from bus.security import (
     ClientKeys,
+    loopback_only,
     ServerKeys,
     secure_client,
     secure_server,
@@ -87,14 +88,6 @@ MAX_NAMES_PER_PEER = 16
 MAX_PEER_ROUTES = 100_000
 #: How long attach() waits for the broker's acknowledgement by default.
 ATTACH_DEADLINE_S = 10.0
-
-
-def loopback_only(addr: str) -> bool:
-    """ipc:// and loopback tcp:// addresses; anything else reaches other machines."""
-    if not addr.startswith("tcp://"):
-        return not addr.startswith(("pgm://", "epgm://", "udp://"))
-    host = addr[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
-    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
 
 
 class PeerPort:

@@ -135,3 +135,19 @@ def secure_client(sock: zmq.Socket, keys: ClientKeys) -> None:
     sock.curve_secretkey = keys.secret
     sock.curve_publickey = keys.public
     sock.curve_serverkey = keys.server_public
+
+
+#: Transports that stay on this machine: in-process and Unix-domain sockets.
+_LOCAL_TRANSPORTS = ("inproc://", "ipc://")
+
+
+def loopback_only(addr: str) -> bool:
+    """Whether ``addr`` cannot reach another machine: ``inproc://``, ``ipc://``, or
+    ``tcp://`` on a loopback host. Every other transport (udp, pgm, epgm, tipc, vmci,
+    ws, ...) and every other tcp host may; the one rule binds and connects obey."""
+    if addr.startswith(_LOCAL_TRANSPORTS):
+        return True
+    if not addr.startswith("tcp://"):
+        return False
+    host = addr[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")

@@ -33,13 +33,16 @@ from bus.frames import delivery as _delivery
 from bus.frames import envelope as _envelope
 from bus.frames import open_batch as _open_batch
 from bus.frames import open_envelope as _open
+from bus.frames import recv_frames as _recv_frames
+from bus.frames import send_frames as _send_frames
+from bus.security import loopback_only
 from protocol import Codec, Message
 
 log = logging.getLogger(__name__)
 
 _SEQ = struct.Struct("<Q")
 # Plain ints: pyzmq's enum flags cost an enum operation per frame.
-_MORE, _NOBLOCK, _RCVMORE = int(zmq.SNDMORE), int(zmq.NOBLOCK), int(zmq.RCVMORE)
+_NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 
@@ -48,30 +51,10 @@ def _readable(sock: zmq.Socket) -> bool:
     return bool(sock.getsockopt(_EVENTS) & _POLLIN)
 
 
-def _recv_frames(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
-    """recv_multipart without pyzmq's per-frame enum arithmetic."""
-    frames = [sock.recv(flags)]
-    while sock.getsockopt(_RCVMORE):
-        frames.append(sock.recv())
-    return frames
-
-
-def _send_frames(sock: zmq.Socket, frames: list[bytes], flags: int = 0) -> None:
-    """send_multipart without pyzmq's per-frame enum arithmetic and checks."""
-    last = len(frames) - 1
-    for i, frame in enumerate(frames):
-        sock.send(frame, flags | _MORE if i < last else flags)
 #: How long attach() waits for the broker's acknowledgement.
 ATTACH_DEADLINE_S = 10.0
 #: Poll period of the bus threads: bounds how long a stop request can go unseen.
 _POLL_MS = 200
-
-
-def _loopback_only(addr: str) -> bool:
-    if not addr.startswith("tcp://"):
-        return True
-    host = addr[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
-    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
 
 
 def _wake(ctx: zmq.Context, addr: str) -> None:
@@ -583,7 +566,7 @@ class ZmqBus:
         if isinstance(first_seq, bool) or not isinstance(first_seq, int) or first_seq < 1:
             raise ValueError(f"first_seq must be an integer >= 1, got {first_seq!r}")
         for addr in binds:
-            if not insecure and not _loopback_only(addr):
+            if not insecure and not loopback_only(addr):
                 raise ValueError(
                     f"refusing to bind {addr!r} without CURVE keys: the broker binds to "
                     "loopback only unless keys are configured; pass insecure=True (CLI: "

@@ -195,3 +195,16 @@ def test_an_endpoint_in_another_context_reaches_the_broker_over(transport, tmp_p
 def test_binding_a_non_loopback_address_without_keys_is_refused():
     with pytest.raises(ValueError, match="loopback only"):
         ZmqBus(binds=["tcp://0.0.0.0:5599"])
+
+
+@pytest.mark.parametrize("addr, local", [
+    ("inproc://x", True), ("ipc:///tmp/evobus.sock", True), ("tcp://127.0.0.1:5555", True),
+    ("tcp://127.3.4.5:5555", True), ("tcp://localhost:5555", True), ("tcp://[::1]:5555", True),
+    ("tcp://0.0.0.0:5555", False), ("tcp://10.0.0.2:5555", False), ("tcp://*:5555", False),
+    ("udp://127.0.0.1:5555", False), ("tipc://{5560,0,0}", False), ("pgm://eth0;239.1.1.1:5555", False),
+    ("epgm://eth0;239.1.1.1:5555", False), ("ws://127.0.0.1:5555", False),
+    ("vmci://1:5555", False)])
+def test_one_loopback_rule_for_every_transport(addr, local):
+    from bus.security import loopback_only
+
+    assert loopback_only(addr) is local

@@ -14,7 +14,7 @@ from actors.errors import ConfigError
 from actors.workers.remote import RemoteWorker
 from bus.security import load_client_keys
 from bus.security import create_keys
-from bus.remote import loopback_only
+from bus.security import loopback_only
 
 log = logging.getLogger(__name__)
 
