@@ -136,7 +136,7 @@ class OpenAIAgent:
         if unknown:
             raise ConfigError(f"OpenAIAgent: unknown argument(s) {sorted(unknown)}; see "
                               "`help(actors.openai_agent.OpenAIAgent)` for the ones it takes")
-        try:
+        try:  # an optional extra (evobus[llm]): imported only by an agent being built
             import httpx
         except ImportError:
             raise ConfigError('OpenAIAgent needs httpx: pip install "evobus[llm]"') from None

@@ -10,17 +10,18 @@ import logging
 import sys
 import warnings
 from collections import Counter
-from actors.runtime.checks import check_refs
-from protocol.scenario import ScenarioError, load_scenario
-from actors.errors import ConfigError
-from actors.runtime.launch import run_scenario
+
+import msgspec
+
+from actors.cli.groups import run_groups
 from actors.cli.progress import RunProgress, interrupt_guard
+from actors.cli.replay import format_summary, summarize, unreadable_log
+from actors.errors import ConfigError
+from actors.runtime.checks import check_refs
+from actors.runtime.launch import run_scenario
 from bus.log import LogCorrupt, read_log
 from protocol import decode
-from protocol.scenario import json_schema
-from actors.cli.groups import run_groups
-from actors.cli.replay import format_summary, summarize
-from actors.cli.replay import unreadable_log
+from protocol.scenario import ScenarioError, json_schema, load_scenario
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _summary_of(msg) -> str:
-    import msgspec
 
     fields = msgspec.structs.asdict(msg)
     parts = []

@@ -20,8 +20,24 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from contextlib import contextmanager
 from typing import Any, Iterator, TextIO
+
+from rich.console import Console
+from rich.live import Live
+from rich.panel import Panel
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
 from bus.log import LogCorrupt, read_log
 
 __all__ = ["GroupProgressView", "RunProgress", "interrupt_guard", "outcome_text"]
@@ -116,7 +132,6 @@ class RunProgress(_Lines):
         self._live = None
         self.live = self._want_live(live, quiet)
         if self.live:
-            from rich.console import Console
 
             self._console = Console(file=self.stream, highlight=False)
 
@@ -125,7 +140,6 @@ class RunProgress(_Lines):
     def __enter__(self) -> "RunProgress":
         self.t0 = time.monotonic()
         if self.live:
-            from rich.live import Live
 
             self._live = Live(console=self._console, get_renderable=self._panel,
                               refresh_per_second=4, transient=True,
@@ -188,7 +202,6 @@ class RunProgress(_Lines):
                 + (f": {reasons}" if r.proposals or r.reasons else ""))
 
     def _round_line_rich(self, r: Any, prev: float | None):
-        from rich.text import Text
 
         t = Text()
         t.append(f"{(r.elapsed or time.monotonic() - self.t0):7.2f}s  ", style="dim")
@@ -232,9 +245,6 @@ class RunProgress(_Lines):
         return out
 
     def _panel(self):
-        from rich.panel import Panel
-        from rich.table import Table
-        from rich.text import Text
 
         elapsed = time.monotonic() - self.t0
         with self._lock:
@@ -296,8 +306,6 @@ class RunProgress(_Lines):
                 self._print(line)
             self._print("\n" + result.rendered)
             return
-        from rich.panel import Panel
-        from rich.text import Text
 
         c = self._console
         c.print()
@@ -324,7 +332,6 @@ class RunProgress(_Lines):
             return f"{what}, before the run started: nothing was logged, nothing to resume"
         held = ""
         try:
-            import warnings
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -395,9 +402,6 @@ class GroupProgressView(_Lines):
                 f"({_rate(new, p.elapsed)}){failed}, {_clock(p.elapsed)} elapsed{left}")
 
     def _update_bar(self, p: Any) -> None:
-        from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn, TimeRemainingColumn)
 
         if self._bar is None:
             self._bar = Progress(TextColumn(f"group {self.name}"), BarColumn(),

@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
+
 from actors.errors import ConfigError
 from actors.workers.remote import RemoteWorker
-from bus.security import load_client_keys
-from bus.security import create_keys
-from bus.security import loopback_only
+from bus.security import create_keys, load_client_keys, loopback_only
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_keys(args: argparse.Namespace) -> int:
 
-    from pathlib import Path
 
     before = {p for p in Path(args.dir).glob("*.key*")} if Path(args.dir).is_dir() else set()
     try:

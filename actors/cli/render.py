@@ -318,7 +318,7 @@ OUTCOME_COLOURS = {"committed": "#2ca02c", "rollout-error": "#d62728",
 
 
 def _matplotlib():
-    try:
+    try:  # an optional extra (evobus[report]): imported only when a chart is drawn
         import matplotlib
     except ImportError:
         raise MissingExtra(f"the report draws its charts with matplotlib, which is not "

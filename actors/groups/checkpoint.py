@@ -90,7 +90,7 @@ def load_checkpoint(path: str | os.PathLike) -> GroupCheckpoint:
 @contextlib.contextmanager
 def _exclusive(path: Path) -> Iterator[None]:
     """One resumer at a time per checkpoint (an advisory lock, released if we die)."""
-    try:
+    try:  # POSIX only: imported here so the module still loads elsewhere
         import fcntl
     except ImportError:  # not POSIX: no lock; documented
         yield

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import inspect
 import logging
 from pathlib import Path
 from typing import Any, Callable
@@ -56,21 +57,25 @@ from typing import Any, Callable
 import msgspec
 
 from actors.addresses import DRIVER, MERGER, PLANNER, SCHEDULER
+from actors.artifacts import KeyedRules
 from actors.errors import ConfigError, RunFailed
-from bus.log import LogContents, Record
-from protocol import GroupStart, Message, Start, decode, encode
-from actors.replay.report import (
-                                  ActorReport, Divergence, ReplayReport, Unrecorded, _cap, field_diff)
-from bus.log import read_header
+from actors.machines.collector import Collector
 from actors.machines.merger import Merger
 from actors.machines.planner import Planner
 from actors.machines.scheduler import Scheduler
+from actors.replay.report import (
+    ActorReport,
+    Divergence,
+    ReplayReport,
+    Unrecorded,
+    _cap,
+    field_diff,
+)
 from actors.runtime.evolve import prepare_parallel
-from actors.machines.collector import Collector
 from actors.runtime.launch import build_parallel, build_strategy
+from bus.log import LogContents, Record, read_header
+from protocol import GroupStart, Message, Start, decode, encode
 from protocol.scenario import ScenarioError, parse_scenario
-from actors.artifacts import KeyedRules
-
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +195,6 @@ def _accepted(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
 def _keywords(cls: type) -> frozenset[str] | None:
     """The parameter names ``cls`` takes (None: any, it has ``**kwargs``); looked up
     once per class, not once per replay."""
-    import inspect
 
     params = inspect.signature(cls).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):

@@ -3,12 +3,13 @@ names and call :func:`actors.evolve` (or run its parallel groups)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
-from actors.workers import code as refs
 from actors.artifacts import AppendRules, KeyedRules, SingleSlot
 from actors.policies.parallelism import ClusterParallel, DataParallel, TensorParallel
 from actors.runtime.evolve import EvolveResult, evolve
+from actors.workers import code as refs
 from protocol import scenario as sc
 
 
@@ -93,7 +94,6 @@ def run_scenario(scenario: sc.Scenario, *, source: str = "", log: str | None = N
     if log is not None:
         kwargs["log"] = log
     if kwargs["log"]:
-        import os
 
         os.makedirs(os.path.dirname(os.path.abspath(kwargs["log"])), exist_ok=True)
     return evolve(**kwargs, on_progress=on_progress)
