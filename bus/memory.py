@@ -19,12 +19,16 @@ from protocol import Message, decode, encode
 
 log = logging.getLogger(__name__)
 
+#: How often the log's idle flusher looks (the ZeroMQ broker's poll period).
+_IDLE_FLUSH_S = 0.2
+
 
 class InMemoryBus:
     """``first_seq``: the sequence number of the first delivered message (a resumed run's
     log goes on after the one it continues)."""
 
-    def __init__(self, log_writer=None, *, first_seq: int = 1) -> None:
+    def __init__(self, log_writer=None, *, first_seq: int = 1,
+                 sync_on: tuple[type, ...] = ()) -> None:
         if isinstance(first_seq, bool) or not isinstance(first_seq, int) or first_seq < 1:
             raise ValueError(f"first_seq must be an integer >= 1, got {first_seq!r}")
         self.stats = BusStats()
@@ -37,6 +41,13 @@ class InMemoryBus:
         self._clock = RunClock()
         self._closed = False
         self._closing = False
+        self._sync_on = frozenset(sync_on)  # fsynced at once (LogWriter.append(sync=True))
+        self._stop = threading.Event()
+        if log_writer is not None:
+            # Deliveries run on the senders' threads; this one flushes the log on time
+            # when nobody sends (bus/log.py: every record reaches the OS within a second).
+            threading.Thread(target=self._flush_on_time, name="evobus-memory-log",
+                             daemon=True).start()
 
     def closing(self) -> None:
         self._closing = True
@@ -70,6 +81,8 @@ class InMemoryBus:
                     self._deliver_one(*self._queue.popleft())
             finally:
                 self._draining = False
+            if self._log is not None:  # a commit among these is fsynced now, once
+                self._log.flush_if_due()
 
     def _deliver_one(self, sender: str, receiver: str, body: bytes) -> None:
         if len(body) > MAX_FRAME_BYTES:
@@ -89,11 +102,20 @@ class InMemoryBus:
             return
         self._seq += 1
         if self._log is not None:
-            self._log.append(self._seq, self._clock(), sender, receiver, body)
+            self._log.append(self._seq, self._clock(), sender, receiver, body,
+                             type(msg) in self._sync_on)
         self.stats.delivered += 1
         deliver(Delivery(self._seq, sender, receiver, msg))
 
+    def _flush_on_time(self) -> None:
+        while not self._stop.wait(_IDLE_FLUSH_S):
+            with self._lock:
+                if self._closed:
+                    return
+                self._log.flush_if_due()
+
     def close(self) -> None:
+        self._stop.set()
         with self._lock:
             self._closed = True
             self._routes.clear()

@@ -90,6 +90,17 @@ MAX_PEER_ROUTES = 100_000
 ATTACH_DEADLINE_S = 10.0
 
 
+def bind_refusal(addr: str, *, keys: bool, insecure: bool) -> str | None:
+    """Why the broker may not bind ``addr`` (None: it may): without CURVE keys, loopback
+    only, unless the caller accepts unauthenticated peers."""
+    if keys or insecure or loopback_only(addr):
+        return None
+    return (f"refusing to bind {addr!r} without CURVE keys: without keys the broker binds "
+            "to loopback only. Create keys with `evobus keys DIR` and set [workers] keys = "
+            "\"DIR\", or pass --insecure (insecure=True) to accept unauthenticated, "
+            "unencrypted peers on that interface")
+
+
 class PeerPort:
     """The broker's ROUTER for workers in other processes (runs on the broker thread).
 
@@ -102,12 +113,9 @@ class PeerPort:
                  label: str = "remote") -> None:
         self.binds = list(binds)
         for addr in self.binds:
-            if keys is None and not insecure and not loopback_only(addr):
-                raise ValueError(
-                    f"refusing to bind {addr!r} without CURVE keys: without keys the broker "
-                    "binds to loopback only. Create keys with `evobus keys DIR` and set "
-                    "[workers] keys = \"DIR\", or pass --insecure (insecure=True) to accept "
-                    "unauthenticated, unencrypted peers on that interface")
+            refusal = bind_refusal(addr, keys=keys is not None, insecure=insecure)
+            if refusal is not None:
+                raise ValueError(refusal)
         self.keys = keys
         self.insecure = insecure
         self.receivers = None if receivers is None else {r.encode() for r in receivers}

@@ -109,12 +109,15 @@ class Broker:
 
     def __init__(self, ctx: zmq.Context, binds: list[str], *, log_writer=None,
                  stats: BusStats | None = None, clock: RunClock | None = None,
-                 peers: tuple = (), first_seq: int = 1) -> None:
+                 peers: tuple = (), first_seq: int = 1, sync_on: tuple[type, ...] = ()) -> None:
         if isinstance(first_seq, bool) or not isinstance(first_seq, int) or first_seq < 1:
             raise ValueError(f"first_seq must be an integer >= 1, got {first_seq!r}")
         self.ctx = ctx
         self.stats = stats or BusStats()
         self._log = log_writer
+        # Message types whose record is fsynced before the broker waits for more input
+        # (LogWriter.append(sync=True); the runtime names Start, Commit, ...).
+        self._sync_on = frozenset(sync_on)
         self._clock = clock or RunClock()
         self._routes: dict[bytes, bytes] = {}
         # Names attached by this process's own bus (ZmqBus.attach): the broker calls
@@ -191,6 +194,8 @@ class Broker:
             while not self._stop.is_set():
                 ready = dict(poller.poll(_POLL_MS))
                 if not ready:
+                    if self._log is not None:  # records reach the OS on time when idle too
+                        self._log.flush_if_due()
                     continue
                 # Drain what is there before polling again, reading only the sockets
                 # the poll found readable and asking for more with EVENTS, not with a
@@ -208,6 +213,8 @@ class Broker:
                 for port in self._peers:  # peer frames go through the port's policy
                     if port.socket is not None and port.socket in ready:
                         port.drain(codec)
+                if self._log is not None:  # a commit in this batch is fsynced now, once
+                    self._log.flush_if_due()
         finally:
             router.close(0)
             intake.close(0)
@@ -278,12 +285,12 @@ class Broker:
         deliver = self._local.get(receiver)
         if deliver is not None:
             self._seq += 1
-            if self._log is not None:
-                self._log.append(self._seq, self._clock(), sender.decode(), receiver.decode(),
-                                 body)
-            self.stats.delivered += 1
             if msg is None:
                 msg = codec.decode(body)
+            if self._log is not None:
+                self._log.append(self._seq, self._clock(), sender.decode(), receiver.decode(),
+                                 body, type(msg) in self._sync_on)
+            self.stats.delivered += 1
             try:
                 deliver(Delivery(self._seq, sender.decode(), receiver.decode(), msg))
             except Exception:  # a handler bug must not kill the broker; logged here
@@ -314,7 +321,7 @@ class Broker:
             return
         if self._log is not None:
             self._log.append(self._seq, self._clock(), sender.decode(), receiver.decode(),
-                             body)
+                             body, type(msg) in self._sync_on)
         self.stats.delivered += 1
 
     # -- routing to peer ports (bus/remote.py) ----------------------------------
@@ -559,10 +566,12 @@ class ZmqBus:
     ``binds`` adds ``ipc://`` or ``tcp://`` addresses for actors in other processes.
     A tcp address that is not loopback is refused unless ``insecure=True`` (remote
     workers over other interfaces must use CURVE keys: docs/remote.md). ``first_seq``
-    is the sequence number of the first delivered message (default 1)."""
+    is the sequence number of the first delivered message (default 1). ``sync_on``:
+    message types whose log record is fsynced at once (bus/log.py)."""
 
     def __init__(self, log_writer=None, binds: tuple[str, ...] | list[str] = (), *,
-                 insecure: bool = False, peers: tuple = (), first_seq: int = 1) -> None:
+                 insecure: bool = False, peers: tuple = (), first_seq: int = 1,
+                 sync_on: tuple[type, ...] = ()) -> None:
         if isinstance(first_seq, bool) or not isinstance(first_seq, int) or first_seq < 1:
             raise ValueError(f"first_seq must be an integer >= 1, got {first_seq!r}")
         for addr in binds:
@@ -579,7 +588,7 @@ class ZmqBus:
         # one DEALER per process, CURVE when keys are configured); see docs/remote.md.
         self.broker = Broker(self.ctx, [inproc, *binds], log_writer=log_writer,
                              stats=self.stats, clock=self.clock, peers=tuple(peers),
-                             first_seq=first_seq)
+                             first_seq=first_seq, sync_on=sync_on)
         self.broker.start()
         self.address = inproc
         # The broker hands this process's messages to their actors itself (attach):

@@ -6,12 +6,13 @@ Also: the ZeroMQ broker reached over ipc:// and tcp:// from a second endpoint.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import zmq
 
 from bus import MAX_FRAME_BYTES, Endpoint, InMemoryBus, ZmqBus
-from bus.log import read_log, LogHeader, LogWriter, FORMAT_VERSION
+from bus.log import FLUSH_EVERY_S, FORMAT_VERSION, LogHeader, LogWriter, read_log
 from protocol import Barrier, Tick, decode
 
 WAIT_S = 10
@@ -40,12 +41,14 @@ class Inbox:
 def make_bus(request, tmp_path):
     made = []
 
-    def make(log=False, first_seq=1):
+    def make(log=False, first_seq=1, sync_on=(), flush_every=FLUSH_EVERY_S):
         writer = None
         if log:
-            writer = LogWriter(tmp_path / "bus.evolog", LogHeader(format_version=FORMAT_VERSION))
-        bus = InMemoryBus(writer, first_seq=first_seq) if request.param == "memory" \
-            else ZmqBus(writer, first_seq=first_seq)
+            writer = LogWriter(tmp_path / "bus.evolog", LogHeader(format_version=FORMAT_VERSION),
+                               flush_every=flush_every)
+        bus = InMemoryBus(writer, first_seq=first_seq, sync_on=sync_on) \
+            if request.param == "memory" else ZmqBus(writer, first_seq=first_seq,
+                                                     sync_on=sync_on)
         made.append(bus)
         return bus
 
@@ -147,6 +150,36 @@ def test_numbering_starts_at_first_seq_in_deliveries_and_the_log(make_bus, tmp_p
     bus.close()
     assert [d.seq for d in got] == [178, 179, 180, 181, 182]
     assert [r.seq for r in read_log(tmp_path / "bus.evolog").records] == [d.seq for d in got]
+
+
+def on_disk_within(path, n: int, deadline_s: float) -> float:
+    """Seconds until the file at ``path`` holds ``n`` records (bounded poll)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        if len(read_log(path).records) >= n:
+            return time.monotonic() - t0
+        time.sleep(0.01)  # polling period, not a synchronisation
+    raise AssertionError(f"{path} did not hold {n} records within {deadline_s} s")
+
+
+def test_a_delivered_record_reaches_the_os_within_a_second_with_no_more_traffic(make_bus,
+                                                                                tmp_path):
+    bus = make_bus(log=True)
+    inbox = Inbox()
+    bus.attach("a", inbox)
+    bus.send("x", "a", Barrier(round=0))  # one record, far below any batch size
+    inbox.wait(1)
+    assert on_disk_within(tmp_path / "bus.evolog", 1, deadline_s=1.0) < 1.0
+
+
+def test_a_sync_message_is_on_disk_before_the_flush_interval_passes(make_bus, tmp_path):
+    bus = make_bus(log=True, sync_on=(Barrier,), flush_every=1.0)
+    inbox = Inbox()
+    bus.attach("a", inbox)
+    bus.send("x", "a", Tick(elapsed=0.0))  # not a sync message: waits for its interval
+    bus.send("x", "a", Barrier(round=0))   # a sync message: fsynced with what precedes it
+    inbox.wait(2)
+    assert on_disk_within(tmp_path / "bus.evolog", 2, deadline_s=0.9) < 0.9
 
 
 @pytest.mark.parametrize("first_seq", [0, -3, True, 1.5])

@@ -19,6 +19,7 @@ from bus.log import (
     MAGIC,
     LogContents,
     LogCorrupt,
+    LogExists,
     LogHeader,
     LogVersionError,
     LogWriter,
@@ -122,10 +123,28 @@ def test_append_accepts_near_miss_types_and_refuses_what_would_not_read_back(tmp
     assert read_log(path).records == [Record(0, 1.0, "a", "b", b"xy"), Record(1, 2.5, "a", "b", b"z")]
 
 
-def test_opening_an_existing_log_for_writing_starts_a_new_run(tmp_path):
+def test_a_log_is_never_overwritten_and_its_bytes_do_not_change(tmp_path):
     path = write_log(tmp_path / "run.evolog", make_records(10))
-    write_log(path, make_records(2))
+    before = path.read_bytes()
+    with pytest.raises(LogExists, match="never overwritten.*new path.*overwrite=True"):
+        LogWriter(path, HEADER)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.evolog"]  # no leftovers
+
+
+def test_overwrite_true_replaces_the_log_with_a_new_file(tmp_path):
+    path = write_log(tmp_path / "run.evolog", make_records(10))
+    with open(path, "rb") as old:  # a reader of the old log keeps the old bytes
+        write_log(path, make_records(2), overwrite=True)
+        assert len(old.read()) > path.stat().st_size
     assert read_log(path).records == make_records(2)
+
+
+def test_the_file_appears_with_its_header_already_on_disk(tmp_path):
+    path = tmp_path / "run.evolog"
+    with LogWriter(path, HEADER, fsync="never"):
+        assert read_log(path).header == HEADER  # before any flush or close
+        assert [p.name for p in tmp_path.iterdir()] == ["run.evolog"]
 
 
 def test_close_is_idempotent_and_append_after_close_is_refused(tmp_path):
@@ -160,8 +179,8 @@ def test_yesterdays_bytes_still_read_and_the_writer_still_produces_them(tmp_path
 
 
 @pytest.mark.parametrize("policy, expected_fsyncs", [
-    ("always", 1 + 7 + 1),   # header, every record, close
-    ("batched", 1 + 2 + 1),  # header, every 3rd record, close
+    ("always", 2 + 7 + 1),   # header and its directory entry, every record, close
+    ("batched", 2 + 2 + 1),  # header and its directory entry, every 3rd record, close
     ("never", 0),
 ])
 def test_every_fsync_policy_writes_a_readable_log(tmp_path, monkeypatch, policy, expected_fsyncs):
@@ -172,6 +191,59 @@ def test_every_fsync_policy_writes_a_readable_log(tmp_path, monkeypatch, policy,
     path = write_log(tmp_path / f"{policy}.evolog", records, fsync=policy, batch=3)
     assert len(fsyncs) == expected_fsyncs
     assert read_log(path).records == records
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("policy", ["batched", "never"])
+def test_a_buffered_record_reaches_the_os_once_it_is_due_whatever_the_count(tmp_path, policy):
+    clock = FakeClock()
+    path = tmp_path / "run.evolog"
+    with LogWriter(path, HEADER, fsync=policy, batch=256, flush_every=0.25,
+                   clock=clock) as writer:
+        writer.append(0, 0.0, "a", "b", b"x")
+        assert not writer.flush_if_due() and read_log(path).records == []  # buffered
+        clock.now += 0.25
+        assert writer.flush_if_due()  # what the bus calls when idle
+        assert len(read_log(path).records) == 1
+        assert not writer.flush_if_due()  # nothing left to flush
+
+
+def test_an_append_flushes_the_buffer_when_its_oldest_record_is_due(tmp_path):
+    clock = FakeClock()
+    path = tmp_path / "run.evolog"
+    with LogWriter(path, HEADER, batch=256, flush_every=0.25, clock=clock) as writer:
+        for i in range(3):
+            writer.append(i, 0.0, "a", "b", b"")
+            clock.now += 0.13
+        assert len(read_log(path).records) == 3  # the third append found the first due
+
+
+def test_sync_records_are_fsynced_at_the_next_check_once_per_burst(tmp_path, monkeypatch):
+    fsyncs = []
+    real_fsync = os.fsync
+    path = tmp_path / "run.evolog"
+    with LogWriter(path, HEADER, batch=256, clock=FakeClock()) as writer:
+        monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd)))
+        writer.append(0, 0.0, "merger", "worker-0", b"", sync=True)
+        writer.append(1, 0.0, "merger", "worker-1", b"", sync=True)
+        assert fsyncs == []
+        assert writer.flush_if_due()
+        assert len(fsyncs) == 1 and len(read_log(path).records) == 2
+        assert not writer.flush_if_due()
+
+
+@pytest.mark.parametrize("every", [0, -1, 1.5, True])
+def test_a_flush_interval_outside_zero_to_one_second_is_refused(tmp_path, every):
+    with pytest.raises(ValueError, match=r"flush_every.*\(0, 1\]"):
+        LogWriter(tmp_path / "run.evolog", HEADER, flush_every=every)
+    assert not (tmp_path / "run.evolog").exists()
 
 
 def test_unknown_fsync_policy_is_refused_naming_the_choices(tmp_path):

@@ -24,6 +24,7 @@ from actors.groups.api import resume_group
 from actors.cli.progress import GroupProgressView
 from actors.workers import code as refs
 from actors.groups.api import run_group
+from actors.runtime.launch import group_log_path
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +237,7 @@ def _items_of(spec, where: str) -> list[Any]:
 
 
 def run_groups(scenario, source: str, *, quiet: bool = False, json_out: bool = False,
-               log_path: str | None = None) -> int:
+               log_path: str | None = None, overwrite: bool = False) -> int:
     """Run every ``[[groups]]`` entry of a scenario, one after the other; the exit code
     of the worst outcome (failed 1 > paused 3 > completed 0; a refusal is 2)."""
 
@@ -249,8 +250,9 @@ def run_groups(scenario, source: str, *, quiet: bool = False, json_out: bool = F
         if spec.approvers is not None:
             options["approvers"] = list(spec.approvers)
         if log_path:
-            options["log"] = f"{log_path}.{spec.name}.evolog" if not log_path.endswith(
-                ".evolog") else log_path[:-len(".evolog")] + f".{spec.name}.evolog"
+            options["log"] = group_log_path(log_path, spec.name)
+            if overwrite:
+                options["log_overwrite"] = True
         try:
             items = _items_of(spec, where)
             with _progress(spec.name, quiet, json_out) as view:

@@ -14,10 +14,10 @@ from collections import Counter
 import msgspec
 
 from actors.cli.groups import run_groups
-from actors.cli.progress import RunProgress, interrupt_guard
+from actors.cli.progress import RunProgress, exit_code, interrupt_guard
 from actors.cli.replay import format_summary, summarize, unreadable_log
 from actors.errors import ConfigError
-from actors.runtime.checks import check_refs
+from actors.runtime.checks import scenario_problems
 from actors.runtime.launch import run_scenario
 from bus.log import LogCorrupt, read_log
 from protocol import decode
@@ -36,15 +36,17 @@ def _err(message: str) -> int:
     return 2
 
 
-def _load_checked(path: str):
-    """The scenario at ``path``, validated and with every reference importable (nothing
-    is called: no tasks built, no agent constructed); or the exit code after saying why."""
+def _load_checked(args: argparse.Namespace):
+    """The scenario ``args.scenario`` names, with every refusal `evobus run` would make
+    before its first rollout checked (actors.runtime.checks.scenario_problems: nothing is
+    called, no tasks built, no agent constructed); or the exit code after saying why."""
 
     try:
-        scenario = load_scenario(path)
+        scenario = load_scenario(args.scenario)
     except ScenarioError as exc:
         return _err(str(exc))
-    problems = check_refs(scenario, path)
+    problems = scenario_problems(scenario, args.scenario, log=args.log,
+                                 overwrite=args.overwrite, insecure=args.insecure)
     for problem in problems:
         _err(problem)
     return 2 if problems else scenario
@@ -52,34 +54,35 @@ def _load_checked(path: str):
 
 def cmd_run(args: argparse.Namespace) -> int:
 
-    scenario = _load_checked(args.scenario)
+    scenario = _load_checked(args)
     if isinstance(scenario, int):
         return scenario
-
+    log_path = args.log if args.log is not None else scenario.log
     if scenario.domain is None:  # only [[groups]]: actors.cli.groups runs them
 
-        if getattr(args, "insecure", False):
+        if args.insecure:
             warnings.warn(f"{args.scenario} has no [domain], only groups (threads of this "
                           "process): --insecure concerns remote workers and is ignored",
                           RuntimeWarning, stacklevel=1)
-
-        return run_groups(scenario, args.scenario, quiet=args.quiet, json_out=args.json,
-                          log_path=args.log if args.log is not None else scenario.log)
+        with interrupt_guard():  # SIGTERM and SIGHUP stop groups as Ctrl-C does
+            return run_groups(scenario, args.scenario, quiet=args.quiet,
+                              json_out=args.json, log_path=log_path,
+                              overwrite=args.overwrite)
     # Live progress on a terminal, plain lines otherwise; with --json on stderr, so
     # stdout holds only the JSON summary.
-    log_path = args.log if args.log is not None else scenario.log
     progress = RunProgress(scenario, source=args.scenario, quiet=args.quiet,
                            stream=sys.stderr if args.json else sys.stdout, log_path=log_path)
     try:
         with progress, interrupt_guard():
             result = run_scenario(scenario, source=args.scenario, log=args.log,
-                                  on_progress=progress,
-                                  insecure=getattr(args, "insecure", False))
+                                  on_progress=progress, insecure=args.insecure,
+                                  overwrite=args.overwrite)
     except ConfigError as exc:
         return _err(f"{args.scenario}: {exc}")
-    except KeyboardInterrupt:  # Ctrl-C: the runtime closed its actors and the log
-        print(f"evobus: {progress.interrupted(log_path)}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: actors and log closed
+        how = "interrupted" if exit_code(exc) == 130 else f"stopped by {exc}"
+        print(f"evobus: {progress.interrupted(log_path, how)}", file=sys.stderr)
+        return exit_code(exc)
     except Exception as exc:  # the user's code (tasks, agent) or a crashed actor: one line
         log.debug("run failed", exc_info=True)
         _err(f"{args.scenario}: the run failed: {type(exc).__name__}: {exc} "
@@ -97,8 +100,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     code = 1 if result.error and result.rollouts == 0 else 0
     if scenario.groups:  # a domain and [[groups]]: the groups run after evolve
 
-        group_code = run_groups(scenario, args.scenario, quiet=args.quiet, json_out=args.json,
-                                log_path=log_path)
+        with interrupt_guard():
+            group_code = run_groups(scenario, args.scenario, quiet=args.quiet,
+                                    json_out=args.json, log_path=log_path,
+                                    overwrite=args.overwrite)
         code = code or group_code
     return code
 
@@ -159,7 +164,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    scenario = _load_checked(args.scenario)
+    scenario = _load_checked(args)
     if isinstance(scenario, int):
         return scenario
     parts = []
@@ -193,12 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="verb", metavar="VERB")
     r = sub.add_parser("run", help="run a scenario file (TOML)")
     r.add_argument("scenario")
-    r.add_argument("--log", help="write the message log here (overrides the scenario's)")
+    _add_run_flags(r)
     r.add_argument("--quiet", action="store_true", help="print only errors")
     r.add_argument("--json", action="store_true", help="print a JSON summary at the end")
-    r.add_argument("--insecure", action="store_true",  # docs/remote.md
-                   help="let [workers] bind a non-loopback address without CURVE keys: "
-                        "unauthenticated, unencrypted peers")
     r.set_defaults(func=cmd_run)
     i = sub.add_parser("inspect", help="print a recorded message log readably")
     i.add_argument("log")
@@ -212,8 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "type")
     i.add_argument("--limit", type=int, help="print at most this many lines")
     i.set_defaults(func=cmd_inspect)
-    v = sub.add_parser("validate", help="check a scenario file against the schema")
+    v = sub.add_parser("validate", help="check a scenario file as `evobus run` would, "
+                                        "without running anything",
+                       description="Make every check `evobus run` makes before its first "
+                                   "rollout that calls none of your code: the schema, the "
+                                   "references, the log path, the parallelism against the "
+                                   "artifact, the workers. Give it the flags you give run.")
     v.add_argument("scenario")
+    _add_run_flags(v)
     v.set_defaults(func=cmd_validate)
     s = sub.add_parser("schema", help="print the JSON Schema of scenario files")
     s.set_defaults(func=cmd_schema)
@@ -221,6 +229,17 @@ def build_parser() -> argparse.ArgumentParser:
     for module in VERB_MODULES:
         importlib.import_module(module).register(sub)
     return p
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of `evobus run` that change what it checks (validate takes them too)."""
+    p.add_argument("--log", help="write the message log here (overrides the scenario's)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a log already at the log path (else the run refuses: a "
+                        "log is never overwritten by accident)")
+    p.add_argument("--insecure", action="store_true",  # docs/remote.md
+                   help="let [workers] bind a non-loopback address without CURVE keys: "
+                        "unauthenticated, unencrypted peers")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,9 +255,9 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = _show_warning
         try:
             return args.func(args)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             print("evobus: interrupted", file=sys.stderr)
-            return 130
+            return exit_code(exc)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

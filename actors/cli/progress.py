@@ -40,7 +40,8 @@ from rich.text import Text
 
 from bus.log import LogCorrupt, read_log
 
-__all__ = ["GroupProgressView", "RunProgress", "interrupt_guard", "outcome_text"]
+__all__ = ["GroupProgressView", "Interrupted", "RunProgress", "exit_code", "interrupt_guard",
+           "outcome_text"]
 
 
 def outcome_text(outcomes: dict[str, int], sep: str = ", ") -> str:
@@ -319,11 +320,12 @@ class RunProgress(_Lines):
         c.print(Panel(Text(result.rendered), title=f"artifact v{result.version}",
                       title_align="left", border_style="dim", expand=False))
 
-    def interrupted(self, log_path: str | None) -> str:
-        """The message for a run stopped with Ctrl-C (the caller prints it to stderr)."""
+    def interrupted(self, log_path: str | None, how: str = "interrupted") -> str:
+        """The message for a run stopped with Ctrl-C, SIGTERM or SIGHUP (the caller
+        prints it to stderr); ``how`` says which."""
         self.stop()
         done = len(self.records)
-        what = (f"interrupted after {done} {self.word}{'s' if done != 1 else ''} "
+        what = (f"{how} after {done} {self.word}{'s' if done != 1 else ''} "
                 f"({time.monotonic() - self.t0:.1f} s)")
         if not log_path:
             return (f"{what}; no log was written (set `log` in the scenario or pass --log), "
@@ -416,31 +418,51 @@ class GroupProgressView(_Lines):
                          failed=f"{p.failed} failed" if p.failed else "")
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, SIGTERM or SIGHUP: the run stops as for Ctrl-C (actors closed, the log
+    flushed and closed); ``signum`` gives the exit code, 128 + signum."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def exit_code(exc: KeyboardInterrupt) -> int:
+    """128 + the signal that stopped the run (130 for a plain KeyboardInterrupt)."""
+    return 128 + getattr(exc, "signum", signal.SIGINT)
+
+
+#: The signals that stop a run the way Ctrl-C does (SIGHUP: the terminal went away).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                     if hasattr(signal, name))
+
+
 @contextmanager
 def interrupt_guard(stream: TextIO | None = None) -> Iterator[None]:
-    """The first Ctrl-C raises KeyboardInterrupt (the run stops, closing its actors and
-    its log); a second one only says the run is still stopping; a third quits at once.
-    Does nothing outside the main thread (signal handlers live there)."""
+    """The first Ctrl-C, SIGTERM or SIGHUP raises `Interrupted` (the run stops, closing
+    its actors and its log); a second one only says the run is still stopping; a third
+    quits at once. Does nothing outside the main thread (signal handlers live there)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     stream = stream or sys.stderr
     presses = [0]
 
-    def on_sigint(signum, frame):
+    def on_signal(signum, frame):
         presses[0] += 1
         if presses[0] == 1:
-            raise KeyboardInterrupt
+            raise Interrupted(signum)
         if presses[0] == 2:
-            print("\nevobus: still stopping (workers finishing, the log being flushed); "
-                  "press Ctrl-C once more to quit at once and risk the log's tail",
-                  file=stream, flush=True)
+            print(f"\nevobus: still stopping (workers finishing, the log being flushed); "
+                  f"{signal.Signals(signum).name} once more quits at once and risks the "
+                  "log's tail", file=stream, flush=True)
             return
         print("\nevobus: quitting at once", file=stream, flush=True)
-        os._exit(130)
+        os._exit(128 + signum)
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

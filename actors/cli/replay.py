@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -14,7 +15,8 @@ from actors.errors import ResumeRefused
 from actors.groups.checkpoint import load_checkpoint
 from actors.replay.verify import replay_many
 from actors.errors import ConfigError, RunFailed
-from actors.replay.resume import ResumePoint, resume_scenario_log
+from actors.replay.resume import ResumePoint, next_log_path, resume_scenario_log
+from actors.cli.progress import exit_code, interrupt_guard
 from bus.log import LogCorrupt
 from actors.cli.render import _GROUP_KINDS, track_group
 from protocol import (Commit, Lease, LeaseBatch, LeaseDone, RoundClosed, Settled,
@@ -141,11 +143,19 @@ def cmd_resume(args: argparse.Namespace) -> int:
               f"{record.heldout_reward:.3f}  {mark:<9} rollouts {record.rollouts:<5} "
               f"proposals {record.proposals:<4}", flush=True)
 
+    if args.new_log is not None and os.path.lexists(args.new_log):
+        return _err(f"--log {args.new_log}: a log is already there, and a log is never "
+                    "overwritten; fix: pass another --log PATH, or leave --log out (the "
+                    f"resumed run then writes {next_log_path(point.path)})")
+    new_log = Path(args.new_log) if args.new_log is not None else next_log_path(point.path)
     try:
-        result = resume_scenario_log(point, log=args.new_log, on_progress=progress,
-                                     log_fsync=args.fsync)
+        with interrupt_guard():
+            result = resume_scenario_log(point, log=new_log, on_progress=progress,
+                                         log_fsync=args.fsync)
     except (ConfigError, RunFailed) as exc:
         return _err(str(exc))
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: actors and log closed
+        return _stopped(exc, new_log if new_log.exists() else point.path)
     already = point.finished is not None
     if args.json:
         print(json.dumps({
@@ -169,6 +179,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
             print(f"log: {result.log_path}  (evobus replay {result.log_path})")
         print("\n" + result.rendered)
     return 1 if result.error and result.rollouts == 0 else 0
+
+
+def _stopped(exc: KeyboardInterrupt, newest: Path) -> int:
+    how = "interrupted" if exit_code(exc) == 130 else f"stopped by {exc}"
+    print(f"evobus: the resumed run was {how}; the log {newest} is closed. Resume the run "
+          f"with:\n    evobus resume {newest}", file=sys.stderr)
+    return exit_code(exc)
 
 
 # ---------------------------------------------------------------------------

@@ -89,6 +89,7 @@ _OPTIONS = {
     "prefetch": "leases a worker may hold queued behind the one it runs (default 1)",
     "bus": "'zmq' (default) or 'memory', when the group starts its own runtime",
     "log": "path of the message log, when the group starts its own runtime",
+    "log_overwrite": "True: replace a log already at `log` (else such a path is refused)",
     "runtime": "an actors.Runtime to run on (not closed by the group)",
     "allow": "module prefixes a target named by import path may come from",
     "trace": "True: record the start/error/cancel/hold decisions in outcome.trace",
@@ -381,7 +382,8 @@ def _runtime_for(plan: _Plan) -> tuple[Runtime, Runtime | None]:
     if log_path:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     runtime = Runtime(bus=opts.get("bus", "zmq"), log_path=log_path,
-                      log_meta={"scenario": "parallel-group", "run_id": plan.group_id})
+                      log_meta={"scenario": "parallel-group", "run_id": plan.group_id},
+                      log_overwrite=bool(opts.get("log_overwrite")))
     return runtime, runtime
 
 

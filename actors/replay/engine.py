@@ -105,12 +105,23 @@ META_MACHINE_ARGS = "machine_args"
 
 
 def log_chain(path: str | Path) -> list[Path]:
-    """The logs a (possibly resumed) log continues, oldest first, ending with ``path``."""
+    """The logs a (possibly resumed) log continues, oldest first, ending with ``path``.
+
+    Every segment must carry the run id of the newest one: a segment of another run (a
+    log replaced by a later run under the same name) is refused, naming it."""
 
     chain = [Path(path)]
     seen = {chain[0].resolve()}
+    run_id = read_header(chain[0]).run_id
     while True:
         header = read_header(chain[0])
+        if header.run_id != run_id:
+            raise ConfigError(
+                f"{chain[0]} belongs to run {header.run_id or '(none)'}, but {chain[1]} "
+                f"resumes run {run_id or '(none)'} from it: it is not the log that run "
+                "continued (was it replaced by another run under the same name?); a chain "
+                "replays and resumes only with its own segments: restore the log that run "
+                "wrote")
         previous = header.meta.get(META_RESUMED_FROM)
         if not previous:
             return chain

@@ -23,10 +23,11 @@ The resumed run writes a **new log** (``run.evolog`` -> ``run.r1.evolog``, then
 to its directory, and ``resumed_after_seq``); its sequence numbers go on after the old
 log's last one (evolve() starts the bus at ``first_seq = last_seq + 1``). The old log is left as it was, except that a torn tail (what a crash
 leaves) is cut back to its last good record on disk first. ``evobus replay`` of the
-new log replays the whole chain. For the log to hold everything that happened before a
-crash, run with ``EVOBUS_LOG_FSYNC=always`` (see docs/replay.md): with the default
-``batched`` policy a ``kill -9`` loses the records still in the writer's buffer, and
-the work they recorded is done again (never lost, never counted twice).
+new log replays the whole chain, whose segments must all carry the run's id. Every
+record reaches the OS within a second of its delivery, so a ``kill -9`` under the
+default ``batched`` policy loses at most the last half second of records, and the work
+they recorded is done again (never lost, never counted twice); with
+``EVOBUS_LOG_FSYNC=always`` nothing the log acknowledged is redone (docs/replay.md).
 """
 
 from __future__ import annotations

@@ -1,22 +1,42 @@
-"""Check the references a scenario names before anything runs: every ``module:attr``
-must import and exist. Nothing is called (no tasks built, no agent constructed), so
-``evobus validate`` stays cheap; a missing attribute gets a "did you mean" fix.
+"""Check a scenario before anything runs: the refusals ``evobus run`` makes before its
+first rollout that need none of the user's code called, so that ``evobus validate``
+(which runs exactly these, see :func:`scenario_problems`) says what ``run`` would.
+
+Every ``module:attr`` must import and exist (a missing attribute gets a "did you mean"
+fix); the log's path must be free (a log is never overwritten) and its directory
+creatable; the parallelism strategy must fit the artifact's key space and the worker
+count; workers in other processes need a deadline longer than their heartbeat, an
+address and keys they can use; $EVOBUS_LOG_FSYNC must name a policy; a group's literal
+items must fit its max_items and its target must be callable. Nothing is called (no
+tasks built, no agent constructed), so what depends on what the user's code returns
+(at least 4 tasks, unique task ids, every task routed to a section, the agent's own
+settings) is refused by ``run`` only.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import os
+import tempfile
+from pathlib import Path
 from typing import Any, Iterator
 
 import msgspec
 from msgspec import inspect as mi
 
+from actors.artifacts import declared_keys, normaliser
+from actors.errors import ConfigError
+from actors.policies.parallelism import TensorParallel
+from actors.runtime.evolve import prepare_parallel
+from actors.runtime.launch import build_strategy, group_log_path, n_workers_of
+from actors.runtime.pools import workers_problems
+from actors.runtime.runtime import FSYNC_ENV, fsync_policy
 from protocol import Ref
 from protocol import scenario as sc
 from protocol.scenario_errors import _options
 
-__all__ = ["check_refs", "references"]
+__all__ = ["check_refs", "log_problems", "references", "scenario_problems"]
 
 
 def _is_reference(t: Any) -> bool:
@@ -80,3 +100,125 @@ def check_refs(scenario: sc.Scenario, source: str = "") -> list[str]:
     prefix = f"{source}: " if source else ""
     return [f"{prefix}{msg}" for path, ref in references(scenario)
             if (msg := _check_one(path, ref)) is not None]
+
+
+def scenario_problems(scenario: sc.Scenario, source: str = "", *, log: str | None = None,
+                      overwrite: bool = False, insecure: bool = False) -> list[str]:
+    """Every refusal ``evobus run SCENARIO [--log LOG] [--overwrite] [--insecure]``
+    makes before its first rollout without calling the user's code, one message each,
+    naming the key (empty: none). ``evobus validate`` and ``evobus run`` both call it."""
+    prefix = f"{source}: " if source else ""
+    problems = check_refs(scenario, source)
+    found: list[tuple[str, str]] = []
+    found += _logs(scenario, log, overwrite)
+    if scenario.domain is not None:
+        found += _parallel(scenario, refs_ok=not problems)
+        found += workers_problems(scenario.workers, insecure=insecure)
+    if not problems:
+        found += _groups(scenario)
+    return problems + [f"{prefix}at `{where}`: {message}" for where, message in found]
+
+
+def _logs(scenario: sc.Scenario, log: str | None, overwrite: bool) -> list[tuple[str, str]]:
+    path = log if log is not None else scenario.log
+    if not path:
+        return []
+    where = "--log" if log is not None else "$.log"
+    out = log_problems(path, where, overwrite=overwrite)
+    for g in scenario.groups:
+        out += log_problems(group_log_path(path, g.name), where, overwrite=overwrite,
+                            of=f" (group {g.name!r}'s, beside the run's)")
+    try:
+        fsync_policy()
+    except ConfigError as exc:
+        out.append((f"${FSYNC_ENV}", str(exc)))
+    return out
+
+
+def log_problems(path: str, where: str, *, overwrite: bool = False,
+                 of: str = "") -> list[tuple[str, str]]:
+    """Why a run could not write a new log at ``path`` (``where``: the key or flag that
+    set it): a log already there (never overwritten unless ``overwrite``), or a
+    directory that cannot be created. The directory is tried for real (a probe directory
+    made and removed), not guessed from permission bits."""
+    what = f"the log {path!r}{of}"
+    p = Path(path)
+    if p.is_dir():
+        return [(where, f"{what} is a directory; fix: name a file, e.g. "
+                        f"{os.path.join(path, 'run.evolog')!r}")]
+    if os.path.lexists(p):
+        if overwrite:
+            return []
+        again = "pass another --log PATH" if where == "--log" else \
+            "set another `log` in the scenario or pass --log PATH"
+        return [(where, f"{what} already exists, and a log is never overwritten "
+                        f"(it may be the base of a resume chain); fix: {again}, or pass "
+                        "--overwrite to replace it")]
+    parent = p.absolute().parent
+    ancestor = next(a for a in (parent, *parent.parents) if os.path.lexists(a))
+    why = None
+    if not ancestor.is_dir():
+        why = f"{str(ancestor)!r} is a file, not a directory"
+    else:
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".evobus-probe-", dir=ancestor))
+        except OSError as exc:
+            why = f"nothing can be created in {str(ancestor)!r} ({exc.strerror or exc})"
+    if why is None:
+        return []
+    return [(where, f"cannot create the directory of {what}: {why}; fix: choose a "
+                    "log path in a directory you can write")]
+
+
+def _parallel(scenario: sc.Scenario, *, refs_ok: bool) -> list[tuple[str, str]]:
+    """The strategy/artifact pairing run checks in `prepare_parallel`, on what the file
+    says (a TensorParallel's route needs the task list: run checks it)."""
+    spec = scenario.parallel
+    if isinstance(spec, sc.TensorParallelSpec):
+        parallel: Any = TensorParallel(spec.n_sections, keys=spec.keys)
+    elif isinstance(spec, sc.CustomParallelSpec) and refs_ok:
+        parallel = _uncalled(spec.ref)
+        if parallel is None or callable(getattr(parallel, "plan", None)):
+            return []   # a factory's result is seen by run only; a plan() is what it needs
+    else:
+        return []
+    try:
+        prepare_parallel(parallel, build_strategy(scenario.strategy), None,
+                         n_workers_of(scenario.workers))
+    except ConfigError as exc:
+        return [("$.parallel", str(exc))]
+    return []
+
+
+def _groups(scenario: sc.Scenario) -> list[tuple[str, str]]:
+    out = []
+    for i, g in enumerate(scenario.groups):
+        where = f"$.groups[{i}]"
+        if isinstance(g.items, list) and len(g.items) > g.max_items:
+            out.append((f"{where}.items", f"{len(g.items)} items for max_items="
+                                          f"{g.max_items}: a group never truncates its "
+                                          "input; raise max_items or split the list"))
+        target = _uncalled(g.target)
+        if target is not None and not callable(target):
+            out.append((f"{where}.target", f"{_name(g.target)!r} names a "
+                                           f"{type(target).__name__}, not a callable"))
+    return out
+
+
+def _name(spec: Any) -> str:
+    return spec if isinstance(spec, str) else spec.ref
+
+
+def _uncalled(spec: Any) -> Any:
+    """The object a reference names, when resolving it calls nothing of the user's
+    (actors.workers.code.resolve calls classes and refs with arguments); else None."""
+    ref = spec if isinstance(spec, str) else spec.ref
+    module, _, attr = ref.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    call = getattr(spec, "call", None)
+    if call is None:  # the rule resolve() applies
+        call = bool(getattr(spec, "args", None) or getattr(spec, "kwargs", None)) \
+            or isinstance(obj, type)
+    return None if call else obj

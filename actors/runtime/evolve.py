@@ -136,13 +136,14 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            lease_size: int | None = None,
            bus: str = "zmq", on_progress: Callable[[RoundRecord], None] | None = None,
            log_meta: dict[str, Any] | None = None, log_fsync: str | None = None,
-           resume_from: Any = None, workers: Any = None, refs: dict[str, Any] | None = None,
+           log_overwrite: bool = False, resume_from: Any = None, workers: Any = None, refs: dict[str, Any] | None = None,
            insecure: bool = False) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
     ``log_fsync``: the log's fsync policy ("always", "batched", "never"; default
-    $EVOBUS_LOG_FSYNC, else "batched"). ``resume_from``: an
+    $EVOBUS_LOG_FSYNC, else "batched"). A ``log`` path that exists is refused unless
+    ``log_overwrite=True`` (a log is never overwritten by accident). ``resume_from``: an
     :class:`actors.replay.resume.ResumePoint` (use :func:`actors.replay.resume.resume`): the control
     actors start from the state its log rebuilds, and no ``Start`` is sent.
 
@@ -185,7 +186,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     t0 = time.monotonic() - (resume_from.elapsed if resume_from is not None else 0.0)
     first_seq = resume_from.last_seq + 1 if resume_from is not None else 1
     with Runtime(bus=bus, log_path=log, log_meta=meta, fsync=log_fsync,
-                 peers=remote.ports if remote else (), first_seq=first_seq) as rt:
+                 log_overwrite=log_overwrite, peers=remote.ports if remote else (),
+                 first_seq=first_seq) as rt:
         _spawn_machines(rt, plan_with, task_sampler, start, modes, remote)
         if resume_from is not None:
             # Before any message flows: replay the old log into the machines (no sending).

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from actors.artifacts import AppendRules, KeyedRules, SingleSlot
 from actors.policies.parallelism import ClusterParallel, DataParallel, TensorParallel
+from actors.errors import ConfigError
 from actors.runtime.evolve import EvolveResult, evolve
 from actors.workers import code as refs
 from protocol import scenario as sc
@@ -51,7 +52,7 @@ def evolve_kwargs(scenario: sc.Scenario, source: str = "") -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(
         tasks=list(tasks), reward=_resolve(d.reward, "$.domain.reward"),
         strategy=build_strategy(scenario.strategy), parallel=build_parallel(scenario.parallel),
-        n_workers=_n_workers(scenario.workers),
+        n_workers=n_workers_of(scenario.workers),
         max_concurrency=scenario.workers.max_concurrency, held_out_frac=scenario.held_out_frac,
         seed=scenario.seed, log=scenario.log,
         log_meta={"scenario": source or scenario.name},
@@ -81,19 +82,38 @@ def evolve_kwargs(scenario: sc.Scenario, source: str = "") -> dict[str, Any]:
     return kwargs
 
 
-def _n_workers(w: sc.Workers) -> int:
+def n_workers_of(w: sc.Workers) -> int:
     """One logical worker per worker, wherever it runs (threads, processes, remote)."""
     return w.local + w.processes + w.remote
 
 
 def run_scenario(scenario: sc.Scenario, *, source: str = "", log: str | None = None,
-                 on_progress: Callable | None = None, insecure: bool = False) -> EvolveResult:
+                 on_progress: Callable | None = None, insecure: bool = False,
+                 overwrite: bool = False) -> EvolveResult:
+    """Run a scenario's domain. ``log`` overrides the scenario's; a log path that exists
+    is refused unless ``overwrite``."""
     kwargs = evolve_kwargs(scenario, source)
     if insecure:  # `evobus run --insecure`
         kwargs["insecure"] = True
     if log is not None:
         kwargs["log"] = log
     if kwargs["log"]:
+        make_log_directory(kwargs["log"], "--log" if log is not None else "$.log")
+    return evolve(**kwargs, on_progress=on_progress, log_overwrite=overwrite)
 
-        os.makedirs(os.path.dirname(os.path.abspath(kwargs["log"])), exist_ok=True)
-    return evolve(**kwargs, on_progress=on_progress)
+
+def make_log_directory(path: str, where: str) -> None:
+    """Create the directory of the log at ``path``, or refuse naming ``where`` (the key
+    or flag that set it)."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"at `{where}`: cannot create the directory of the log {path!r} "
+                          f"({exc.strerror or exc}); fix: choose a log path in a directory "
+                          "you can write") from None
+
+
+def group_log_path(log_path: str, name: str) -> str:
+    """Where ``evobus run`` writes the log of the group ``name`` beside the run's log."""
+    base = log_path[:-len(".evolog")] if log_path.endswith(".evolog") else log_path
+    return f"{base}.{name}.evolog"

@@ -38,7 +38,7 @@ from actors.workers.code import BUILTIN_ALLOW, build_spec, module_of, spec_refs
 from actors.machines.registry import Registry
 from actors.runtime.clock import Ticker
 from actors.addresses import SCHEDULER as _S
-from bus.remote import PeerPort
+from bus.remote import PeerPort, bind_refusal
 from bus.security import load_server_keys
 from actors.workers.remote import process_main
 
@@ -219,6 +219,38 @@ class RemoteWorkers:
                 "workers_refused": len(self.refused)}
 
 
+def workers_problems(workers, *, insecure: bool = False) -> list[tuple[str, str]]:
+    """(scenario key, message) for each refusal a ``workers`` section earns before
+    anything starts (`plan` raises the first; `evobus validate` reports them all).
+    Nothing to say when every worker is a thread of this process."""
+    if workers is None or (not workers.processes and not workers.remote):
+        return []
+    out = []
+    heartbeat = getattr(workers, "heartbeat", 1.0)
+    deadline = getattr(workers, "deadline", 5.0)
+    if deadline <= heartbeat:
+        out.append(("$.workers.deadline",
+                    f"workers.deadline ({deadline:g} s) must exceed workers.heartbeat "
+                    f"({heartbeat:g} s), or every worker looks dead; use deadline >= "
+                    f"{3 * heartbeat:g}"))
+    if workers.remote and not workers.bind:
+        out.append(("$.workers.bind",
+                    f"workers.remote = {workers.remote} needs an address to wait at: set "
+                    "bind = \"tcp://HOST:PORT\" (loopback unless keys are configured)"))
+    keys_dir = getattr(workers, "keys", None)
+    if workers.remote and keys_dir:
+        try:
+            load_server_keys(keys_dir)
+        except ValueError as exc:
+            out.append(("$.workers.keys", f"workers: {exc}"))
+    if workers.remote and workers.bind:
+        refusal = bind_refusal(workers.bind, keys=bool(keys_dir),
+                               insecure=insecure or getattr(workers, "insecure", False))
+        if refusal is not None:
+            out.append(("$.workers.bind", f"workers: {refusal}"))
+    return out
+
+
 def plan(workers, n_workers: int, *, bus: str, tasks: list[Task], reward, run, propose,
          agent, strategy, initial_state: dict[str, str], solved: float, package_version: str,
          refs: dict[str, Any] | None = None, insecure: bool = False,
@@ -245,15 +277,11 @@ def plan(workers, n_workers: int, *, bus: str, tasks: list[Task], reward, run, p
         return None
     if bus != "zmq":
         raise ConfigError(f"bus={bus!r} cannot reach workers in other processes; use bus='zmq'")
+    problems = workers_problems(workers, insecure=insecure)
+    if problems:
+        raise ConfigError(problems[0][1])
     heartbeat = getattr(workers, "heartbeat", 1.0)
     deadline = getattr(workers, "deadline", 5.0)
-    if deadline <= heartbeat:
-        raise ConfigError(f"workers.deadline ({deadline:g} s) must exceed workers.heartbeat "
-                          f"({heartbeat:g} s), or every worker looks dead; use deadline >= "
-                          f"{3 * heartbeat:g}")
-    if workers.remote and not workers.bind:
-        raise ConfigError(f"workers.remote = {workers.remote} needs an address to wait at: "
-                          "set bind = \"tcp://HOST:PORT\" (loopback unless keys are configured)")
     spec = build_spec(tasks=tasks, reward=reward, run=run, propose=propose, agent=agent,
                       strategy=strategy, initial_state=initial_state, solved=solved,
                       heartbeat=heartbeat, package_version=package_version, refs=refs,

@@ -23,7 +23,9 @@ from actors.workers.core import WorkerCore
 from bus.base import Delivery
 from bus.memory import InMemoryBus
 from bus.zmq_bus import ZmqBus
-from bus.log import LogHeader, LogWriter, FORMAT_VERSION
+from bus.log import FORMAT_VERSION, FSYNC_POLICIES, LogExists, LogHeader, LogWriter
+from protocol import (Commit, GroupResult, GroupSuspended, Merged, RoundClosed, RunDone,
+                      Start)
 
 
 log = logging.getLogger(__name__)
@@ -33,39 +35,83 @@ log = logging.getLogger(__name__)
 STOP_DEADLINE_S = 10.0
 
 
+#: Messages whose log record is fsynced as soon as the broker has delivered them (with
+#: the records before them): the run's start, every commit of the artifact, the end of
+#: each round, the run's and a group's result. docs/replay.md says what this guarantees.
+SYNC_ON = (Start, Commit, RoundClosed, Merged, RunDone, GroupResult, GroupSuspended)
+
+#: The environment variable that chooses the log's fsync policy when no argument does.
+FSYNC_ENV = "EVOBUS_LOG_FSYNC"
+
+
+def fsync_policy(fsync: str | None = None) -> str:
+    """The log's fsync policy: the argument, else $EVOBUS_LOG_FSYNC, else "batched"
+    ("always" makes a kill -9 lose no record: docs/replay.md)."""
+    if fsync is not None:
+        if fsync not in FSYNC_POLICIES:
+            raise ConfigError(f"log_fsync={fsync!r}: expected one of "
+                              f"{', '.join(FSYNC_POLICIES)} (bus/log.py says what each keeps)")
+        return fsync
+    policy = os.environ.get(FSYNC_ENV) or "batched"
+    if policy not in FSYNC_POLICIES:
+        raise ConfigError(f"${FSYNC_ENV}={policy!r}: expected one of "
+                          f"{', '.join(FSYNC_POLICIES)}; fix: export {FSYNC_ENV}=batched "
+                          f"(or unset it)")
+    return policy
+
+
+def open_log(log_path: str, log_meta: dict[str, Any] | None, fsync: str | None, *,
+             overwrite: bool = False) -> LogWriter:
+    """A new log at ``log_path`` with the run's header; refused (ConfigError naming the
+    fix) when a log is already there, unless ``overwrite``."""
+    meta = dict(log_meta or {})
+    scenario_file = str(meta.get("scenario", ""))
+    if "scenario_toml" not in meta and scenario_file.endswith(".toml") \
+            and os.path.isfile(scenario_file):
+        # The scenario's text makes `evobus replay/resume LOG` work standalone.
+        with open(scenario_file, encoding="utf-8") as f:
+            meta["scenario_toml"] = f.read()
+    header = LogHeader(format_version=FORMAT_VERSION, package_version=PACKAGE_VERSION,
+                       scenario=str(meta.pop("scenario", "")),
+                       seed=int(meta.pop("seed", 0)), run_id=str(meta.pop("run_id", "")),
+                       started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                       meta={k: str(v) for k, v in meta.items()})
+    try:
+        return LogWriter(log_path, header, fsync=fsync_policy(fsync), overwrite=overwrite)
+    except LogExists:
+        raise ConfigError(f"log {log_path}: a log is already there, and a log is never "
+                          "overwritten (it may be the base of a resume chain); fix: write "
+                          "this run's log to a new path, or pass log_overwrite=True to "
+                          "replace it (`evobus run --overwrite`)") from None
+    except OSError as exc:
+        raise ConfigError(f"log {log_path}: cannot create the log file "
+                          f"({exc.strerror or exc}); fix: choose a log path in a directory "
+                          "you can write") from None
+
+
 class Runtime:
     """One topology's bus and actors. Use as a context manager."""
 
     def __init__(self, *, bus: str = "zmq", log_path: str | None = None,
                  log_meta: dict[str, Any] | None = None, binds: Sequence[str] = (),
-                 fsync: str | None = None, peers: Sequence = (), first_seq: int = 1) -> None:
+                 fsync: str | None = None, peers: Sequence = (), first_seq: int = 1,
+                 log_overwrite: bool = False) -> None:
+        if bus not in ("zmq", "memory"):
+            raise ConfigError(f"bus={bus!r}: choose 'zmq' (default) or 'memory'")
         writer = None
         if log_path is not None:
-
-            # The log's fsync policy (bus/log.py): the argument, else $EVOBUS_LOG_FSYNC,
-            # else "batched". "always" makes a kill -9 lose no record (docs/replay.md).
-            fsync = fsync or os.environ.get("EVOBUS_LOG_FSYNC") or "batched"
-            meta = dict(log_meta or {})
-            scenario_file = str(meta.get("scenario", ""))
-            if "scenario_toml" not in meta and scenario_file.endswith(".toml") \
-                    and os.path.isfile(scenario_file):
-                # The scenario's text makes `evobus replay/resume LOG` work standalone.
-                with open(scenario_file, encoding="utf-8") as f:
-                    meta["scenario_toml"] = f.read()
-            header = LogHeader(format_version=FORMAT_VERSION, package_version=PACKAGE_VERSION,
-                               scenario=str(meta.pop("scenario", "")),
-                               seed=int(meta.pop("seed", 0)),
-                               run_id=str(meta.pop("run_id", "")),
-                               started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                               meta={k: str(v) for k, v in meta.items()})
-            writer = LogWriter(log_path, header, fsync=fsync)
-        if bus == "zmq":
-            # ``peers`` are bus.remote.PeerPort objects for workers in other processes
-            self.bus = ZmqBus(writer, binds=binds, peers=tuple(peers), first_seq=first_seq)
-        elif bus == "memory":
-            self.bus = InMemoryBus(writer, first_seq=first_seq)
-        else:
-            raise ConfigError(f"bus={bus!r}: choose 'zmq' (default) or 'memory'")
+            writer = open_log(log_path, log_meta, fsync, overwrite=log_overwrite)
+        try:
+            if bus == "zmq":
+                # ``peers``: bus.remote.PeerPort objects for workers in other processes
+                self.bus = ZmqBus(writer, binds=binds, peers=tuple(peers),
+                                  first_seq=first_seq, sync_on=SYNC_ON)
+            else:
+                self.bus = InMemoryBus(writer, first_seq=first_seq, sync_on=SYNC_ON)
+        except BaseException:  # no bus to close the log: close it here, re-raise
+            if writer is not None:
+                writer.close()
+            raise
         self.log_path = log_path
         self.refs: list[pykka.ActorRef] = []
         self.crashes: "queue.Queue[tuple[str, BaseException]]" = queue.Queue()

@@ -126,7 +126,7 @@ def record(name: str, text: str, path: Path) -> Path:
     kwargs = evolve_kwargs(scenario, f"tests/logs/record.py:{name}")
     kwargs["log"] = str(path)
     kwargs["log_meta"] = {**kwargs["log_meta"], "scenario_toml": text}
-    result = evolve(**kwargs, log_fsync="always")
+    result = evolve(**kwargs, log_fsync="always", log_overwrite=True)  # re-recording
     print(f"{path.name}: {result.stop_reason}, v{result.version}, held-out "
           f"{result.final_reward:.3f}, outcomes {result.outcomes()}")
     return path
@@ -146,7 +146,7 @@ def record_killed() -> None:
                if r.receiver == "scheduler" and isinstance(m := decode(r.body), LeaseDone)
                and m.round == 1)
     killed = HERE / f"{KILLED}.evolog"
-    with LogWriter(killed, contents.header, fsync="never") as w:
+    with LogWriter(killed, contents.header, fsync="never", overwrite=True) as w:
         for r in contents.records[:cut + 1]:
             w.append(r.seq, r.t, r.sender, r.receiver, r.body)
     full.unlink()
@@ -169,7 +169,7 @@ def record_group() -> None:
     path = HERE / f"{GROUP}.evolog"
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "group.ckpt"
-        rt = Runtime(bus="zmq", log_path=str(path), fsync="always",
+        rt = Runtime(bus="zmq", log_path=str(path), fsync="always", log_overwrite=True,
                      log_meta={"scenario": "parallel-group",
                                "note": "tests/logs/record.py: tickets triage, resumed"})
         try:

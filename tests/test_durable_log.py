@@ -1,0 +1,260 @@
+"""A log that survives real runs (issue 15): `evobus run` in a subprocess, with rollouts
+slow enough (20 ms each, tests/resume_domain.py) to be stopped mid-run, under the
+default fsync policy. kill -9 at seeded moments then `evobus resume` gives the
+uninterrupted run's artifact and counts; SIGTERM closes the log as Ctrl-C does; a
+second run never touches the first one's log; a chain is one run's segments only."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from actors import KeyedRules, evolve
+from actors.errors import ConfigError
+from actors.replay.engine import log_chain
+from actors.replay.resume import ResumePoint
+from actors.runtime.launch import run_scenario
+from actors.testing import replay
+from bus.log import LogWriter, TornTailWarning, read_header, read_log
+from protocol import Lease, LeaseDone, RunDone, decode
+from protocol.scenario import parse_scenario
+from scenarios import router
+
+pytestmark = pytest.mark.timeout(90)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCENARIO = """
+name = "slow-router"
+rounds = 3
+seed = 0
+held_out_frac = 0.4
+log = "{log}"
+
+[domain]
+tasks = "scenarios.router:tasks"
+reward = "scenarios.router:reward"
+agent = "resume_domain:SlowRouterAgent"
+
+[strategy]
+kind = "KeyedRules"
+categories = ["billing", "shipping", "technical", "account"]
+
+[parallel]
+kind = "DataParallel"
+
+[workers]
+local = 4
+"""
+
+#: Records the uninterrupted run's log holds, about (the kill moments are drawn below it).
+RUN_RECORDS = 320
+
+
+def env_for(delay: str = "0.02") -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"),
+                                         env.get("PYTHONPATH", "")])
+    env.pop("EVOBUS_LOG_FSYNC", None)  # the default policy: what a new user gets
+    env["EVOBUS_TEST_ROLLOUT_DELAY"] = delay
+    return env
+
+
+def start_run(tmp_path: Path, log: Path, *extra: str) -> subprocess.Popen:
+    scenario = tmp_path / "slow.toml"
+    scenario.write_text(SCENARIO.format(log=log))
+    return subprocess.Popen([sys.executable, "-m", "actors.cli", "run", str(scenario),
+                             "--quiet", *extra], cwd=tmp_path, env=env_for(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def records_on_disk(path: Path) -> int:
+    if not path.exists():
+        return 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TornTailWarning)  # it is being written
+        return len(read_log(path).records)
+
+
+def wait_for_records(path: Path, n: int, proc: subprocess.Popen, deadline_s: float) -> int:
+    """Poll the growing log until it holds ``n`` records (bounded)."""
+    deadline = time.monotonic() + deadline_s
+    have = 0
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended (rc {proc.returncode}) with {have} records "
+                                 f"on disk, before {n}: {proc.stderr.read().decode()[-2000:]}")
+        have = records_on_disk(path)
+        if have >= n:
+            return have
+        time.sleep(0.005)  # polling period, not a synchronisation
+    raise AssertionError(f"{path} did not reach {n} records within {deadline_s} s ({have})")
+
+
+def resume(tmp_path: Path, log: Path) -> dict:
+    done = subprocess.run([sys.executable, "-m", "actors.cli", "resume", str(log), "--json"],
+                          cwd=tmp_path, env=env_for(), capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    return json.loads(done.stdout.decode().strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """The uninterrupted run (in this process, rollouts not slowed: same decisions)."""
+    log = tmp_path_factory.mktemp("whole") / "whole.evolog"
+    return run_scenario(parse_scenario(SCENARIO.format(log=log), "slow.toml"))
+
+
+def same_as_whole(resumed: dict, whole) -> None:
+    assert resumed["state"] == whole.state
+    assert (resumed["version"], resumed["final_reward"]) == (whole.version, whole.final_reward)
+    assert (resumed["rollouts"], resumed["calls"]) == (whole.rollouts, whole.calls)
+    assert resumed["outcomes"] == whole.outcomes()
+    assert resumed["stop_reason"] == whole.stop_reason
+
+
+def rollouts(path: Path, sender: str, kind: type) -> set[str]:
+    return {m.lease_id for r in read_log(path).records
+            if (r.sender == sender or r.receiver == sender)
+            and isinstance(m := decode(r.body), kind) and m.kind == "rollout"}
+
+
+KILL_SEEDS = [0, 1, 2, 3, 4]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", KILL_SEEDS, ids=lambda s: f"seed{s}")
+def test_kill_9_at_a_seeded_moment_then_resume_gives_the_uninterrupted_run(tmp_path, seed,
+                                                                           whole):
+    moment = random.Random(seed).randint(1, RUN_RECORDS * 3 // 4)  # records on disk
+    log = tmp_path / "run.evolog"
+    proc = start_run(tmp_path, log)
+    try:
+        wait_for_records(log, moment, proc, deadline_s=30)
+        proc.send_signal(signal.SIGKILL)  # no cleanup, no flush, no goodbye
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    at_kill = records_on_disk(log)
+    assert at_kill >= moment, f"seed {seed}: killed with {at_kill} records, wanted {moment}"
+    resumed = resume(tmp_path, log)
+    same_as_whole(resumed, whole)
+    new_log = Path(resumed["log"])
+    # Only work in flight is done again: no rollout answered on disk is leased anew.
+    again = rollouts(log, "scheduler", LeaseDone) & rollouts(new_log, "scheduler", Lease)
+    assert not again, f"seed {seed} (killed at {at_kill} records): {sorted(again)} redone"
+    assert read_log(new_log).records[0].seq == read_log(log).records[-1].seq + 1
+    assert replay(new_log).ok
+
+
+@pytest.mark.slow
+def test_sigterm_closes_the_log_like_ctrl_c_and_exits_143(tmp_path, whole):
+    log = tmp_path / "run.evolog"
+    proc = start_run(tmp_path, log)
+    try:
+        wait_for_records(log, 60, proc, deadline_s=30)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    assert proc.returncode == 143, err.decode()[-2000:]
+    assert f"evobus resume {log}" in err.decode()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # closed properly: no torn tail
+        records = read_log(log).records
+    assert len(records) >= 60
+    assert not any(isinstance(decode(r.body), RunDone) for r in records)
+    same_as_whole(resume(tmp_path, log), whole)
+
+
+def test_a_second_run_refuses_the_log_path_and_never_changes_the_first_log(tmp_path):
+    log = tmp_path / "runs" / "run.evolog"
+    scenario = tmp_path / "fast.toml"
+    scenario.write_text(SCENARIO.format(log=log))
+    cmd = [sys.executable, "-m", "actors.cli", "run", str(scenario), "--quiet"]
+    first = subprocess.run(cmd, cwd=tmp_path, env=env_for("0"), capture_output=True,
+                           timeout=60)
+    assert first.returncode == 0, first.stderr.decode()[-2000:]
+    digest = hashlib.sha256(log.read_bytes()).hexdigest()
+    again = subprocess.run(cmd, cwd=tmp_path, env=env_for("0"), capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 2
+    assert "`$.log`" in again.stderr and "--log PATH" in again.stderr
+    assert "--overwrite" in again.stderr and "Traceback" not in again.stderr
+    assert hashlib.sha256(log.read_bytes()).hexdigest() == digest
+    assert sorted(p.name for p in log.parent.iterdir()) == ["run.evolog"]
+    replaced = subprocess.run(cmd + ["--overwrite"], cwd=tmp_path, env=env_for("0"),
+                              capture_output=True, timeout=60)
+    assert replaced.returncode == 0, replaced.stderr.decode()[-2000:]
+    assert read_header(log).run_id != ""  # a new run's log, readable, in its place
+
+
+def router_kwargs(**extra):
+    kw = dict(tasks=router.tasks(), reward=router.reward, run=router.run,
+              propose=router.propose, strategy=KeyedRules(router.CATEGORIES), rounds=2,
+              n_workers=4, seed=0, bus="memory")
+    kw.update(extra)
+    return kw
+
+
+def test_evolve_refuses_an_existing_log_unless_told_to_overwrite(tmp_path):
+    log = tmp_path / "run.evolog"
+    evolve(**router_kwargs(), log=str(log))
+    before = log.read_bytes()
+    with pytest.raises(ConfigError, match="never overwritten.*log_overwrite=True"):
+        evolve(**router_kwargs(), log=str(log))
+    assert log.read_bytes() == before
+    evolve(**router_kwargs(), log=str(log), log_overwrite=True)
+    assert log.read_bytes() != before
+
+
+def test_a_chain_segment_of_another_run_is_refused_by_replay_and_resume_naming_it(tmp_path):
+    logs = ROOT / "tests" / "logs"
+    base, resumed = tmp_path / "resumed_after_kill.evolog", tmp_path / "resumed_after_kill.r1.evolog"
+    resumed.write_bytes((logs / resumed.name).read_bytes())
+    base.write_bytes((logs / base.name).read_bytes())
+    assert len(log_chain(resumed)) == 2  # the recorded chain is one run
+    other = read_log(base)
+    base.unlink()  # another run takes the name (what --overwrite of the base would do)
+    header = msgspec.structs.replace(other.header, run_id="another-run")
+    with LogWriter(base, header, fsync="never") as w:
+        for r in other.records:
+            w.append(r.seq, r.t, r.sender, r.receiver, r.body)
+    want = f"{base} belongs to run another-run, but {resumed} resumes run "
+    with pytest.raises(ConfigError, match="belongs to run another-run"):
+        replay(resumed)
+    with pytest.raises(ConfigError) as refused:
+        ResumePoint(resumed)
+    assert want in str(refused.value)
+    out = subprocess.run([sys.executable, "-m", "actors.cli", "replay", str(resumed)],
+                         cwd=tmp_path, env=env_for("0"), capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and want in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+                         ids=lambda s: signal.Signals(s).name)
+def test_each_stop_signal_interrupts_the_run_like_ctrl_c_and_gives_128_plus_it(signum):
+    from actors.cli.progress import exit_code, interrupt_guard
+
+    before = signal.getsignal(signum)
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        with interrupt_guard():
+            os.kill(os.getpid(), signum)
+            deadline = time.monotonic() + 5  # the handler runs between bytecodes
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+    assert exit_code(stopped.value) == 128 + signum
+    assert signal.getsignal(signum) == before  # the guard puts the old handler back
