@@ -258,3 +258,15 @@ def test_each_stop_signal_interrupts_the_run_like_ctrl_c_and_gives_128_plus_it(s
                 time.sleep(0.01)
     assert exit_code(stopped.value) == 128 + signum
     assert signal.getsignal(signum) == before  # the guard puts the old handler back
+
+
+def test_a_hangup_ignored_by_the_parent_stays_ignored_as_under_nohup():
+    from actors.cli.progress import interrupt_guard
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with interrupt_guard():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGHUP)  # ignored: nothing is raised
+    finally:
+        signal.signal(signal.SIGHUP, before)

@@ -441,7 +441,8 @@ STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SI
 def interrupt_guard(stream: TextIO | None = None) -> Iterator[None]:
     """The first Ctrl-C, SIGTERM or SIGHUP raises `Interrupted` (the run stops, closing
     its actors and its log); a second one only says the run is still stopping; a third
-    quits at once. Does nothing outside the main thread (signal handlers live there)."""
+    quits at once. A SIGTERM or SIGHUP the parent process ignores (nohup) stays
+    ignored. Does nothing outside the main thread (signal handlers live there)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -460,7 +461,10 @@ def interrupt_guard(stream: TextIO | None = None) -> Iterator[None]:
         print("\nevobus: quitting at once", file=stream, flush=True)
         os._exit(128 + signum)
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    # A signal the parent set to be ignored stays ignored (`nohup evobus run ...` must
+    # survive its terminal); SIGINT is taken over as it always was.
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS
+                if sig == signal.SIGINT or signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         yield
     finally:
