@@ -270,3 +270,44 @@ def test_a_hangup_ignored_by_the_parent_stays_ignored_as_under_nohup():
             os.kill(os.getpid(), signal.SIGHUP)  # ignored: nothing is raised
     finally:
         signal.signal(signal.SIGHUP, before)
+
+
+def record_ends(path: Path) -> list[int]:
+    """The byte offset just past each record of a log (walking the frame lengths)."""
+    import struct
+
+    data = path.read_bytes()
+    frame = struct.Struct("<II")
+    pos = 7 + frame.size + frame.unpack_from(data, 7)[0]  # magic, version, header frame
+    ends = []
+    while pos < len(data):
+        pos += frame.size + frame.unpack_from(data, pos)[0]
+        ends.append(pos)
+    return ends
+
+
+def test_under_the_default_policy_start_and_every_commit_are_fsynced_at_once(tmp_path,
+                                                                            monkeypatch):
+    from protocol import Commit, RoundClosed, Start
+
+    log = tmp_path / "run.evolog"
+    synced: list[int] = []  # the log's size on disk at each fsync of it
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        if os.path.exists(log) and os.fstat(fd).st_ino == os.stat(log).st_ino:
+            synced.append(os.fstat(fd).st_size)
+
+    monkeypatch.delenv("EVOBUS_LOG_FSYNC", raising=False)
+    monkeypatch.setattr(os, "fsync", fsync)
+    evolve(**router_kwargs(rounds=3), log=str(log))
+    records, ends = read_log(log).records, record_ends(log)
+    durable = [i for i, r in enumerate(records)
+               if isinstance(decode(r.body), (Start, Commit, RoundClosed))]
+    assert len(durable) > 3 and len(records) < 256 * 2  # not the batch's doing
+    for i in durable:  # fsynced with it, or with the few records delivered in its burst
+        window = ends[i], ends[min(i + 8, len(ends) - 1)]
+        assert any(window[0] <= size <= window[1] for size in synced), (
+            f"record {i} ({type(decode(records[i].body)).__name__}, ends at byte "
+            f"{ends[i]}) was not fsynced at once; fsyncs at sizes {synced}")

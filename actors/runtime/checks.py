@@ -194,8 +194,9 @@ def _groups(scenario: sc.Scenario) -> list[tuple[str, str]]:
     out = []
     for i, g in enumerate(scenario.groups):
         where = f"$.groups[{i}]"
-        if isinstance(g.items, list) and len(g.items) > g.max_items:
-            out.append((f"{where}.items", f"{len(g.items)} items for max_items="
+        items = g.items if isinstance(g.items, list) else _uncalled(g.items)
+        if isinstance(items, (list, tuple)) and len(items) > g.max_items:
+            out.append((f"{where}.items", f"{len(items)} items for max_items="
                                           f"{g.max_items}: a group never truncates its "
                                           "input; raise max_items or split the list"))
         target = _uncalled(g.target)
