@@ -25,7 +25,6 @@ from typing import Any, Iterator
 import msgspec
 from msgspec import inspect as mi
 
-from actors.artifacts import declared_keys, normaliser
 from actors.errors import ConfigError
 from actors.policies.parallelism import TensorParallel
 from actors.runtime.evolve import prepare_parallel
