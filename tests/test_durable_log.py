@@ -27,7 +27,7 @@ from actors.replay.resume import ResumePoint
 from actors.runtime.launch import run_scenario
 from actors.testing import replay
 from bus.log import LogWriter, TornTailWarning, read_header, read_log
-from protocol import Lease, LeaseDone, RunDone, decode
+from protocol import Lease, LeaseDone, RunDone, Start, decode
 from protocol.scenario import parse_scenario
 from scenarios import router
 
@@ -57,10 +57,6 @@ kind = "DataParallel"
 [workers]
 local = 4
 """
-
-#: Records the uninterrupted run's log holds, about (the kill moments are drawn below it).
-RUN_RECORDS = 320
-
 
 def env_for(delay: str = "0.02") -> dict[str, str]:
     env = dict(os.environ)
@@ -137,7 +133,9 @@ KILL_SEEDS = [0, 1, 2, 3, 4]
 @pytest.mark.parametrize("seed", KILL_SEEDS, ids=lambda s: f"seed{s}")
 def test_kill_9_at_a_seeded_moment_then_resume_gives_the_uninterrupted_run(tmp_path, seed,
                                                                            whole):
-    moment = random.Random(seed).randint(1, RUN_RECORDS * 3 // 4)  # records on disk
+    # Records on disk at the kill: one draw in each fifth of the first 250 records, so
+    # the five moments go from the run's first messages to its last round.
+    moment = random.Random(seed).randint(1 + 50 * seed, 50 * (seed + 1))
     log = tmp_path / "run.evolog"
     proc = start_run(tmp_path, log)
     try:
@@ -148,9 +146,14 @@ def test_kill_9_at_a_seeded_moment_then_resume_gives_the_uninterrupted_run(tmp_p
         proc.wait(timeout=10)
     at_kill = records_on_disk(log)
     assert at_kill >= moment, f"seed {seed}: killed with {at_kill} records, wanted {moment}"
+    started = any(isinstance(decode(r.body), Start) for r in read_log(log).records)
     resumed = resume(tmp_path, log)
+    assert not resumed.get("already_finished"), f"seed {seed}: finished before the kill"
     same_as_whole(resumed, whole)
     new_log = Path(resumed["log"])
+    if not started:  # killed before its Start reached the disk: begun again, nothing lost
+        assert "restarted_from" in read_header(new_log).meta
+        return
     # Only work in flight is done again: no rollout answered on disk is leased anew.
     again = rollouts(log, "scheduler", LeaseDone) & rollouts(new_log, "scheduler", Lease)
     assert not again, f"seed {seed} (killed at {at_kill} records): {sorted(again)} redone"
