@@ -120,10 +120,11 @@ def same_as_whole(resumed: dict, whole) -> None:
     assert resumed["stop_reason"] == whole.stop_reason
 
 
-def rollouts(path: Path, sender: str, kind: type) -> set[str]:
+def lease_ids(path: Path, kind: type, **where: str) -> set[str]:
+    """Ids of the rollout and eval leases in ``kind`` messages from/to whom ``where`` says."""
     return {m.lease_id for r in read_log(path).records
-            if (r.sender == sender or r.receiver == sender)
-            and isinstance(m := decode(r.body), kind) and m.kind == "rollout"}
+            if all(getattr(r, k) == v for k, v in where.items())
+            and isinstance(m := decode(r.body), kind)}
 
 
 KILL_SEEDS = [0, 1, 2, 3, 4]
@@ -154,8 +155,10 @@ def test_kill_9_at_a_seeded_moment_then_resume_gives_the_uninterrupted_run(tmp_p
     if not started:  # killed before its Start reached the disk: begun again, nothing lost
         assert "restarted_from" in read_header(new_log).meta
         return
-    # Only work in flight is done again: no rollout answered on disk is leased anew.
-    again = rollouts(log, "scheduler", LeaseDone) & rollouts(new_log, "scheduler", Lease)
+    # Only work in flight is done again: no lease (rollout or eval) answered on disk is
+    # handed out anew.
+    again = (lease_ids(log, LeaseDone, receiver="scheduler")
+             & lease_ids(new_log, Lease, sender="scheduler"))
     assert not again, f"seed {seed} (killed at {at_kill} records): {sorted(again)} redone"
     assert read_log(new_log).records[0].seq == read_log(log).records[-1].seq + 1
     assert replay(new_log).ok

@@ -48,7 +48,7 @@ from actors.groups.store import _encoder, Store, _Gate, _enter_all
 from actors.groups.host import _Host, _ambient
 from actors.version import PACKAGE_VERSION
 from actors.runtime.clock import Ticker
-from actors.runtime.runtime import Runtime
+from actors.runtime.runtime import Runtime, make_log_directory
 
 
 log = logging.getLogger(__name__)
@@ -380,7 +380,7 @@ def _runtime_for(plan: _Plan) -> tuple[Runtime, Runtime | None]:
         return runtime, None
     log_path = opts.get("log")
     if log_path:
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        make_log_directory(log_path, "log")
     runtime = Runtime(bus=opts.get("bus", "zmq"), log_path=log_path,
                       log_meta={"scenario": "parallel-group", "run_id": plan.group_id},
                       log_overwrite=bool(opts.get("log_overwrite")))

@@ -3,13 +3,12 @@ names and call :func:`actors.evolve` (or run its parallel groups)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
 from actors.artifacts import AppendRules, KeyedRules, SingleSlot
 from actors.policies.parallelism import ClusterParallel, DataParallel, TensorParallel
-from actors.errors import ConfigError
 from actors.runtime.evolve import EvolveResult, evolve
+from actors.runtime.runtime import make_log_directory
 from actors.workers import code as refs
 from protocol import scenario as sc
 
@@ -100,17 +99,6 @@ def run_scenario(scenario: sc.Scenario, *, source: str = "", log: str | None = N
     if kwargs["log"]:
         make_log_directory(kwargs["log"], "--log" if log is not None else "$.log")
     return evolve(**kwargs, on_progress=on_progress, log_overwrite=overwrite)
-
-
-def make_log_directory(path: str, where: str) -> None:
-    """Create the directory of the log at ``path``, or refuse naming ``where`` (the key
-    or flag that set it)."""
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"at `{where}`: cannot create the directory of the log {path!r} "
-                          f"({exc.strerror or exc}); fix: choose a log path in a directory "
-                          "you can write") from None
 
 
 def group_log_path(log_path: str, name: str) -> str:

@@ -89,6 +89,17 @@ def open_log(log_path: str, log_meta: dict[str, Any] | None, fsync: str | None, 
                           "you can write") from None
 
 
+def make_log_directory(path: str, where: str) -> None:
+    """Create the directory of the log at ``path``, or refuse naming ``where`` (the key
+    or flag that set it)."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"at `{where}`: cannot create the directory of the log {path!r} "
+                          f"({exc.strerror or exc}); fix: choose a log path in a directory "
+                          "you can write") from None
+
+
 class Runtime:
     """One topology's bus and actors. Use as a context manager."""
 
