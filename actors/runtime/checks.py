@@ -173,15 +173,16 @@ def _parallel(scenario: sc.Scenario, *, refs_ok: bool) -> list[tuple[str, str]]:
     """The strategy/artifact pairing run checks in `prepare_parallel`, on what the file
     says (a TensorParallel's route needs the task list: run checks it)."""
     spec = scenario.parallel
-    if isinstance(spec, sc.TensorParallelSpec):
-        parallel: Any = TensorParallel(spec.n_sections, keys=spec.keys)
-    elif isinstance(spec, sc.CustomParallelSpec) and refs_ok:
+    parallel: Any = None
+    if isinstance(spec, sc.CustomParallelSpec) and refs_ok:
         parallel = _uncalled(spec.ref)
         if parallel is None or callable(getattr(parallel, "plan", None)):
             return []   # a factory's result is seen by run only; a plan() is what it needs
-    else:
+    elif not isinstance(spec, sc.TensorParallelSpec):
         return []
     try:
+        if parallel is None:
+            parallel = TensorParallel(spec.n_sections, keys=spec.keys)
         prepare_parallel(parallel, build_strategy(scenario.strategy), None,
                          n_workers_of(scenario.workers))
     except ConfigError as exc:
