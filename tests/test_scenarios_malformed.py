@@ -161,12 +161,14 @@ def test_a_missing_scenario_file_is_one_line(tmp_path, capsys):
     assert "nope.toml: cannot read the scenario file" in err and "Traceback" not in err
 
 
-def test_a_good_scenario_validates(root, capsys):
+def test_a_good_scenario_validates(root, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)   # its log path is relative: no earlier run's log there
     assert main(["validate", str(root / "scenarios" / "router.toml")]) == 0
     assert ": ok (" in capsys.readouterr().out
 
 
-def test_validate_names_the_minibatch_round(root, tmp_path, capsys):
+def test_validate_names_the_minibatch_round(root, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
     text = (root / "scenarios" / "router.toml").read_text()
     path = tmp_path / "mini.toml"
     path.write_text(text.replace('kind = "DataParallel"\n',
