@@ -87,8 +87,10 @@ __all__ = [
     "LogHeader",
     "LogVersionError",
     "LogWriter",
+    "REPAIR_HINT",
     "Record",
     "TornTailWarning",
+    "follow_log",
     "iter_log",
     "read_header",
     "read_log",
@@ -99,6 +101,8 @@ log = logging.getLogger(__name__)
 MAGIC = b"EVOLOG"
 FORMAT_VERSION = 1
 FSYNC_POLICIES = ("always", "batched", "never")
+#: How a torn-tail warning says to repair the file (the CLI says its own verb instead).
+REPAIR_HINT = "read_log(path, repair=True) truncates the file there"
 
 _PREFIX_LEN = len(MAGIC) + 1
 # Every frame: u32 payload length, u32 crc32 of the payload. Built once, reused.
@@ -704,4 +708,34 @@ def _tail_message(path: Path, good_size: int, dropped: int, dropped_records: int
                f"records, the last good one is {after}")
     if repaired:
         return message + f"; the file was truncated to {good_size} bytes"
-    return message + "; read_log(path, repair=True) truncates the file there"
+    return message + "; " + REPAIR_HINT
+
+
+def follow_log(path: str | os.PathLike[str], *, poll: float = 0.2,
+               stop: Callable[[], bool] = lambda: False) -> Iterator[Record]:
+    """Yield the records of a log as they are appended (``evobus inspect --follow``).
+
+    A record still being written (a partial frame at the end) is waited for, never
+    warned about; a complete record that fails its checksum raises `LogCorrupt`. Once
+    the end of the file is reached, ``stop()`` is asked before each wait of ``poll``
+    seconds: the caller owns the deadline.
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        _, fmt, offset = _read_header(path, f)
+        buf = b""
+        while True:
+            more = f.read(_READ_CHUNK)
+            if not more:
+                if stop():
+                    return
+                time.sleep(poll)
+                continue
+            buf += more
+            records, pos, bad = _parse(buf, 0, fmt.decode_record)
+            yield from records
+            if bad:
+                raise LogCorrupt(path, offset + pos, records[-1].seq if records else None,
+                                 reason="a record being followed fails its checksum")
+            offset += pos
+            buf = buf[pos:]

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from protocol.domain import Ref
-from protocol.scenario_errors import explain, explain_syntax, raw_toml
+from protocol.scenario_errors import every_error, explain, explain_syntax, raw_toml
 
 
 class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -154,11 +154,19 @@ def load_scenario(path: str | Path) -> Scenario:
     return parse_scenario(data, str(path))
 
 
+_BOM = "\ufeff"
+
+
 def parse_scenario(data: bytes | str, source: str = "<scenario>") -> Scenario:
+    # A UTF-8 byte order mark (Windows editors write one) is not TOML syntax: drop it.
+    if isinstance(data, bytes) and data.startswith(_BOM.encode()):
+        data = data[len(_BOM.encode()):]
+    elif isinstance(data, str) and data.startswith(_BOM):
+        data = data[len(_BOM):]
     try:
         scenario = msgspec.toml.decode(data, type=Scenario)
     except msgspec.ValidationError as exc:  # name the path, expected vs found, the fix
-        raise ScenarioError(f"{source}: {explain(str(exc), raw_toml(data), Scenario)}") from None
+        raise ScenarioError(_schema_errors(str(exc), data, source)) from None
     except msgspec.DecodeError as exc:
         raise ScenarioError(f"{source}: {explain_syntax(str(exc), data)}") from None
     if scenario.domain is None and not scenario.groups:
@@ -214,6 +222,17 @@ def parse_scenario(data: bytes | str, source: str = "<scenario>") -> Scenario:
                 f"({g.max_items}), found {g.max_concurrency}; fix: lower max_concurrency or "
                 "raise max_items")
     return scenario
+
+
+def _schema_errors(first: str, data: bytes | str, source: str) -> str:
+    """The message for a file that does not fit the schema: every error of the file,
+    one per line, when there are several (msgspec itself stops at the first)."""
+    raw = raw_toml(data)
+    errors = every_error(raw, Scenario) if raw is not None else []
+    if len(errors) <= 1:
+        return f"{source}: {explain(first, raw, Scenario)}"
+    lines = "\n".join(f"  {explain(e, raw, Scenario)}" for e in errors)
+    return f"{source}: {len(errors)} errors:\n{lines}"
 
 
 def json_schema() -> dict:

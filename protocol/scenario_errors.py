@@ -11,8 +11,11 @@ import difflib
 import json
 import re
 import sys
+import types
+import typing
 from typing import Any
 
+import msgspec
 from msgspec import inspect as mi
 
 if sys.version_info >= (3, 11):
@@ -20,7 +23,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["explain", "explain_syntax", "raw_toml"]
+__all__ = ["every_error", "explain", "explain_syntax", "raw_toml"]
 
 _MSGSPEC = re.compile(r"^(?P<body>.*?)(?: - at `(?P<path>[^`]*)`)?$", re.DOTALL)
 _SEGMENT = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
@@ -307,3 +310,51 @@ def raw_toml(data: bytes | str) -> Any:
         return tomllib.loads(data.decode() if isinstance(data, bytes) else data)
     except (ValueError, UnicodeDecodeError):  # unreadable: messages go without "found"
         return None
+
+
+def every_error(raw: Any, root: type) -> list[str]:
+    """Every schema error of a decoded TOML document, as msgspec words them ("Expected
+    `int`, got `str` - at `$.workers.local`"), not only the first one msgspec stops at:
+    each table is walked field by field and each value checked on its own. A tagged
+    table (``[strategy]``, ``[parallel]``) is checked as a whole, so it gives at most one."""
+    if not isinstance(raw, dict):
+        return []
+    return _errors_in(raw, root, "$")
+
+
+def _single_struct(tp: Any) -> type | None:
+    """The one Struct class ``tp`` names (``X`` or ``X | None``); None for a union of
+    several (a tagged union is checked whole) or anything else."""
+    options = [a for a in typing.get_args(tp) if a is not type(None)] \
+        if typing.get_origin(tp) in (typing.Union, types.UnionType) else [tp]
+    if len(options) == 1 and isinstance(options[0], type) \
+            and issubclass(options[0], msgspec.Struct) and options[0].__struct_config__.tag is None:
+        return options[0]
+    return None
+
+
+def _errors_in(value: Any, tp: Any, path: str) -> list[str]:
+    struct = _single_struct(tp)
+    if struct is not None and isinstance(value, dict):
+        fields = {f.encode_name: f for f in msgspec.structs.fields(struct)}
+        out = [f"Object contains unknown field `{k}` - at `{path}`"
+               for k in value if k not in fields]
+        out += [f"Object missing required field `{f.encode_name}` - at `{path}`"
+                for f in fields.values() if f.required and f.encode_name not in value]
+        for key, item in value.items():
+            if key in fields:
+                out += _errors_in(item, fields[key].type, f"{path}.{key}")
+        return out
+    if typing.get_origin(tp) is list and isinstance(value, list):
+        (item_type,) = typing.get_args(tp) or (Any,)
+        if _single_struct(item_type) is not None:
+            return [e for i, item in enumerate(value)
+                    for e in _errors_in(item, item_type, f"{path}[{i}]")]
+    try:
+        msgspec.convert(value, type=tp)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        if " - at `$" in text:
+            return [text.replace(" - at `$", f" - at `{path}", 1)]
+        return [f"{text} - at `{path}`"]
+    return []

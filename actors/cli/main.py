@@ -7,27 +7,25 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import sys
 import warnings
-from collections import Counter
-
-import msgspec
 
 from actors.cli.groups import run_groups
 from actors.cli.progress import RunProgress, exit_code, interrupt_guard
-from actors.cli.replay import format_summary, summarize, unreadable_log
 from actors.errors import ConfigError
 from actors.runtime.checks import scenario_problems
 from actors.runtime.launch import run_scenario
-from bus.log import LogCorrupt, read_log
-from protocol import decode
+from actors.version import PACKAGE_VERSION
+from bus.log import REPAIR_HINT, TornTailWarning
 from protocol.scenario import ScenarioError, json_schema, load_scenario
 
 log = logging.getLogger(__name__)
 
 #: Modules adding verbs (replay, resume, worker, keys, report, ...): each defines
 #: ``register(subparsers)`` which adds its parser and sets ``func``.
-VERB_MODULES: list[str] = ["actors.cli.replay", "actors.cli.report", "actors.cli.groups"]
+VERB_MODULES: list[str] = ["actors.cli.inspect", "actors.cli.replay", "actors.cli.report",
+                           "actors.cli.groups"]
 VERB_MODULES.append("actors.cli.remote")  # `evobus worker`, `evobus keys`
 
 
@@ -108,61 +106,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
-def _summary_of(msg) -> str:
-
-    fields = msgspec.structs.asdict(msg)
-    parts = []
-    for key, value in fields.items():
-        if isinstance(value, (list, dict)):
-            if key in ("results", "scores", "task_ids", "leases", "history", "state",
-                       "initial_state", "heldout_ids"):
-                parts.append(f"{key}=[{len(value)}]")
-                continue
-        text = repr(value)
-        parts.append(f"{key}={text if len(text) <= 40 else text[:37] + '...'}")
-    return " ".join(parts)
-
-
-def cmd_inspect(args: argparse.Namespace) -> int:
-
-    try:
-        contents = read_log(args.log)
-    except (OSError, LogCorrupt) as exc:
-
-        return _err(unreadable_log(args.log, exc))
-    h = contents.header
-    print(f"log {args.log}: format {h.format_version}, evobus {h.package_version}, "
-          f"scenario {h.scenario or '-'}, seed {h.seed}, run {h.run_id or '-'}, "
-          f"started {h.started_at or '-'}")
-    counts: Counter[str] = Counter()
-    shown = 0
-    selected = []  # (record, message) pairs for --summary
-    for rec in contents.records:
-        msg = decode(rec.body)
-        kind = type(msg).__name__
-        if args.type and kind not in args.type:
-            continue
-        if args.actor and rec.sender not in args.actor and rec.receiver not in args.actor:
-            continue
-        if args.round is not None and getattr(msg, "round", None) != args.round:
-            continue
-        counts[kind] += 1
-        if args.summary:
-            selected.append((rec, msg))
-        if not args.summary and (args.limit is None or shown < args.limit):
-            print(f"{rec.seq:>7} {rec.t:9.4f}s {rec.sender:>11} -> {rec.receiver:<11} "
-                  f"{kind:<12} {_summary_of(msg)}")
-            shown += 1
-    if args.summary:
-
-        print("\n" + format_summary(summarize(selected)))
-    total = sum(counts.values())
-    print(f"\n{total} messages: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
-    if contents.dropped_tail:
-        print(f"warning: a torn tail was cut back ({contents.dropped_tail} dropped)")
-    return 0
-
-
 def cmd_validate(args: argparse.Namespace) -> int:
     scenario = _load_checked(args)
     if isinstance(scenario, int):
@@ -195,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Evolve text artifacts (prompts, skills, rule sets) with parallel "
                     "workers on a ZeroMQ bus.")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug output")
+    p.add_argument("-V", "--version", action="version",
+                   version=f"evobus {PACKAGE_VERSION} (Python {sys.version.split()[0]})")
     sub = p.add_subparsers(dest="verb", metavar="VERB")
     r = sub.add_parser("run", help="run a scenario file (TOML)")
     r.add_argument("scenario")
@@ -202,18 +147,6 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="print only errors")
     r.add_argument("--json", action="store_true", help="print a JSON summary at the end")
     r.set_defaults(func=cmd_run)
-    i = sub.add_parser("inspect", help="print a recorded message log readably")
-    i.add_argument("log")
-    i.add_argument("--actor", action="append", help="only messages from/to this actor")
-    i.add_argument("--type", action="append", help="only this message type (e.g. Commit)")
-    i.add_argument("--round", type=int, help="only messages of this round")
-    i.add_argument("--summary", action="store_true",
-                   help="no message lines: a table of rounds (leases, rollouts, proposals, "
-                        "commit, discards), totals of commits, re-dispatches and discards, "
-                        "a table of parallel groups if the log holds any, and counts per "
-                        "type")
-    i.add_argument("--limit", type=int, help="print at most this many lines")
-    i.set_defaults(func=cmd_inspect)
     v = sub.add_parser("validate", help="check a scenario file as `evobus run` would, "
                                         "without running anything",
                        description="Make every check `evobus run` makes before its first "
@@ -247,9 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 0
+    if not args.verbose:
+        # bus.log logs each torn tail and also raises it as a TornTailWarning, which
+        # _show_warning prints (once, with the CLI's fix): the log line would repeat it.
+        logging.getLogger("bus.log").setLevel(logging.ERROR)
+    if not getattr(args, "func", None):   # no verb: usage on stderr, as argparse does
+        parser.print_usage(sys.stderr)
+        print("evobus: a verb is required (evobus --help lists them)", file=sys.stderr)
+        return 2
     with warnings.catch_warnings():
         if not args.verbose:   # one line each, not Python's file:line and source line
             warnings.showwarning = _show_warning
@@ -258,12 +196,29 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt as exc:
             print("evobus: interrupted", file=sys.stderr)
             return exit_code(exc)
+        except BrokenPipeError:
+            return _closed_pipe()
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away (``evobus inspect LOG | head``): exit quietly with
+    the shell's status for SIGPIPE. stdout is pointed at /dev/null so the interpreter's
+    final flush does not raise again (the recipe of Python's signal docs)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + 13
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """A warning (an option that does not apply, say) as one line on stderr; with
-    ``evobus -v`` Python's own format says where it came from."""
-    print(f"evobus: warning: {message}", file=file or sys.stderr, flush=True)
+    ``evobus -v`` Python's own format says where it came from. A torn log tail names the
+    CLI's fix, not the Python call."""
+    text = str(message)
+    if issubclass(category, TornTailWarning):
+        path = text.split(": torn or corrupt tail", 1)[0]   # the message opens with it
+        text = text.replace(REPAIR_HINT, f"`evobus repair {path}` truncates the file there")
+    print(f"evobus: warning: {text}", file=file or sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

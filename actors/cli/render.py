@@ -30,7 +30,7 @@ from typing import Any
 from bus.log import read_log
 from protocol import decode
 
-__all__ = ["MissingExtra", "RunAnalysis", "analyse", "charts", "render_html", "write_report"]
+__all__ = ["MissingExtra", "OutputError", "RunAnalysis", "analyse", "charts", "render_html", "write_report"]
 
 INSTALL_HINT = 'pip install "evobus[report]"'
 #: The timeline draws at most this many workers (the rest are counted in the caption).
@@ -654,16 +654,30 @@ def default_dir(log: str | Path) -> Path:
     return log.with_name(f"{log.stem}-report")
 
 
+class OutputError(OSError):
+    """The report's directory or files cannot be written (the log is not to blame)."""
+
+
 def write_report(log: str | Path, out_dir: str | Path | None = None) -> Path:
     """Write ``index.html`` and the PNGs into ``out_dir``; return the HTML's path.
-    Raises :class:`MissingExtra` before reading anything when matplotlib is missing."""
+    Raises :class:`MissingExtra` before reading anything when matplotlib is missing,
+    :class:`OutputError` when ``out_dir`` cannot be written (checked before the log is
+    read), OSError / LogCorrupt when the log cannot be read."""
     _matplotlib()
+    out = Path(out_dir) if out_dir is not None else default_dir(log)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(exc.errno, f"cannot create the report directory {out} "
+                          f"({exc.strerror or exc})") from None
     a = analyse(log)
     pngs = charts(a)
-    out = Path(out_dir) if out_dir is not None else default_dir(log)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, data in pngs.items():
-        (out / f"{name}.png").write_bytes(data)
     page = out / "index.html"
-    page.write_text(render_html(a, pngs), encoding="utf-8")
+    try:
+        for name, data in pngs.items():
+            (out / f"{name}.png").write_bytes(data)
+        page.write_text(render_html(a, pngs), encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(exc.errno, f"cannot write the report into {out} "
+                          f"({exc.strerror or exc})") from None
     return page

@@ -131,9 +131,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
         return _err(unreadable_log(args.log, exc))
     except ConfigError as exc:
         return _err(f"{args.log}: {exc}")
-    if not args.quiet and point.dropped_tail:
+    if not args.quiet and point.dropped_tail:   # with --json, stdout holds only the JSON
         print(f"cut a torn tail off {point.path}: {point.dropped_tail} bytes, about "
-              f"{point.dropped_records} record(s)")
+              f"{point.dropped_records} record(s)", file=sys.stderr if args.json else sys.stdout)
 
     def progress(record) -> None:
         if args.quiet or args.json:

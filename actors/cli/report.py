@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from bus.log import LogCorrupt
-from actors.cli.render import MissingExtra, write_report
+from actors.cli.render import MissingExtra, OutputError, write_report
 from actors.cli.replay import unreadable_log
 
 
@@ -15,6 +15,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         page = write_report(args.log, args.output)
     except MissingExtra as exc:
         print(f"evobus: {exc}", file=sys.stderr)
+        return 2
+    except OutputError as exc:   # -o DIR, not the log
+        print(f"evobus: -o {args.output or '(default)'}: {exc.strerror}; fix: pass -o a "
+              "directory you can write", file=sys.stderr)
         return 2
     except (OSError, LogCorrupt) as exc:
 

@@ -1,0 +1,315 @@
+"""``evobus inspect LOG``: a recorded log, readably.
+
+    evobus inspect LOG [--type T] [--actor A] [--round R] [--limit N]   message lines
+    evobus inspect LOG --summary          a table of rounds, totals, parallel groups
+    evobus inspect LOG --history          what each commit changed, and on what evidence
+    evobus inspect LOG --version N        the artifact at version N
+    evobus inspect LOG --follow           message lines as a live run appends them
+    ... --json                            the same as JSON, one object a line
+
+Bad filter values are refused with the valid ones listed; a torn tail is one warning
+line on stderr naming ``evobus repair``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from collections import Counter
+from typing import Any, get_args
+
+import msgspec
+
+from actors.cli.learned import Learned, learned_from, read_chain, renderer
+from actors.cli.replay import format_summary, summarize, unreadable_log
+from actors.errors import ConfigError
+from bus.log import LogCorrupt, follow_log, read_log
+from protocol import Message, decode
+
+__all__ = ["MESSAGE_TYPES", "cmd_inspect", "register"]
+
+#: Every message type a log can hold (the wire union), for ``--type``.
+MESSAGE_TYPES = tuple(sorted(t.__name__ for t in get_args(Message)))
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
+    return value
+
+
+def register(sub) -> None:
+    i = sub.add_parser("inspect", help="print a recorded message log readably",
+                       description=__doc__.split("\n\n")[1] if __doc__ else None,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    i.add_argument("log")
+    i.add_argument("--actor", action="append", help="only messages from/to this actor")
+    i.add_argument("--type", action="append",
+                   help="only this message type (e.g. Commit); repeat for several")
+    i.add_argument("--round", type=_non_negative, help="only messages of this round")
+    i.add_argument("--summary", action="store_true",
+                   help="no message lines: a table of rounds (leases, rollouts, proposals, "
+                        "commit, discards), totals of commits, re-dispatches and discards, "
+                        "a table of parallel groups if the log holds any, and counts per "
+                        "type")
+    i.add_argument("--history", action="store_true",
+                   help="every version: what its commit changed, which worker proposed it "
+                        "on which task, the held-out score it beat; then the tasks the head "
+                        "still fails")
+    i.add_argument("--version", type=_non_negative, metavar="N", dest="at_version",
+                   help="print the artifact at version N (0: the initial artifact)")
+    i.add_argument("--limit", type=_non_negative, help="print at most this many lines")
+    i.add_argument("--json", action="store_true", help="JSON, one object a line")
+    i.add_argument("--follow", action="store_true",
+                   help="keep printing messages as the log grows, until the run ends "
+                        "(its RunDone) or Ctrl-C")
+    i.add_argument("--idle", type=float, metavar="S",
+                   help="with --follow: also stop after S seconds without a new message")
+    i.set_defaults(func=cmd_inspect)
+    register_repair(sub)
+
+
+def _err(message: str) -> int:
+    print(f"evobus: {message}", file=sys.stderr)
+    return 2
+
+
+def _summary_of(msg) -> str:
+    parts = []
+    for key, value in msgspec.structs.asdict(msg).items():
+        if isinstance(value, (list, dict)) and key in (
+                "results", "scores", "task_ids", "leases", "history", "state",
+                "initial_state", "heldout_ids"):
+            parts.append(f"{key}=[{len(value)}]")
+            continue
+        text = repr(value)
+        parts.append(f"{key}={text if len(text) <= 40 else text[:37] + '...'}")
+    return " ".join(parts)
+
+
+def _line(rec, msg, as_json: bool) -> str:
+    kind = type(msg).__name__
+    if as_json:
+        return json.dumps({"seq": rec.seq, "t": rec.t, "sender": rec.sender,
+                           "receiver": rec.receiver, "type": kind,
+                           "message": msgspec.to_builtins(msg)}, default=str)
+    return (f"{rec.seq:>7} {rec.t:9.4f}s {rec.sender:>11} -> {rec.receiver:<11} "
+            f"{kind:<12} {_summary_of(msg)}")
+
+
+def _check_filters(args, actors: set[str], rounds: set[int]) -> str | None:
+    """Why a filter value cannot match anything in this log, naming the valid ones."""
+    bad = [t for t in args.type or [] if t not in MESSAGE_TYPES]
+    if bad:
+        return (f"--type {', '.join(bad)}: no such message type; valid types: "
+                f"{', '.join(MESSAGE_TYPES)}")
+    if args.round is not None and args.round not in rounds:
+        return (f"--round {args.round}: {args.log} has no such round; its rounds: "
+                f"{', '.join(map(str, sorted(rounds))) or 'none'}")
+    bad = [a for a in args.actor or [] if a not in actors]
+    if bad:
+        return (f"--actor {', '.join(bad)}: no such actor in {args.log}; its actors: "
+                f"{', '.join(sorted(actors))}")
+    return None
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    if args.idle is not None and not args.follow:
+        return _err("--idle only bounds --follow: add --follow, or drop --idle")
+    try:
+        chain = read_chain(args.log)
+    except (OSError, LogCorrupt) as exc:
+        return _err(unreadable_log(args.log, exc))
+    except ConfigError as exc:   # a resumed log whose older segment is missing
+        return _err(str(exc))
+    contents = chain[-1]
+    torn = [c for c in chain if c.dropped_tail]
+    for c in torn:
+        print(f"evobus: warning: {c.path}: a torn tail was cut back when reading: "
+              f"{c.dropped_tail} bytes (about {c.dropped_records} record(s)) after the "
+              f"last good record; the file is unchanged; `evobus repair {c.path}` "
+              "truncates it there", file=sys.stderr)
+    if args.at_version is not None or args.history:
+        return _learned(args, chain)
+    actors = {name for rec in contents.records for name in (rec.sender, rec.receiver)}
+    rounds = {r.round for r in map(decode, (rec.body for rec in contents.records))
+              if getattr(r, "round", -1) >= 0} if args.round is not None else set()
+    problem = _check_filters(args, actors, rounds)
+    if problem and not args.follow:   # a live log may not have met every actor yet
+        return _err(problem)
+    if not args.json:
+        h = contents.header
+        print(f"log {args.log}: format {h.format_version}, evobus {h.package_version}, "
+              f"scenario {h.scenario or '-'}, seed {h.seed}, run {h.run_id or '-'}, "
+              f"started {h.started_at or '-'}")
+    if args.follow:
+        return _follow(args)
+    return _lines(args, contents.records)
+
+
+def _selected(args, rec, msg) -> bool:
+    if args.type and type(msg).__name__ not in args.type:
+        return False
+    if args.actor and rec.sender not in args.actor and rec.receiver not in args.actor:
+        return False
+    return args.round is None or getattr(msg, "round", None) == args.round
+
+
+def _lines(args, records) -> int:
+    counts: Counter[str] = Counter()
+    shown = 0
+    selected = []  # (record, message) pairs for --summary
+    for rec in records:
+        msg = decode(rec.body)
+        if not _selected(args, rec, msg):
+            continue
+        counts[type(msg).__name__] += 1
+        if args.summary:
+            selected.append((rec, msg))
+        elif args.limit is None or shown < args.limit:
+            print(_line(rec, msg, args.json))
+            shown += 1
+    if args.summary:
+        summary = summarize(selected)
+        if args.json:
+            print(json.dumps({"rounds": summary.rounds, "commits": summary.commits,
+                              "redispatches": summary.redispatches,
+                              "discards": dict(summary.discards),
+                              "late_answers": summary.late_answers,
+                              "groups": summary.groups, "messages": dict(counts)},
+                             default=dict))
+            return 0
+        print("\n" + format_summary(summary))
+    if not args.json:
+        total = sum(counts.values())
+        print(f"\n{total} messages: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
+    return 0
+
+
+def _follow(args) -> int:
+    """Print selected messages as they are appended, until RunDone (or --idle)."""
+    state = {"done": False, "last": time.monotonic()}
+
+    def stop() -> bool:
+        idle = args.idle is not None and time.monotonic() - state["last"] > args.idle
+        return state["done"] or idle
+
+    shown = 0
+    for rec in follow_log(args.log, stop=stop):
+        state["last"] = time.monotonic()
+        msg = decode(rec.body)
+        if type(msg).__name__ == "RunDone":
+            state["done"] = True
+        if _selected(args, rec, msg) and (args.limit is None or shown < args.limit):
+            print(_line(rec, msg, args.json), flush=True)
+            shown += 1
+    return 0
+
+
+def _learned(args, chain) -> int:
+    learned = learned_from(chain)
+    meta: dict[str, str] = {}
+    for c in chain:
+        meta.update(c.header.meta)
+    render = renderer(meta)
+    if args.at_version is not None:
+        v = learned.at(args.at_version)
+        if v is None:
+            known = ", ".join(str(x.version) for x in learned.versions) or "none"
+            return _err(f"--version {args.at_version}: {args.log} has no such version; "
+                        f"its versions: {known}")
+        if args.json:
+            print(json.dumps({"version": v.version, "round": v.round, "heldout": v.heldout,
+                              "state": v.state, "rendered": render(v.state)}))
+        else:
+            print(render(v.state))
+        return 0
+    if args.json:
+        for v in learned.versions:
+            print(json.dumps(_version_json(v)))
+        print(json.dumps({"failing": [{"split": s, "task": t, "score": x}
+                                      for s, t, x in learned.failing()]}))
+        return 0
+    print("\n".join(history_lines(learned)))
+    return 0
+
+
+def _version_json(v) -> dict[str, Any]:
+    return {"version": v.version, "round": v.round, "t": v.t, "heldout": v.heldout,
+            "previous_heldout": v.previous_heldout, "state": v.state,
+            "edits": [{"key": e.key, "before": e.before, "after": e.after,
+                       "worker": e.worker, "task": e.task, "round": e.round}
+                      for e in v.edits]}
+
+
+def _score(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def history_lines(learned: Learned) -> list[str]:
+    """What ``inspect --history`` prints: a block per version, then the failing tasks."""
+    lines: list[str] = []
+    for v in learned.versions:
+        if v.version == 0:
+            lines.append(f"v0  the initial artifact, held-out {_score(v.heldout)}")
+            continue
+        where = f"round {v.round}" if v.round is not None else f"at {v.t:.2f}s"
+        lines.append(f"v{v.version}  {where}: held-out {_score(v.previous_heldout)} -> "
+                     f"{_score(v.heldout)}, {len(v.edits)} key(s) changed")
+        for e in v.edits:
+            what = "added" if e.before is None else ("removed" if e.after is None
+                                                     else "changed")
+            who = (f"proposed by {e.worker} on task {e.task} (round {e.round})"
+                   if e.worker else "proposer not found in the log")
+            lines.append(f"    {what} {e.key}: {_quote(e.before)} -> {_quote(e.after)}  "
+                         f"[{who}]")
+    failing = learned.failing()
+    head = learned.head
+    lines.append("")
+    if head is None:
+        lines.append("no version in this log (no Start message)")
+    elif not failing:
+        lines.append(f"the head (v{head.version}) fails no task it was scored on")
+    else:
+        lines.append(f"tasks the head (v{head.version}) still fails ({len(failing)}):")
+        lines += [f"    {split:<8} {task}  {score:.3f}" for split, task, score in failing]
+    return lines
+
+
+def _quote(text: str | None) -> str:
+    if text is None:
+        return "-"
+    text = text.replace("\n", "\\n")
+    return repr(text if len(text) <= 60 else text[:57] + "...")
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    """Cut a torn or corrupt tail off a log, on disk (what a crash leaves)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            contents = read_log(args.log, repair=True)
+        except (OSError, LogCorrupt) as exc:
+            return _err(unreadable_log(args.log, exc))
+    if not contents.dropped_tail:
+        print(f"{args.log}: whole, nothing to repair ({len(contents.records)} records)")
+        return 0
+    del caught   # the same facts, said once below
+    print(f"{args.log}: cut a torn tail of {contents.dropped_tail} bytes (about "
+          f"{contents.dropped_records} record(s)); {len(contents.records)} records kept")
+    return 0
+
+
+def register_repair(sub) -> None:
+    r = sub.add_parser("repair", help="cut a torn tail (what a crash leaves) off a log",
+                       description="Truncate a log after its last good record, on disk. "
+                                   "Damage in the middle of a log is refused, never cut.")
+    r.add_argument("log")
+    r.set_defaults(func=cmd_repair)

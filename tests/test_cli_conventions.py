@@ -1,0 +1,155 @@
+"""The habits users bring from other command-line tools: --version, usage and exit 2
+without a verb, a quiet exit on a closed pipe, bad filter values refused with the valid
+ones listed, errors that blame the right file, one torn-tail line naming a CLI fix, a
+scenario with a byte order mark, every schema error at once, and nothing but JSON on
+stdout with --json."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from actors.cli.main import main
+from actors.version import PACKAGE_VERSION
+
+pytestmark = pytest.mark.timeout(90)
+
+TESTS = Path(__file__).resolve().parent
+LOG = TESTS / "logs" / "sync_data_parallel.evolog"
+
+
+def evobus(*args, cwd, env, **kw):
+    return subprocess.run([sys.executable, "-m", "actors.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=60, **kw)
+
+
+def test_version_prints_the_package_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith(f"evobus {PACKAGE_VERSION} ")
+
+
+def test_no_verb_prints_usage_on_stderr_and_exits_2(capsys):
+    assert main([]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err.startswith("usage: evobus") and "a verb is required" in out.err
+
+
+@pytest.mark.parametrize("args", [["inspect", str(LOG)], ["schema"]],
+                         ids=["inspect", "schema"])
+def test_a_closed_pipe_ends_the_command_quietly(args, clean_env, tmp_path):
+    read_end, write_end = os.pipe()
+    os.close(read_end)   # the reader is gone before the first byte: every write fails
+    try:
+        done = subprocess.run([sys.executable, "-m", "actors.cli", *args], cwd=tmp_path,
+                              env=clean_env, stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert done.stderr == ""
+    assert done.returncode == 141   # 128 + SIGPIPE, as a shell reports `yes | head`
+
+
+@pytest.mark.parametrize("args, valid", [
+    (["--type", "Nope"], "valid types: Barrier, Baseline, Branch"),
+    (["--actor", "nobody"], "its actors: driver, merger, planner, scheduler, worker-0"),
+    (["--round", "9"], "its rounds: 0, 1, 2"),
+], ids=["type", "actor", "round"])
+def test_a_filter_value_that_matches_nothing_is_refused_with_the_valid_ones(args, valid,
+                                                                          capsys):
+    assert main(["inspect", str(LOG), *args]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert valid in out.err and args[1] in out.err
+
+
+def test_a_negative_limit_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["inspect", str(LOG), "--limit", "-1"])
+    assert exit_.value.code == 2
+    assert "--limit: expected 0 or more, got -1" in capsys.readouterr().err
+
+
+def test_report_to_an_unwritable_directory_blames_the_directory(capsys):
+    pytest.importorskip("matplotlib")
+    assert main(["report", str(LOG), "-o", "/proc/nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("evobus: -o /proc/nope: cannot create the report directory")
+    assert "cannot read the log" not in err and str(LOG) not in err
+
+
+def test_a_torn_tail_is_one_warning_line_naming_evobus_repair(tmp_path, clean_env):
+    torn = tmp_path / "torn.evolog"
+    torn.write_bytes(LOG.read_bytes() + b"garbage")
+    done = evobus("inspect", str(torn), "--limit", "1", cwd=tmp_path, env=clean_env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert f"`evobus repair {torn}`" in lines[0] and "repair=True" not in lines[0]
+    assert "torn tail" not in done.stdout
+    fixed = evobus("repair", str(torn), cwd=tmp_path, env=clean_env)
+    assert fixed.returncode == 0 and "cut a torn tail of 7 bytes" in fixed.stdout
+    assert torn.read_bytes() == LOG.read_bytes()
+    again = evobus("inspect", str(torn), "--limit", "1", cwd=tmp_path, env=clean_env)
+    assert again.stderr == ""
+
+
+def test_the_torn_tail_warning_of_other_verbs_names_the_cli_fix(tmp_path, clean_env):
+    torn = tmp_path / "torn.evolog"
+    torn.write_bytes(LOG.read_bytes() + b"garbage")
+    done = evobus("replay", str(torn), "--quiet", cwd=tmp_path, env=clean_env)
+    warned = [line for line in done.stderr.splitlines() if "torn or corrupt tail" in line]
+    assert len(warned) == 1, done.stderr
+    assert f"`evobus repair {torn}` truncates the file there" in warned[0]
+
+
+def test_a_scenario_with_a_utf8_byte_order_mark_is_accepted(root, tmp_path, capsys):
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + (root / "scenarios" / "router.toml").read_bytes())
+    assert main(["validate", str(path)]) == 0
+    assert ": ok (sync" in capsys.readouterr().out
+
+
+def test_every_schema_error_of_a_file_is_reported_at_once(tmp_path, capsys):
+    path = tmp_path / "two.toml"
+    path.write_text('rounds = "many"\n[domain]\ntasks = "scenarios.router:tasks"\n'
+                    'reward = "scenarios.router:reward"\nagent = "scenarios.router:RouterAgent"'
+                    '\n[workers]\nlocal = "four"\nprocs = 2\n')
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: 3 errors:" in err
+    assert "at `$.rounds`" in err and "at `$.workers.local`" in err
+    assert "at `$.workers.procs`" in err and "did you mean `processes`" in err
+
+
+def test_run_json_keeps_warnings_off_stdout(root, tmp_path, clean_env):
+    text = (root / "scenarios" / "router.toml").read_text()
+    path = tmp_path / "warns.toml"
+    path.write_text(text.replace("[workers]", "[workers]\nbind = \"tcp://127.0.0.1:0\""))
+    done = evobus("run", str(path), "--json", "--log", str(tmp_path / "w.evolog"),
+                  cwd=tmp_path, env=clean_env)
+    assert done.returncode == 0, done.stderr
+    assert "only concern" in done.stderr
+    json.loads(done.stdout)   # the whole of stdout is one JSON document
+
+
+def test_resume_json_prints_only_json_on_stdout(root, tmp_path, clean_env):
+    log = tmp_path / "r.evolog"
+    first = evobus("run", str(root / "scenarios" / "router.toml"), "--quiet", "--log",
+                   str(log), cwd=tmp_path, env=clean_env)
+    assert first.returncode == 0, first.stderr
+    data = log.read_bytes()
+    log.write_bytes(data[: len(data) * 2 // 3])   # what a kill -9 mid-write leaves
+    done = evobus("resume", str(log), "--json", cwd=tmp_path, env=clean_env)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["resumed"] == str(log) and summary["stop_reason"]
+    assert "cut a torn tail" in done.stderr
