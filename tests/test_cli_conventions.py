@@ -153,3 +153,60 @@ def test_resume_json_prints_only_json_on_stdout(root, tmp_path, clean_env):
     summary = json.loads(done.stdout)
     assert summary["resumed"] == str(log) and summary["stop_reason"]
     assert "cut a torn tail" in done.stderr
+
+
+# -- inspect: the artifact at a version, JSON lines, following a live log ----------------
+
+
+def test_inspect_version_prints_the_artifact_at_that_version(capsys):
+    assert main(["inspect", str(LOG), "--version", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# Config (by category)\n## account\npassword, profile\n")
+    assert main(["inspect", str(LOG), "--version", "0", "--json"]) == 0
+    v0 = json.loads(capsys.readouterr().out)
+    assert v0["version"] == 0 and v0["state"] == {} and v0["heldout"] == 0.0
+
+
+def test_inspect_version_that_does_not_exist_lists_the_versions(capsys):
+    assert main(["inspect", str(LOG), "--version", "7"]) == 2
+    assert "its versions: 0, 1, 2, 3" in capsys.readouterr().err
+
+
+def test_inspect_json_prints_one_json_object_a_message(capsys):
+    assert main(["inspect", str(LOG), "--json", "--type", "RoundClosed"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert [r["message"]["round"] for r in rows] == [0, 1, 2]
+    assert all(r["type"] == "RoundClosed" and r["sender"] == "merger" for r in rows)
+
+
+def test_inspect_history_says_what_each_commit_changed_and_who_proposed_it(capsys):
+    assert main(["inspect", str(LOG), "--history"]) == 0
+    out = capsys.readouterr().out
+    assert "v1  round 0: held-out 0.000 -> 0.517, 4 key(s) changed" in out
+    assert ("added billing: - -> 'charge'  [proposed by worker-2 on task billing-charge-1 "
+            "(round 0)]") in out
+    assert "the head (v3) fails no task it was scored on" in out
+
+
+def test_inspect_follow_prints_records_as_they_are_appended(tmp_path, clean_env):
+    data = LOG.read_bytes()
+    live = tmp_path / "live.evolog"
+    cut = len(data) * 3 // 4 + 3   # inside a record, as a writer may leave it
+    live.write_bytes(data[:cut])
+    proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "inspect", str(live),
+                             "--follow", "--type", "RoundClosed", "--idle", "50"],
+                            cwd=tmp_path, env=clean_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith(f"log {live}:")
+        first = proc.stdout.readline()   # round 0 closed in the first 3/4 of the log
+        assert "RoundClosed  round=0" in first
+        with open(live, "ab") as f:   # the run goes on, and ends (RunDone)
+            f.write(data[cut:])
+        rest, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert [line.split("round=")[1][0] for line in rest.splitlines()] == ["1", "2"]
+    assert err == ""

@@ -130,7 +130,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     except ConfigError as exc:   # a resumed log whose older segment is missing
         return _err(str(exc))
     contents = chain[-1]
-    torn = [c for c in chain if c.dropped_tail]
+    # A followed log is being written: its last record may be half there.
+    torn = [c for c in chain if c.dropped_tail and not (args.follow and c is chain[-1])]
     for c in torn:
         print(f"evobus: warning: {c.path}: a torn tail was cut back when reading: "
               f"{c.dropped_tail} bytes (about {c.dropped_records} record(s)) after the "
@@ -148,7 +149,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         h = contents.header
         print(f"log {args.log}: format {h.format_version}, evobus {h.package_version}, "
               f"scenario {h.scenario or '-'}, seed {h.seed}, run {h.run_id or '-'}, "
-              f"started {h.started_at or '-'}")
+              f"started {h.started_at or '-'}", flush=True)
     if args.follow:
         return _follow(args)
     return _lines(args, contents.records)
