@@ -32,8 +32,9 @@ _WHERE = {
     "actors.policies.pipeline": ["PipelineChain", "PipelineParallel", "StageRecord"],
     "actors.policies.sampling": ["DifficultyWeighted", "RoundRobin", "TaskSampler"],
     "actors.groups": ["BranchContext", "Budgets", "GroupOutcome", "GroupProgress",
-                      "HostLimits", "Store", "parallel", "resume_group", "run_group"],
-    "actors.runtime.evolve": ["EvolveResult", "evolve"],
+                      "HostLimits", "Store", "parallel", "parallel_async", "resume_group",
+                      "run_group"],
+    "actors.runtime.evolve": ["EvolveResult", "evolve", "evolve_async"],
     "actors.runtime.runtime": ["Runtime"],
     "protocol": ["Diff", "Ref", "Task", "WorkUnit"],
 }
@@ -70,13 +71,14 @@ if TYPE_CHECKING:  # what a type checker and an IDE see: the same names, eagerly
                                GroupFailed, GroupPaused, ParallelConfigError,
                                ResumeRefused, RunFailed, SectionViolation)
     from actors.groups import (BranchContext, Budgets, GroupOutcome, GroupProgress,
-                               HostLimits, Store, parallel, resume_group, run_group)
+                               HostLimits, Store, parallel, parallel_async, resume_group,
+                               run_group)
     from actors.policies.parallelism import (ClusterParallel, DataParallel,
                                              ParallelStrategy, TensorParallel,
                                              TensorParallelMerge, assign_key_sections,
                                              section_of, shard_round_robin)
     from actors.policies.pipeline import PipelineChain, PipelineParallel, StageRecord
     from actors.policies.sampling import DifficultyWeighted, RoundRobin, TaskSampler
-    from actors.runtime.evolve import EvolveResult, evolve
+    from actors.runtime.evolve import EvolveResult, evolve, evolve_async
     from actors.runtime.runtime import Runtime
     from protocol import Diff, Ref, Task, WorkUnit

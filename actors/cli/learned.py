@@ -11,20 +11,16 @@ is matched to the proposal whose ``Diff.ops`` wrote the same text at the same ke
 
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
-import msgspec
-
-from actors.replay.engine import META_SCENARIO_TOML, log_chain
-from actors.runtime.launch import build_strategy
+from actors.replay.engine import log_chain
+from actors.runtime.launch import strategy_from_meta
 from bus.log import LogContents, read_log
 from protocol import (Baseline, Commit, EvalDone, EvalRequest, LeaseDone, Open,
                       RoundClosed, Start, decode)
-from protocol import scenario as sc
 
 __all__ = ["Edit", "Learned", "Version", "learned_from", "read_chain", "renderer"]
 
@@ -183,22 +179,9 @@ def _commit(out: Learned, proposals: dict, scored: dict, version: int,
 
 
 def renderer(meta: dict[str, str]):
-    """A function rendering a state as the run's artifact strategy does: from the
-    scenario the log carries, or the strategy evolve() recorded; else one
-    ``key: text`` line per key."""
-    spec: Any = None
-    if META_SCENARIO_TOML in meta:
-        try:
-            with warnings.catch_warnings():   # said when the run started, not again here
-                warnings.simplefilter("ignore")
-                spec = sc.parse_scenario(meta[META_SCENARIO_TOML], "the log's scenario").strategy
-        except sc.ScenarioError:   # an older schema: fall back to the plain rendering
-            spec = None
-    elif meta.get("strategy"):
-        try:
-            spec = msgspec.convert(json.loads(meta["strategy"]), sc.Strategy)
-        except (ValueError, msgspec.ValidationError):   # a custom strategy: plain rendering
-            spec = None
-    if spec is not None:
-        return build_strategy(spec).render
+    """A function rendering a state as the run's artifact strategy does (the one the
+    log's header names); else one ``key: text`` line per key."""
+    strategy = strategy_from_meta(meta)
+    if strategy is not None:
+        return strategy.render
     return lambda state: "\n".join(f"{k}: {v}" for k, v in sorted(state.items())) or "(empty)"

@@ -9,7 +9,9 @@ import json
 import logging
 import os
 import sys
+import time
 import warnings
+from pathlib import Path
 
 from actors.cli.groups import run_groups
 from actors.cli.progress import RunProgress, exit_code, interrupt_guard
@@ -50,12 +52,40 @@ def _load_checked(args: argparse.Namespace):
     return 2 if problems else scenario
 
 
+#: Where a run writes its log when neither the scenario's ``log`` nor --log names one.
+RUNS_DIR = "runs"
+
+
+def default_log_path(name: str, now: float | None = None) -> str:
+    """``runs/NAME-YYYYmmdd-HHMMSS.evolog`` (``-2``, ``-3``... if taken: a log is never
+    overwritten), relative to the current directory."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "run"
+    path = Path(RUNS_DIR) / f"{safe}-{stamp}.evolog"
+    n = 2
+    while path.exists():
+        path = Path(RUNS_DIR) / f"{safe}-{stamp}-{n}.evolog"
+        n += 1
+    return str(path)
+
+
+def _log_path(args: argparse.Namespace, scenario) -> str:
+    """Every run leaves a log: --log, else the scenario's ``log``, else a default under
+    runs/ (the summary says which)."""
+    if args.log is not None:
+        return args.log
+    if scenario.log is not None:
+        return scenario.log
+    args.default_log = True
+    return default_log_path(scenario.name)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
 
     scenario = _load_checked(args)
     if isinstance(scenario, int):
         return scenario
-    log_path = args.log if args.log is not None else scenario.log
+    log_path = _log_path(args, scenario)
     if scenario.domain is None:  # only [[groups]]: actors.cli.groups runs them
 
         if args.insecure:
@@ -72,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                            stream=sys.stderr if args.json else sys.stdout, log_path=log_path)
     try:
         with progress, interrupt_guard():
-            result = run_scenario(scenario, source=args.scenario, log=args.log,
+            result = run_scenario(scenario, source=args.scenario, log=log_path,
                                   on_progress=progress, insecure=args.insecure,
                                   overwrite=args.overwrite)
     except ConfigError as exc:
@@ -94,7 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "elapsed": result.elapsed, "outcomes": result.outcomes(), "error": result.error,
             "log": result.log_path, "state": result.state, "bus": result.bus}))
     else:
-        progress.summary(result)
+        progress.summary(result, default_log=getattr(args, "default_log", False))
     code = 1 if result.error and result.rollouts == 0 else 0
     if scenario.groups:  # a domain and [[groups]]: the groups run after evolve
 

@@ -284,8 +284,9 @@ class RunProgress(_Lines):
 
     # -- the end -----------------------------------------------------------------------------
 
-    def summary(self, result: Any) -> None:
-        """The closing lines: reward before -> after, outcomes, the log, the artifact."""
+    def summary(self, result: Any, *, default_log: bool = False) -> None:
+        """The closing lines: reward before -> after, outcomes, the log, the artifact.
+        ``default_log``: the log's path was chosen by evobus (none was given)."""
         if self.quiet:
             return
         s = self.scenario
@@ -301,6 +302,9 @@ class RunProgress(_Lines):
         if result.log_path:
             lines.append(f"log: {result.log_path}  (evobus inspect {result.log_path}; "
                          f"evobus report {result.log_path})")
+            if default_log:
+                lines.append("      (the default path: set `log` in the scenario or pass "
+                             "--log to choose it)")
         if not self.live:
             self._print("\n" + head)
             for line in lines:

@@ -16,7 +16,7 @@ Every decision about which branch runs when lives in :mod:`actors.machines.colle
 
 from actors.errors import (BranchCancelled, BranchError, BudgetExhausted, GroupError,
                            GroupFailed, GroupPaused, HostLimitExceeded, ResumeRefused)
-from actors.groups.api import parallel, resume_group, run_group
+from actors.groups.api import parallel, parallel_async, resume_group, run_group
 from actors.groups.checkpoint import GroupCheckpoint, load_checkpoint
 from actors.groups.context import BranchContext
 from actors.groups.limits import Budgets, Consumed, HostLimits
@@ -26,4 +26,5 @@ from actors.groups.store import Store
 __all__ = ["BranchCancelled", "BranchContext", "BranchError", "BudgetExhausted", "Budgets",
            "Consumed", "GroupCheckpoint", "GroupError", "GroupFailed", "GroupOutcome",
            "GroupPaused", "GroupProgress", "HostLimitExceeded", "HostLimits", "ResumeRefused",
-           "Store", "load_checkpoint", "parallel", "resume_group", "run_group"]
+           "Store", "load_checkpoint", "parallel", "parallel_async", "resume_group",
+           "run_group"]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
@@ -81,6 +82,16 @@ def parallel(target, items, *, max_concurrency: int, max_items: int,
     or an approval: resume the checkpoint with :func:`resume_group`)."""
     return results_of(run_group(target, items, max_concurrency=max_concurrency,
                                 max_items=max_items, _parent=_parent, **options))
+
+
+async def parallel_async(target, items, *, max_concurrency: int, max_items: int,
+                         **options) -> list[Any]:
+    """:func:`parallel` for code already inside an event loop: the group runs in a
+    worker thread (which copies the caller's context, so a group started inside a run
+    or a branch still nests there) and the loop stays free. Cancelling the awaiting
+    task does not cancel the group: bound it with ``budgets=`` or ``limits=``."""
+    return await asyncio.to_thread(parallel, target, items, max_concurrency=max_concurrency,
+                                   max_items=max_items, **options)
 
 
 def resume_group(checkpoint: str | os.PathLike, *, target=None,

@@ -72,7 +72,7 @@ from actors.replay.report import (
     field_diff,
 )
 from actors.runtime.evolve import prepare_parallel
-from actors.runtime.launch import build_parallel, build_strategy
+from actors.runtime.launch import build_parallel, build_strategy, strategy_from_meta
 from bus.log import LogContents, Record, read_header
 from protocol import GroupStart, Message, Start, decode, encode
 from protocol.scenario import ScenarioError, parse_scenario
@@ -238,7 +238,9 @@ def _planner_strategy(meta: dict[str, str], start: Start, parallel, strategy, ta
             "sampler (replay(path, task_sampler=...)) so the planner orders tasks as it did")
     if strategy is None:
 
-        strategy = KeyedRules(categories=[])
+        # What evolve() recorded; a log older than that was written with its default
+        # of the time, KeyedRules(categories=[]) (now AppendRules(), recorded).
+        strategy = strategy_from_meta(meta) or KeyedRules(categories=[])
     plan_with, sections = prepare_parallel(parallel, strategy, list(start.task_ids),
                                            start.n_workers)
     if sections != start.sections:

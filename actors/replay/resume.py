@@ -49,7 +49,7 @@ from actors.runtime.evolve import evolve
 from actors.runtime.launch import evolve_kwargs
 from protocol.scenario import parse_scenario
 from bus.log import read_header
-from actors.artifacts import KeyedRules
+from actors.artifacts import AppendRules
 from actors.runtime.evolve import EvolveResult
 
 logger = logging.getLogger(__name__)
@@ -260,7 +260,7 @@ def read_log_header_meta(path: str | Path) -> dict[str, str]:
 
 def _result_of(point: ResumePoint, done: RunDone, strategy):
 
-    strategy = strategy if strategy is not None else KeyedRules(categories=[])
+    strategy = strategy if strategy is not None else AppendRules()   # evolve()'s default
     return EvolveResult(rendered=strategy.render(done.state), state=dict(done.state),
                         version=done.version, final_reward=done.final_reward,
                         initial_reward=done.initial_reward, stop_reason=done.stop_reason,

@@ -5,6 +5,9 @@ See docs/concepts.md and docs/async.md.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import json
 import logging
 import time
 import uuid
@@ -15,7 +18,7 @@ from typing import Any, Callable, Sequence
 import msgspec
 
 from actors.addresses import MERGER, PLANNER, SCHEDULER, worker_name
-from actors.artifacts import KeyedRules, declared_keys, normaliser
+from actors.artifacts import AppendRules, declared_keys, normaliser
 from actors.version import PACKAGE_VERSION
 from actors.errors import ConfigError
 from actors.machines.merger import STALENESS, Merger
@@ -159,7 +162,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     _check_numbers(solved_threshold, lease_size)
     tasks = _validate(tasks, reward, agent, run, propose, n_workers, modes.rounds,
                       held_out_frac, max_concurrency)
-    strategy = strategy if strategy is not None else KeyedRules(categories=[])
+    _warn_if_inside_a_loop("evolve", "evolve_async")
+    # The default is the scenario files' default (protocol.scenario.Scenario.strategy).
+    strategy = strategy if strategy is not None else AppendRules()
     task_ids = [t.id for t in tasks]
     plan_with, sections = prepare_parallel(parallel, strategy, task_ids, n_workers)
     if agent is not None:
@@ -174,6 +179,10 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                               package_version=PACKAGE_VERSION, refs=refs, insecure=insecure,
                               run_id=run_id)
     meta = _log_meta(seed, run_id, log_meta, plan_with, task_sampler, modes, remote)
+    # How `evobus inspect --version` and the report render the artifact (built-ins only).
+    spec = strategy_spec(strategy)
+    if spec is not None:
+        meta.setdefault("strategy", json.dumps(spec))
     start = Start(run_id=run_id, seed=seed, task_ids=task_ids, n_workers=n_workers,
                   rounds=modes.rounds, held_out_frac=held_out_frac,
                   max_concurrency=max_concurrency or n_workers, initial_state=state0,
@@ -352,6 +361,37 @@ def _counters(rt: Runtime, done: RunDone, remote) -> tuple[dict[str, int], dict[
                  held_back=scheduler.held_back, refreshes=scheduler.refreshes,
                  cancelled_leases=scheduler.cancelled, scoring_calls=scheduler.eval_calls)
     return bus_stats, stats
+
+
+async def evolve_async(*args: Any, **kwargs: Any) -> EvolveResult:
+    """:func:`evolve` for code already inside an event loop: the run goes on in a worker
+    thread and the loop stays free (``await evolve_async(tasks, reward, ...)``). Async
+    ``run``/``propose``/agent methods work as with evolve(). Cancelling the awaiting
+    task does not stop the run: bound it with ``max_seconds`` or another budget."""
+    return await asyncio.to_thread(evolve, *args, **kwargs)
+
+
+def _warn_if_inside_a_loop(name: str, instead: str) -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:   # no loop in this thread: nothing is blocked
+        return
+    warnings.warn(f"{name}() was called inside a running event loop and blocks it until "
+                  f"the run ends: use `await {instead}(...)` there", RuntimeWarning,
+                  stacklevel=3)
+
+
+def strategy_spec(strategy: Any) -> dict[str, Any] | None:
+    """A built-in artifact strategy as its scenario table (``{"kind": "AppendRules",
+    "title": ...}``); None for any other strategy."""
+    if type(strategy).__name__ not in ("AppendRules", "KeyedRules", "SingleSlot") \
+            or not dataclasses.is_dataclass(strategy):
+        return None
+    fields = {f.name: getattr(strategy, f.name) for f in dataclasses.fields(strategy)
+              if f.name in ("title", "categories", "initial_value", "key")}
+    if "categories" in fields:
+        fields["categories"] = list(fields["categories"])
+    return {"kind": type(strategy).__name__, **fields}
 
 
 def _usage_of(agent) -> dict[str, int] | None:

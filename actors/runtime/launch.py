@@ -3,7 +3,11 @@ names and call :func:`actors.evolve` (or run its parallel groups)."""
 
 from __future__ import annotations
 
+import json
+import warnings
 from typing import Any, Callable
+
+import msgspec
 
 from actors.artifacts import AppendRules, KeyedRules, SingleSlot
 from actors.policies.parallelism import ClusterParallel, DataParallel, TensorParallel
@@ -26,6 +30,24 @@ def build_strategy(spec: sc.Strategy):
         case sc.SingleSlotSpec(initial_value=value, key=key):
             return SingleSlot(initial_value=value, key=key)
     raise AssertionError(f"unknown strategy spec {spec!r}")
+
+
+def strategy_from_meta(meta: dict[str, str]):
+    """The artifact strategy a log's header names: the scenario's ``[strategy]``, or
+    the built-in strategy evolve() recorded (``strategy``, :func:`strategy_spec`);
+    None when it names none (a custom strategy, or a log older than that key)."""
+    try:
+        with warnings.catch_warnings():   # said when the run started, not again here
+            warnings.simplefilter("ignore")
+            if meta.get("scenario_toml"):
+                return build_strategy(sc.parse_scenario(meta["scenario_toml"],
+                                                        "the log's scenario").strategy)
+            if meta.get("strategy"):
+                return build_strategy(msgspec.convert(json.loads(meta["strategy"]),
+                                                      sc.Strategy))
+    except (ValueError, msgspec.ValidationError):   # an older schema: the caller decides
+        return None
+    return None
 
 
 def build_parallel(spec: sc.Parallel):
