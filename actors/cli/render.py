@@ -22,12 +22,14 @@ from __future__ import annotations
 import base64
 import html
 import io
-import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from bus.log import read_log
+from typing import Iterator
+
+from actors.cli.learned import SOLVED, Learned, learned_from, read_chain, renderer
+from bus.log import Record
 from protocol import decode
 
 __all__ = ["MissingExtra", "OutputError", "RunAnalysis", "analyse", "charts", "render_html", "write_report"]
@@ -91,6 +93,9 @@ class RunAnalysis:
     stats: dict[str, float] = field(default_factory=dict)
     mode: str = "sync"
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
+    segments: list[str] = field(default_factory=list)  # the logs of a resumed run
+    learned: Learned | None = None
+    render: Any = None   # state -> the artifact's text
 
     @property
     def evolves(self) -> bool:
@@ -141,11 +146,16 @@ def track_group(groups: dict[str, dict[str, Any]], kind: str, msg: Any) -> None:
 def analyse(path: str | Path) -> RunAnalysis:
     """Read a log and gather what the report shows. Raises OSError / LogCorrupt."""
 
-    with warnings.catch_warnings(record=True):
-        warnings.simplefilter("always")
-        contents = read_log(path)
-    a = RunAnalysis(path=str(path), header=contents.header, records=len(contents.records),
-                    dropped_tail=contents.dropped_tail)
+    chain = read_chain(path)   # a resumed run: every segment, oldest first
+    contents = chain[-1]
+    meta: dict[str, str] = {}
+    for c in chain:
+        meta.update(c.header.meta)
+    a = RunAnalysis(path=str(path), header=contents.header,
+                    records=sum(len(c.records) for c in chain),
+                    dropped_tail=sum(c.dropped_tail for c in chain),
+                    segments=[str(c.path) for c in chain], learned=learned_from(chain),
+                    render=renderer(meta))
     open_spans: dict[str, LeaseSpan] = {}
     dispatched: set[str] = set()
     answered: set[str] = set()
@@ -156,7 +166,7 @@ def analyse(path: str | Path) -> RunAnalysis:
     heldout: frozenset = frozenset()
     heldout_evals: dict[str, bool] = {}
     merges = 0
-    for rec in contents.records:
+    for rec in _timed(chain):
         try:
             msg = decode(rec.body)
         except ValueError:  # a newer or damaged body: counted and shown in the report
@@ -252,6 +262,17 @@ def analyse(path: str | Path) -> RunAnalysis:
     if a.final_reward is None and a.rounds:
         a.final_reward = a.rounds[-1].heldout
     return a
+
+
+def _timed(chain) -> Iterator[Record]:
+    """The records of a log chain on one clock: each segment's times go on from where
+    the one before ended (each log's clock starts at its own run's start)."""
+    offset = 0.0
+    for contents in chain:
+        for rec in contents.records:
+            yield Record(rec.seq, rec.t + offset, rec.sender, rec.receiver, rec.body)
+        if contents.records:
+            offset += contents.records[-1].t
 
 
 def _natural(name: str) -> tuple:
@@ -486,6 +507,10 @@ td,th{border-bottom:1px solid #eee;padding:3px 10px;text-align:right}
 th{background:#fafafa}td:first-child,th:first-child{text-align:left}
 td.l,th.l{text-align:left}.note{color:#666;font-size:12.5px}
 code{background:#f4f4f4;padding:1px 4px;border-radius:3px}
+pre{background:#f7f7f7;border:1px solid #e5e5e5;padding:8px 10px;white-space:pre-wrap;
+ overflow-wrap:anywhere;font-size:12.5px}
+td.old{color:#a33;text-decoration:line-through}td.new{color:#176b1f}
+details summary{cursor:pointer;margin:4px 0}
 """
 
 
@@ -546,7 +571,8 @@ def render_html(a: RunAnalysis, pngs: dict[str, bytes]) -> str:
         _card(str(a.redispatches), "re-dispatches", "warn" if a.redispatches else ""),
         _card(str(a.late_answers), "late answers dropped", "warn" if a.late_answers else ""),
         _card(stop if a.complete else "did not finish",
-              "stop reason" if a.evolves else "group status", "" if a.complete else "warn"),
+              "group status" if a.groups and not a.evolves else "stop reason",
+              "" if a.complete else "warn"),
     ]
     parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8>"
              f"<meta name=viewport content='width=device-width,initial-scale=1'>"
@@ -567,6 +593,12 @@ def render_html(a: RunAnalysis, pngs: dict[str, bytes]) -> str:
                     "evobus?) and are left out.")
     for w in warn:
         parts.append(f"<p class=note>⚠ {e(w)}</p>")
+    if len(a.segments) > 1:
+        parts.append(f"<p class=note>A resumed run: {len(a.segments)} logs, shown as one "
+                     "run (" + " → ".join(f"<code>{e(p)}</code>" for p in a.segments)
+                     + ").</p>")
+    if a.evolves and a.learned is not None:
+        parts += _learned_html(a)
     if a.evolves:
         parts += ["<h2>Held-out reward over time</h2>",
                   "<p class=note>The head's held-out score after each "
@@ -627,9 +659,11 @@ def render_html(a: RunAnalysis, pngs: dict[str, bytes]) -> str:
         + f"<tr><td>re-dispatched leases</td><td>{a.redispatches}</td></tr>"
         f"<tr><td>late answers dropped</td><td>{a.late_answers}</td></tr></table>")
     if a.stats:
-        parts.append("<h2>Run statistics</h2><table><tr><th>statistic</th><th>value</th></tr>"
-                     + "".join(f"<tr><td>{e(k)}</td><td>{_number(v)}</td></tr>"
-                               for k, v in sorted(a.stats.items())) + "</table>")
+        parts.append("<h2>Run statistics</h2><table><tr><th class=l>statistic</th>"
+                     "<th>value</th></tr>" + "".join(
+                         f"<tr><td class=l>{e(STAT_NAMES.get(k, k))} <span class=note>"
+                         f"({e(k)})</span></td><td>{_number(v)}</td></tr>"
+                         for k, v in sorted(a.stats.items())) + "</table>")
     if a.rounds:
         parts.append(f"<h2>{word.capitalize()}s</h2><table><tr><th>{word}</th>"
                      "<th>closed at</th><th>version</th><th>committed</th><th>held-out</th>"
@@ -646,6 +680,91 @@ def render_html(a: RunAnalysis, pngs: dict[str, bytes]) -> str:
     parts.append(f"<p class=note>Made by <code>evobus report {e(a.path)}</code>. Inspect "
                  f"the messages with <code>evobus inspect {e(a.path)}</code>.</p></body></html>")
     return "\n".join(p for p in parts if p)
+
+
+#: Run statistics (RunDone.stats, EvolveResult.stats) in plain words.
+STAT_NAMES = {
+    "reverified": "stale proposals re-scored on their own task before merging",
+    "stall_refreshes": "times every worker was refreshed after merges without a commit",
+    "max_eta_kept": "most versions behind the head a merged proposal was",
+    "starved_seconds": "worker-seconds held back by backpressure",
+    "held_back": "leases held back by backpressure",
+    "refreshes": "worker snapshot refreshes",
+    "cancelled_leases": "leases cancelled",
+    "scoring_calls": "backend calls spent scoring candidates on held-out tasks",
+}
+
+
+def _pre(text: str) -> str:
+    return f"<pre>{html.escape(text)}</pre>"
+
+
+def _short(text: str | None, n: int = 160) -> str:
+    if text is None:
+        return "—"
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _learned_html(a: RunAnalysis) -> list[str]:
+    """The artifact, what each commit changed (and on what evidence), the tasks the head
+    still fails, and the artifact at every version."""
+    e = html.escape
+    learned, render = a.learned, a.render
+    head = learned.head
+    if head is None:
+        return []
+    out = [f"<h2>The artifact (v{head.version})</h2>", _pre(render(head.state))]
+    commits = [v for v in learned.versions if v.version > 0]
+    out.append("<h2>What each commit changed</h2>")
+    if not commits:
+        out.append("<p class=note>No commit: the artifact is still the initial one.</p>")
+    else:
+        out.append("<p class=note>Each key a commit changed, the worker whose rollout "
+                   "proposed it and on which task, and the held-out score the new version "
+                   "had to beat (before) and reached (after).</p><table class=commits><tr>"
+                   "<th>version</th><th class=l>when</th><th>held-out before → after</th>"
+                   "<th class=l>key</th><th class=l>before</th><th class=l>after</th>"
+                   "<th class=l>proposed by</th></tr>")
+    for v in commits:
+        when = f"round {v.round}" if v.round is not None else f"{v.t:.2f} s"
+        evidence = f"{_score(v.previous_heldout)} → {_score(v.heldout)}"
+        for i, edit in enumerate(v.edits or [None]):
+            lead = (f"<td>v{v.version}</td><td class=l>{e(when)}</td><td>{evidence}</td>"
+                    if i == 0 else "<td></td><td></td><td></td>")
+            if edit is None:
+                out.append(f"<tr>{lead}<td class=l colspan=4>(no key changed)</td></tr>")
+                continue
+            who = (f"{edit.worker} on <code>{e(edit.task or '?')}</code> (round {edit.round})"
+                   if edit.worker else "not found in the log")
+            out.append(f"<tr>{lead}<td class=l><code>{e(edit.key)}</code></td>"
+                       f"<td class='l old'>{e(_short(edit.before))}</td>"
+                       f"<td class='l new'>{e(_short(edit.after))}</td>"
+                       f"<td class=l>{who}</td></tr>")
+    if commits:
+        out.append("</table>")
+    failing = learned.failing()
+    out.append(f"<h2>Tasks the head still fails ({len(failing)})</h2>")
+    if failing:
+        out.append("<table class=failing><tr><th class=l>task</th><th class=l>split</th>"
+                   "<th>score</th></tr>" + "".join(
+                       f"<tr><td class=l><code>{e(t)}</code></td><td class=l>{e(split)}</td>"
+                       f"<td>{score:.3f}</td></tr>" for split, t, score in failing)
+                   + "</table>")
+    else:
+        out.append(f"<p class=note>None: v{head.version} scores at least {SOLVED} on every "
+                   "held-out task it was scored on and every training task it was rolled "
+                   "out on.</p>")
+    out.append("<h2>The artifact at every version</h2>")
+    for v in reversed(learned.versions):
+        label = f"v{v.version}" + (f" (round {v.round})" if v.round is not None else "") \
+            + f", held-out {_score(v.heldout)}"
+        out.append(f"<details{' open' if v is head else ''}><summary>{e(label)}</summary>"
+                   f"{_pre(render(v.state))}</details>")
+    return out
+
+
+def _score(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3f}"
 
 
 def default_dir(log: str | Path) -> Path:

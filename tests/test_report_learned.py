@@ -1,0 +1,121 @@
+"""What the report and `evobus inspect --history` show of what a run learned: the
+artifact at every version, what each commit changed (the key, the worker and task that
+proposed it, the held-out evidence), the tasks the head still fails, the whole chain of
+a resumed run, and statistics in plain words. The page is checked as text, and as
+headless Chromium renders it (skipped only when Chromium is not installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from actors.cli.learned import learned_from, read_chain
+from actors.cli.main import main
+from actors.cli.render import STAT_NAMES, analyse, render_html
+from bus.log import FORMAT_VERSION, LogHeader, LogWriter
+
+pytestmark = pytest.mark.timeout(90)
+
+LOGS = Path(__file__).resolve().parent / "logs"
+RESUMED = LOGS / "resumed_after_kill.r1.evolog"
+needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
+                                      reason='matplotlib is not installed (evobus[report])')
+CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser",
+                                                "google-chrome"))), None)
+
+
+def test_each_commit_is_matched_to_the_proposal_that_wrote_it():
+    learned = learned_from(read_chain(LOGS / "sync_data_parallel.evolog"))
+    assert [v.version for v in learned.versions] == [0, 1, 2, 3]
+    v1 = learned.at(1)
+    assert v1.round == 0 and v1.previous_heldout == 0.0 and v1.heldout == pytest.approx(0.517, abs=1e-3)
+    billing = next(e for e in v1.edits if e.key == "billing")
+    assert (billing.before, billing.after) == (None, "charge")
+    assert (billing.worker, billing.task, billing.round) == ("worker-2", "billing-charge-1", 0)
+    assert learned.at(3).heldout == 1.0 and learned.failing() == []
+
+
+def test_a_resumed_run_is_read_as_one_chain():
+    learned = learned_from(read_chain(RESUMED))
+    assert [v.version for v in learned.versions] == [0, 1, 2]   # v1 is in the first log
+    a = analyse(RESUMED)
+    assert len(a.segments) == 2 and [r.round for r in a.rounds] == [0, 1]
+    assert a.records == sum(len(c.records) for c in read_chain(RESUMED))
+    assert [t for t in (r.t for r in a.rounds)] == sorted(r.t for r in a.rounds)
+
+
+def test_the_page_shows_the_artifact_the_diffs_and_the_failing_tasks():
+    a = analyse(RESUMED)
+    page = render_html(a, {})
+    assert "<h2>The artifact (v2)</h2>" in page and "password, profile" in page
+    assert "<h2>What each commit changed</h2>" in page
+    assert "worker-0 on <code>account-password-5</code> (round 1)" in page
+    assert "0.517 → 0.793" in page
+    assert "<h2>Tasks the head still fails (6)</h2>" in page and "billing-invoice-5" in page
+    assert page.count("<details") == 3   # the artifact at v0, v1 and v2
+    assert "A resumed run: 2 logs" in page
+
+
+def test_run_statistics_have_plain_names(tmp_path):
+    a = analyse(LOGS / "async_router.evolog")
+    assert a.stats
+    page = render_html(a, {})
+    for key in a.stats:
+        assert key in STAT_NAMES, f"no plain name for the statistic {key!r}"
+        assert STAT_NAMES[key] in page
+
+
+def test_a_header_only_log_is_an_unfinished_run_not_a_group(tmp_path):
+    path = tmp_path / "empty.evolog"
+    with LogWriter(path, LogHeader(format_version=FORMAT_VERSION, scenario="x", seed=0,
+                                   run_id="r"), fsync="never"):
+        pass
+    page = render_html(analyse(path), {})
+    assert "group status" not in page and "did not finish" in page
+
+
+def test_inspect_history_of_a_resumed_run_covers_the_chain(capsys):
+    assert main(["inspect", str(RESUMED), "--history"]) == 0
+    out = capsys.readouterr().out
+    assert "v1  round 0: held-out 0.000 -> 0.517" in out
+    assert "v2  round 1: held-out 0.517 -> 0.793" in out
+    assert "tasks the head (v2) still fails (6):" in out and "held-out billing-invoice-1" in out
+
+
+@needs_matplotlib
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (.ci/run installs "
+                                              "it with apt-get where it can)")
+def test_headless_chromium_renders_the_artifact_diffs_and_failing_tasks(tmp_path, capsys):
+    assert main(["report", str(RESUMED), "-o", str(tmp_path)]) == 0
+    page = tmp_path / "index.html"
+    browser = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+               f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*browser, "--dump-dom", page.as_uri()], capture_output=True,
+                         text=True, timeout=60)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    for text in ("The artifact (v2)", "What each commit changed", "account-password-5",
+                 "Tasks the head still fails (6)", "billing-invoice-5"):
+        assert text in dom.stdout
+    shot = tmp_path / "shot.png"
+    done = subprocess.run([*browser, "--window-size=1100,2000", f"--screenshot={shot}",
+                           page.as_uri()], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
+    import matplotlib.image as mpimg   # the report extra: only this test reads pixels
+
+    pixels = mpimg.imread(shot)
+    assert pixels.shape[:2] == (2000, 1100)
+    # The top 2000 px hold the artifact, the commits table and the failing tasks (the
+    # charts come after them): each band of the page has ink on it, none is blank.
+    bands = [pixels[y:y + 250, :, :3] for y in range(0, 1250, 250)]
+    assert all((band < 0.5).any() for band in bands)
+
+    def has(colour: str) -> bool:   # some pixel within a small distance of the colour
+        rgb = [int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+        return bool((abs(pixels[..., :3] - rgb).max(axis=-1) < 0.06).any())
+
+    assert has("#f7f7f7")   # the artifact's box
+    assert has("#176b1f") and has("#aa3333")   # a diff's new (green) and old (red) text
