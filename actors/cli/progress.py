@@ -38,6 +38,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from actors.cli.live import InRound, RoundSnapshot
 from bus.log import LogCorrupt, read_log
 
 __all__ = ["GroupProgressView", "Interrupted", "RunProgress", "exit_code", "interrupt_guard",
@@ -132,9 +133,13 @@ class RunProgress(_Lines):
         self._console = None
         self._live = None
         self.live = self._want_live(live, quiet)
+        self.in_round = InRound()
         if self.live:
 
             self._console = Console(file=self.stream, highlight=False)
+            # evolve() hands the runtime this, which tells it of every message: the
+            # panel moves inside a round, not only when one closes.
+            self.watch = self.in_round.push
 
     # -- the run ------------------------------------------------------------------------
 
@@ -173,9 +178,8 @@ class RunProgress(_Lines):
         if self.quiet:
             return
         if self.live:
-            # One line per round, whatever the terminal's width: the tail gives way.
-            self._console.print(self._round_line_rich(record, prev), no_wrap=True,
-                                overflow="ellipsis")
+            # A narrow terminal wraps the line: nothing of it is cut.
+            self._console.print(self._round_line_rich(record, prev), overflow="fold")
             if self._live is not None:
                 self._live.refresh()  # the panel shows this round now, not at the next tick
         else:
@@ -236,6 +240,9 @@ class RunProgress(_Lines):
         if b.max_seconds is not None:
             out.append(f"{_clock(b.max_seconds - elapsed)} of {_clock(b.max_seconds)}")
         calls = getattr(self.records[-1], "calls", None) if self.records else None
+        live = self.in_round.snapshot() if self.live else None
+        if live is not None and live.calls:
+            calls = max(calls or 0, live.calls)
         if b.max_calls is not None:
             out.append(f"{max(0, b.max_calls - calls):,} of {b.max_calls:,} calls"
                        if calls is not None else f"max {b.max_calls:,} calls")
@@ -244,6 +251,33 @@ class RunProgress(_Lines):
         if b.target_reward is not None:
             out.append(f"target {b.target_reward:.3f}")
         return out
+
+    @staticmethod
+    def in_round_text(now: RoundSnapshot) -> str:
+        """``3/4 leases done · 2/2 held-out evals``: how far the open round has got."""
+        text = f"{now.leases_done}/{now.leases_planned} leases done"
+        if now.evals_asked:
+            text += f" · {now.evals_done}/{now.evals_asked} held-out evals"
+        return text
+
+    def eta(self, elapsed: float, now: RoundSnapshot) -> str | None:
+        """Time left at most, from the pace so far: sync runs by rounds (the open round's
+        share of leases done counts), async runs by the rollout budget. None until there
+        is a pace to go by. The run may stop sooner (a target reached, patience)."""
+        s = self.scenario
+        if self.word == "round":
+            closed = len(self.records)
+            part = closed + (now.leases_done / now.leases_planned
+                             if now.leases_planned and not now.closed else 0.0)
+            whole = s.rounds
+        else:
+            part, whole = max(self.rollouts, now.rollouts), s.budgets.max_rollouts
+        if not whole or part <= 0 or elapsed <= 0:
+            return None
+        left = elapsed / part * max(0.0, whole - part)
+        if s.budgets.max_seconds is not None:
+            left = min(left, max(0.0, s.budgets.max_seconds - elapsed))
+        return f"at most ~{_clock(left)} left (at this pace)"
 
     def _panel(self):
 
@@ -271,10 +305,18 @@ class RunProgress(_Lines):
             reward.append(f"  (v{last.version}, best {best:.3f})", style="dim")
         alive = getattr(last, "workers_alive", None) if last is not None else None
         workers = self._workers_text() if alive is None else f"{alive} alive"
+        now = self.in_round.snapshot()
+        rollouts = max(rollouts, now.rollouts)
         grid.add_row("progress", bar)
+        if now.round is not None and not now.closed:
+            grid.add_row(f"{self.word} {now.round}", Text(self.in_round_text(now)))
+        eta = self.eta(elapsed, now)
+        if eta is not None:
+            grid.add_row("ETA", Text(eta))
         grid.add_row("held-out", reward)
         grid.add_row("commits", f"{commits} of {done} {self.word}s")
-        grid.add_row("rollouts", f"{rollouts:,}  ({_rate(rollouts, elapsed)})")
+        grid.add_row("rollouts", f"{rollouts:,}  ({_rate(rollouts, elapsed)})"
+                     + (f" · {now.calls:,} calls" if now.calls else ""))
         grid.add_row("workers", workers)
         grid.add_row("budget left", Text(" · ".join(self.budget_left(elapsed))))
         title = Text(f" evobus run {self.source} ", style="bold")

@@ -100,18 +100,49 @@ def make_log_directory(path: str, where: str) -> None:
                           "you can write") from None
 
 
+class _Watched:
+    """The log writer as the bus sees it, also handing each delivered message to
+    ``watch(sender, receiver, body)`` on the bus's thread (which must stay cheap: live
+    progress only queues it). ``inner`` is the real writer, or None without a log."""
+
+    def __init__(self, inner: LogWriter | None, watch: Callable[[str, str, bytes], None]):
+        self.inner = inner
+        self.watch = watch
+
+    def append(self, seq: int, t: float, sender: str, receiver: str, body: bytes,
+               *more: Any) -> None:
+        if self.inner is not None:
+            self.inner.append(seq, t, sender, receiver, body, *more)
+        self.watch(sender, receiver, body)
+
+    def flush_if_due(self) -> None:
+        if self.inner is not None:
+            self.inner.flush_if_due()
+
+    def close(self) -> None:
+        if self.inner is not None:
+            self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:   # anything else the bus asks of its writer
+        return getattr(self.inner, name)
+
+
 class Runtime:
-    """One topology's bus and actors. Use as a context manager."""
+    """One topology's bus and actors. Use as a context manager. ``watch``: told of
+    every delivered message (sender, receiver, encoded body), with or without a log."""
 
     def __init__(self, *, bus: str = "zmq", log_path: str | None = None,
                  log_meta: dict[str, Any] | None = None, binds: Sequence[str] = (),
                  fsync: str | None = None, peers: Sequence = (), first_seq: int = 1,
-                 log_overwrite: bool = False) -> None:
+                 log_overwrite: bool = False,
+                 watch: Callable[[str, str, bytes], None] | None = None) -> None:
         if bus not in ("zmq", "memory"):
             raise ConfigError(f"bus={bus!r}: choose 'zmq' (default) or 'memory'")
         writer = None
         if log_path is not None:
             writer = open_log(log_path, log_meta, fsync, overwrite=log_overwrite)
+        if watch is not None:   # live progress: told of every message the log records
+            writer = _Watched(writer, watch)
         try:
             if bus == "zmq":
                 # ``peers``: bus.remote.PeerPort objects for workers in other processes

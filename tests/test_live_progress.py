@@ -1,0 +1,106 @@
+"""The live panel of `evobus run` moves inside a round: leases done of those planned,
+rollouts and calls so far, held-out evals, an ETA; round lines wrap on a narrow
+terminal instead of being cut. Checked with rich's capture at a moment inside a round
+(one lease held back on purpose), on a real run."""
+
+from __future__ import annotations
+
+import io
+import threading
+
+import pytest
+from rich.console import Console
+
+from actors.cli.progress import RunProgress
+from actors.machines.planner import split_tasks
+from actors.runtime.evolve import evolve
+from actors.runtime.launch import evolve_kwargs
+from protocol import LeaseDone, RoundRecord, decode
+from protocol.scenario import load_scenario
+from scenarios.router import RouterAgent
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class GatedAgent(RouterAgent):
+    """The router agent, holding one training task until ``gate`` is set."""
+
+    def __init__(self, held: str, gate: threading.Event) -> None:
+        self.held, self.gate = held, gate
+
+    def solve(self, rendered, task):
+        if task.id == self.held:
+            assert self.gate.wait(30), "the test never released the held task"
+        return super().solve(rendered, task)
+
+
+def _render(progress: RunProgress, width: int) -> list[str]:
+    console = Console(file=io.StringIO(), width=width, record=True, color_system=None)
+    console.print(progress._panel())
+    return console.export_text().splitlines()
+
+
+def test_the_panel_shows_leases_done_inside_a_round(root):
+    scenario = load_scenario(root / "scenarios" / "router.toml")
+    kwargs = evolve_kwargs(scenario, "router.toml")
+    kwargs.pop("log")
+    train, _ = split_tasks([t.id for t in kwargs["tasks"]], scenario.held_out_frac,
+                           scenario.seed)
+    gate = threading.Event()
+    kwargs["agent"] = GatedAgent(train[0], gate)
+    progress = RunProgress(scenario, source="router.toml", live=True, stream=io.StringIO())
+    three_done = threading.Event()
+    answered = []
+
+    def watch(sender, receiver, body):   # the runtime's tap, seen by the test too
+        progress.in_round.push(sender, receiver, body)
+        if receiver == "scheduler":
+            msg = decode(body)
+            if isinstance(msg, LeaseDone) and msg.kind == "rollout" and msg.round == 0:
+                answered.append(msg.lease_id)
+                if len(answered) == 3:
+                    three_done.set()
+
+    progress.watch = watch
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(r=evolve(**kwargs,
+                                                                    on_progress=progress)))
+    with progress:
+        runner.start()
+        try:
+            assert three_done.wait(30), "three of round 0's four leases never came back"
+            lines = _render(progress, 60)   # a moment inside round 0: one lease held
+            closed_then = len(progress.records)
+        finally:
+            gate.set()
+            runner.join(30)
+    text = "\n".join(lines)
+    assert "round 0" in text and "3/4 leases done" in text, text
+    assert "rollouts" in text and "calls" in text
+    assert closed_then == 0   # no round had closed when the panel was drawn
+    assert max(len(line) for line in lines) <= 60
+    assert result["r"].rollouts > 0
+
+
+def test_the_eta_counts_the_open_rounds_share_of_leases(root):
+    scenario = load_scenario(root / "scenarios" / "router.toml")   # 8 rounds
+    progress = RunProgress(scenario, live=False, stream=io.StringIO())
+    from actors.cli.live import RoundSnapshot
+
+    half = RoundSnapshot(round=0, leases_planned=4, leases_done=2, rollouts=10, calls=20,
+                         evals_asked=0, evals_done=0, closed=False)
+    assert progress.eta(1.0, half) == "at most ~15.0s left (at this pace)"   # 0.5 of 8 in 1 s
+
+
+def test_a_round_line_wraps_on_a_narrow_terminal_instead_of_being_cut(root):
+    scenario = load_scenario(root / "scenarios" / "router.toml")
+    out = io.StringIO()
+    progress = RunProgress(scenario, live=True, stream=out)
+    progress._console = Console(file=out, width=40, color_system=None)
+    progress(RoundRecord(round=0, version=1, committed=True, heldout_reward=0.5,
+                         rollouts=43, proposals=43, reasons={"committed": 4,
+                                                             "duplicate": 31}, elapsed=1.0))
+    text = out.getvalue()
+    assert "…" not in text and "..." not in text
+    assert "proposals" in text and "duplicate 31" in text.replace("\n", "")
+    assert max(len(line) for line in text.splitlines()) <= 40
