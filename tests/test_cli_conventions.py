@@ -209,3 +209,33 @@ def test_inspect_follow_prints_records_as_they_are_appended(tmp_path, clean_env)
     assert proc.returncode == 0, err
     assert [line.split("round=")[1][0] for line in rest.splitlines()] == ["1", "2"]
     assert err == ""
+
+
+# -- evobus worker says what it does; evobus replay is quiet ------------------------------
+
+
+def test_evobus_worker_says_when_it_connects_what_it_runs_and_how_it_ends(tmp_path):
+    from test_remote import Topology   # the remote tests' `evobus run` + workers harness
+
+    t = Topology(tmp_path, 1)
+    try:
+        t.result()
+        assert t.workers[0].wait(15) == 0
+    finally:
+        t.close()
+    said = (tmp_path / "worker-0.log").read_text().splitlines()
+    mine = [line for line in said if line.startswith("evobus worker w0: ")]
+    assert mine[0] == f"evobus worker w0: connecting to {t.addr} ..."
+    assert mine[1] == f"evobus worker w0: connected to {t.addr}; waiting for the run's spec"
+    assert mine[2].startswith("evobus worker w0: running run tests.remote_domain:run + "
+                              "propose tests.remote_domain:propose (run ")
+    assert mine[-1].startswith("evobus worker w0: stopped by the coordinator (")
+    assert "lease(s)" in mine[-1]
+
+
+def test_replay_of_a_run_with_a_lost_worker_prints_no_live_warnings(clean_env, tmp_path):
+    log = TESTS / "logs" / "redispatched_lease.evolog"
+    done = evobus("replay", str(log), cwd=tmp_path, env=clean_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr == ""
+    assert "presumed lost" not in done.stdout

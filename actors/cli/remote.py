@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from actors.errors import ConfigError
-from actors.workers.remote import RemoteWorker
+from actors.workers.remote import RemoteWorker, default_worker_id
 from bus.security import create_keys, load_client_keys, loopback_only
 
 log = logging.getLogger(__name__)
@@ -42,15 +42,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if not loopback_only(args.connect):
             log.warning("connecting to %s without CURVE keys: traffic is neither encrypted "
                         "nor authenticated (pass --key and --server-key)", args.connect)
+    name = args.id or default_worker_id()
     try:
-        worker = RemoteWorker(args.connect, worker_id=args.id, slots=args.slots,
+        worker = RemoteWorker(args.connect, worker_id=name, slots=args.slots,
                               allow=args.allow or [], keys=keys,
-                              broker_timeout=args.broker_timeout, give_up=args.give_up)
+                              broker_timeout=args.broker_timeout, give_up=args.give_up,
+                              say=lambda text: print(f"evobus worker {name}: {text}",
+                                                     flush=True))
     except ConfigError as exc:
         return _err(str(exc))
     if not args.allow:
         log.warning("no --allow given: this worker will only run evobus's own strategies; "
                     "allow the modules the coordinator names (e.g. --allow scenarios)")
+    print(f"evobus worker {name}: connecting to {args.connect} ...", flush=True)
     code = worker.run()
     if code == 2:
         return _err(f"worker {worker.name}: refused the run: {worker.stop_reason or 'see above'}")

@@ -48,6 +48,7 @@ A log with no ``Start`` (a group run on its own) replays its Collectors only.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import inspect
 import logging
@@ -515,6 +516,25 @@ def rebuild(paths: list[Path], contents: list[LogContents], *, strict: bool,
         if machines is None:
             machines = build_machines(meta, start, **specs)
     engine = _Replay(machines, strict, collector=_collector_factory(meta, collector_spec))
+    with _recorded_past_is_quiet():
+        pending, resent = _feed(engine, paths, contents, first)
+    report.actors = {name: t.report for name, t in engine.tracks.items()}
+    was_resent = {id(u) for u in resent}
+    report.unrecorded = [u for u in engine.unrecorded if id(u) not in was_resent]
+    report.resent = resent
+    if engine.divergences:
+        ordered = sorted(engine.divergences, key=lambda d: (str(d.log) != str(paths[first]),
+                                                             d.seq))
+        report.divergence = ordered[0]
+        report.other_divergences = ordered[1:]
+    engine.pending = [(u.actor, u.receiver, u.msg) for u in pending]
+    return report, engine
+
+
+def _feed(engine: "_Replay", paths: list[Path], contents: list[LogContents],
+          first: int) -> tuple[list[Unrecorded], list[Unrecorded]]:
+    """Feed every segment of the chain from ``first`` on; returns the messages the last
+    segment left undelivered and those re-sent at the junctions."""
     pending: list[Unrecorded] = []
     resent: list[Unrecorded] = []
     for i in range(first, len(contents)):
@@ -533,17 +553,22 @@ def rebuild(paths: list[Path], contents: list[LogContents], *, strict: bool,
         pending = [u for u in lost if _resend_to(u.receiver)]
         if engine.divergences:
             break
-    report.actors = {name: t.report for name, t in engine.tracks.items()}
-    was_resent = {id(u) for u in resent}
-    report.unrecorded = [u for u in engine.unrecorded if id(u) not in was_resent]
-    report.resent = resent
-    if engine.divergences:
-        ordered = sorted(engine.divergences, key=lambda d: (str(d.log) != str(paths[first]),
-                                                             d.seq))
-        report.divergence = ordered[0]
-        report.other_divergences = ordered[1:]
-    engine.pending = [(u.actor, u.receiver, u.msg) for u in pending]
-    return report, engine
+    return pending, resent
+
+
+@contextlib.contextmanager
+def _recorded_past_is_quiet():
+    """While a log is fed to the machines, their warnings ("worker presumed lost")
+    describe the recorded run, not anything happening now: they are held back (the
+    replay report says what matters), except under debug logging (``evobus -v``)."""
+    machines_log = logging.getLogger("actors.machines")
+    before = machines_log.level
+    if machines_log.getEffectiveLevel() > logging.DEBUG:
+        machines_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        machines_log.setLevel(before)
 
 
 def _has_groups(contents: list[LogContents]) -> bool:

@@ -124,7 +124,8 @@ class RemoteWorker:
 
     def __init__(self, connect: str, *, worker_id: str | None = None, slots: int = 1,
                  allow: list[str] | tuple[str, ...] = (), keys: ClientKeys | None = None,
-                 broker_timeout: float = 5.0, give_up: float = 60.0, ctx=None) -> None:
+                 broker_timeout: float = 5.0, give_up: float = 60.0, ctx=None,
+                 say: Callable[[str], None] | None = None) -> None:
         if slots < 1:
             raise ConfigError(f"--slots must be >= 1, got {slots}")
         self.connect = connect
@@ -150,6 +151,8 @@ class RemoteWorker:
         self.leases_done = 0
         self.awaiting_spec = False  # a Join is out: the next Spec is answered with Hello
         self.joined_at = 0.0
+        # `evobus worker` prints these: connected, what it runs, how it ended.
+        self.say: Callable[[str], None] = say or (lambda text: None)
 
     # -- the main thread ----------------------------------------------------------------------
 
@@ -171,6 +174,7 @@ class RemoteWorker:
                 log.error("worker %s: %s", self.name, exc)
                 return EXIT_LOST
             log.info("worker %s: connected to %s", self.name, self.connect)
+            self.say(f"connected to {self.connect}; waiting for the run's spec")
             self._join()
             return self._serve()
         finally:
@@ -204,6 +208,8 @@ class RemoteWorker:
                         return code
                 case Stop(reason=reason):
                     self.stop_reason = reason
+                    self.say(f"stopped by the coordinator ({reason or 'no reason given'}) "
+                             f"after {self.leases_done} lease(s)")
                     log.info("worker %s: stopped (%s) after %d lease(s)", self.name,
                              reason or "no reason given", self.leases_done)
                     return EXIT_STOPPED
@@ -230,6 +236,8 @@ class RemoteWorker:
                 self.ep.send(self.name, REGISTRY, Refused(worker=self.name, reason=str(exc)))
                 return EXIT_REFUSED
             self.spec = spec
+            self.say(f"running {_what_runs(spec)} (run {spec.run_id or '-'}, "
+                     f"{len(self.resolved.tasks)} tasks, {self.slots} slot(s))")
             self._start_threads()
             self.ep.ping_interval = min(self.ep.ping_interval, spec.heartbeat)
             # Heartbeats from the I/O thread, on a quiet line only (bus/remote.py).
@@ -332,6 +340,13 @@ class RemoteWorker:
         # the registry answers with the spec and we say hello listing what we hold.
         log.warning("worker %s: reconnected to %s; joining again", self.name, self.connect)
         self._join()
+
+
+def _what_runs(spec: Spec) -> str:
+    if spec.agent is not None:
+        return f"agent {spec.agent.ref}"
+    return f"run {spec.run.ref if spec.run else '-'} + propose " \
+           f"{spec.propose.ref if spec.propose else '-'}"
 
 
 def process_main(*, address: str, worker_id: str, allow: list[str],
