@@ -19,7 +19,7 @@ from typing import Iterable
 from actors.replay.engine import log_chain
 from actors.runtime.launch import strategy_from_meta
 from bus.log import LogContents, read_log
-from protocol import (Baseline, Commit, EvalDone, EvalRequest, LeaseDone, Open,
+from protocol import (Baseline, Commit, EvalDone, EvalRequest, LeaseDone, Open, Progress,
                       RoundClosed, Start, decode)
 
 __all__ = ["Edit", "Learned", "Version", "learned_from", "read_chain", "renderer"]
@@ -58,6 +58,8 @@ class Version:
     heldout: float | None = None            # its held-out score, when it was scored
     previous_heldout: float | None = None   # the head's score it had to beat
     scores: dict[str, float] = field(default_factory=dict)  # per held-out task
+    rollouts: int = 0   # rollouts and backend calls the run had spent when it was
+    calls: int = 0      # committed (at the close of its round; 0 for v0)
 
 
 @dataclass
@@ -131,6 +133,11 @@ def learned_from(chain: Iterable[LogContents]) -> Learned:
                     done = out.at(v)
                     if done is not None and done.round is None:
                         done.round = r
+                case Progress(record=record, rollouts=rollouts, calls=calls) \
+                        if record.committed:
+                    done = out.at(record.version)
+                    if done is not None:
+                        done.rollouts, done.calls = rollouts, calls
                 case _:
                     pass
         offset = t if contents.records else offset

@@ -19,6 +19,7 @@ from actors.replay.resume import ResumePoint, next_log_path, resume_scenario_log
 from actors.cli.progress import exit_code, interrupt_guard
 from bus.log import LogCorrupt
 from actors.cli.render import _GROUP_KINDS, track_group
+from actors.cli.fork import cmd_fork
 from protocol import (Commit, Lease, LeaseBatch, LeaseDone, RoundClosed, Settled,
                       SettledBatch)
 
@@ -55,6 +56,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--log", dest="new_log", help="write the resumed run's log here")
     s.add_argument("--fsync", choices=("always", "batched", "never"),
                    help="fsync policy of the new log (default $EVOBUS_LOG_FSYNC or batched)")
+    s.add_argument("--from-version", type=int, metavar="N",
+                   help="fork: start a new run (a new log) from the artifact the run had "
+                        "committed as version N, with what it had spent by then counted "
+                        "against the budgets (docs/replay.md)")
+    s.add_argument("--scenario", metavar="FILE",
+                   help="with --from-version: run the fork with this scenario instead of "
+                        "the log's")
     s.add_argument("--quiet", action="store_true", help="print only errors")
     s.add_argument("--json", action="store_true", help="print a JSON summary at the end")
     s.set_defaults(func=cmd_resume)
@@ -124,6 +132,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    if args.from_version is not None:
+        return cmd_fork(args)
+    if args.scenario is not None:
+        return _err("--scenario only applies to a fork (--from-version N): a resumed run "
+                    "goes on with the scenario it was started with")
 
     try:
         point = ResumePoint(args.log)
