@@ -117,6 +117,14 @@ class GroupSpec(_Section, frozen=True):
     approvers: list[str] | None = None
 
 
+class Tracking(_Section, frozen=True):
+    """An MLflow run per evolve() run (the ``tracking`` extra; docs/scenarios.md)."""
+
+    uri: str
+    experiment: str = "evobus"
+    run_name: str | None = None
+
+
 Strategy = KeyedRulesSpec | AppendRulesSpec | SingleSlotSpec
 Parallel = DataParallelSpec | TensorParallelSpec | ClusterParallelSpec | CustomParallelSpec
 
@@ -138,6 +146,7 @@ class Scenario(_Section, frozen=True):
     workers: Workers = Workers()
     budgets: Budgets = Budgets()
     groups: list[GroupSpec] = []
+    tracking: Tracking | None = None
 
 
 class ScenarioError(ValueError):

@@ -36,6 +36,12 @@ NOTES = {
     "Scenario.workers": "Where rollouts run.",
     "Scenario.budgets": "When to stop early.",
     "Scenario.groups": "Bounded parallel groups ([groups.md](groups.md)).",
+    "Scenario.tracking": "Log the run to MLflow: parameters, per-round metrics, every "
+                         "committed version (the `tracking` extra).",
+    "Tracking.uri": "An MLflow tracking URI: `sqlite:///mlflow.db`, `http://host:5000`, "
+                    "or a local `file:` directory.",
+    "Tracking.experiment": "The MLflow experiment (created if missing).",
+    "Tracking.run_name": "The MLflow run's name (default: the scenario's name).",
     "Domain.tasks": "A list of `Task`s, or a function returning one.",
     "Domain.reward": "`reward(task, output) -> float` in [0, 1].",
     "Domain.agent": "An object with `solve(rendered, task)` and `propose(rendered, task, "

@@ -31,6 +31,7 @@ from protocol import Progress, RoundRecord, RunDone, Start, Task, Tick, Hello, R
 from actors.runtime.clock import Ticker
 from actors.runtime.runtime import Runtime
 from actors.runtime import pools as coordinator
+from actors.tracking import as_tracking
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            bus: str = "zmq", on_progress: Callable[[RoundRecord], None] | None = None,
            log_meta: dict[str, Any] | None = None, log_fsync: str | None = None,
            log_overwrite: bool = False, resume_from: Any = None, workers: Any = None, refs: dict[str, Any] | None = None,
-           insecure: bool = False) -> EvolveResult:
+           insecure: bool = False, tracking: Any = None) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
@@ -149,6 +150,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     ``log_overwrite=True`` (a log is never overwritten by accident). ``resume_from``: an
     :class:`actors.replay.resume.ResumePoint` (use :func:`actors.replay.resume.resume`): the control
     actors start from the state its log rebuilds, and no ``Start`` is sent.
+
+    ``tracking``: an MLflow tracking URI or an :class:`actors.tracking.MlflowTracking`
+    (the ``tracking`` extra): parameters, per-round metrics and every committed version.
 
     ``rounds`` (default 15) counts synchronous rounds; in asynchronous mode it has no
     meaning (a warning says so if it is passed) and the run stops on a budget:
@@ -190,13 +194,20 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                   target_reward=target_reward, patience=patience, sections=sections,
                   asynchronous=asynchronous, async_ratio=modes.async_ratio,
                   staleness=modes.staleness, lease_size=lease_size)
+    tracker = as_tracking(tracking)
+    if tracker is not None:   # before any rollout: a missing extra is a ConfigError now
+        tracker.start(_tracked_params(locals(), plan_with, strategy), render=strategy.render,
+                      initial_state=state0, tags={"evobus.run_id": run_id,
+                                                  "evobus.version": PACKAGE_VERSION})
     # A resumed run's clock starts at the time its old logs cover (time budgets), and
     # its log numbers its messages on from the old log's last one.
     t0 = time.monotonic() - (resume_from.elapsed if resume_from is not None else 0.0)
     first_seq = resume_from.last_seq + 1 if resume_from is not None else 1
     with Runtime(bus=bus, log_path=log, log_meta=meta, fsync=log_fsync,
                  log_overwrite=log_overwrite, peers=remote.ports if remote else (),
-                 first_seq=first_seq) as rt:
+                 first_seq=first_seq,
+                 watch=_tee(getattr(on_progress, "watch", None),
+                            tracker.watch if tracker is not None else None)) as rt:
         _spawn_machines(rt, plan_with, task_sampler, start, modes, remote)
         if resume_from is not None:
             # Before any message flows: replay the old log into the machines (no sending).
@@ -211,20 +222,26 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
             rt.send(PLANNER, start)
         else:  # no Start: begin() re-sends what the crashed run never delivered
             resume_from.begin()
-        done, elapsed_by_round = _drive(rt, t0, max_seconds, asynchronous, remote, on_progress)
+        on_round = None if tracker is None else (lambda p: tracker.on_round(
+            p.record, rollouts=p.rollouts, calls=p.calls, usage=_usage_of(agent)))
+        done, elapsed_by_round = _drive(rt, t0, max_seconds, asynchronous, remote, on_progress,
+                                        on_round)
         bus_stats, stats = _counters(rt, done, remote)
         given_up = rt.machines[SCHEDULER].given_up
     if done.fatal:
         raise ConfigError(done.fatal)
     history = [_with_elapsed(r, elapsed_by_round.get(r.round, r.elapsed)) for r in done.history]
     outcomes = {**done.outcomes, **({"infrastructure-failure": given_up} if given_up else {})}
-    return EvolveResult(rendered=strategy.render(done.state), state=dict(done.state),
-                        version=done.version, final_reward=done.final_reward,
-                        initial_reward=done.initial_reward, stop_reason=done.stop_reason,
-                        history=history, rollouts=done.rollouts, calls=done.calls,
-                        error=done.error, log_path=log, elapsed=time.monotonic() - t0,
-                        bus=bus_stats, stats=stats, usage=_usage_of(agent),
-                        _outcomes=outcomes)
+    result = EvolveResult(rendered=strategy.render(done.state), state=dict(done.state),
+                          version=done.version, final_reward=done.final_reward,
+                          initial_reward=done.initial_reward, stop_reason=done.stop_reason,
+                          history=history, rollouts=done.rollouts, calls=done.calls,
+                          error=done.error, log_path=log, elapsed=time.monotonic() - t0,
+                          bus=bus_stats, stats=stats, usage=_usage_of(agent),
+                          _outcomes=outcomes)
+    if tracker is not None:
+        tracker.end(result, usage=result.usage)
+    return result
 
 
 @dataclass(frozen=True)
@@ -315,7 +332,7 @@ def _spawn_machines(rt: Runtime, plan_with, task_sampler, start: Start, modes: _
 
 
 def _drive(rt: Runtime, t0: float, max_seconds, asynchronous: bool, remote,
-           on_progress) -> tuple[RunDone, dict[int, float]]:
+           on_progress, on_round=None) -> tuple[RunDone, dict[int, float]]:
     """Deliver the driver's messages until ``RunDone``, sending the clock as ``Tick``s
     where something runs on time (a seconds budget, async mode, remote liveness)."""
     elapsed_by_round: dict[int, float] = {}
@@ -332,8 +349,10 @@ def _drive(rt: Runtime, t0: float, max_seconds, asynchronous: bool, remote,
         if delivery is None:
             continue
         match delivery.msg:
-            case Progress(record=record):
+            case Progress(record=record) as progress:
                 elapsed_by_round[record.round] = time.monotonic() - t0
+                if on_round is not None:   # tracking, between messages
+                    on_round(progress)
                 if on_progress is not None:
                     # The Scheduler's registry, read between messages: a count, for
                     # display only (decisions never depend on it).
@@ -392,6 +411,33 @@ def strategy_spec(strategy: Any) -> dict[str, Any] | None:
     if "categories" in fields:
         fields["categories"] = list(fields["categories"])
     return {"kind": type(strategy).__name__, **fields}
+
+
+def _tee(*watchers):
+    """One ``Runtime(watch=)`` callback telling every given watcher (None: no watcher)."""
+    given = [w for w in watchers if w is not None]
+    if len(given) <= 1:
+        return given[0] if given else None
+
+    def watch(sender: str, receiver: str, body: bytes) -> None:
+        for w in given:
+            w(sender, receiver, body)
+    return watch
+
+
+def _tracked_params(args: dict[str, Any], plan_with, strategy) -> dict[str, Any]:
+    """The run's parameters as a tracking backend records them."""
+    keys = ("n_workers", "max_concurrency", "held_out_frac", "seed", "asynchronous",
+            "max_rollouts", "max_calls", "max_seconds", "target_reward", "patience",
+            "lease_size", "log", "run_id")
+    out = {k: args.get(k) for k in keys}
+    modes = args.get("modes")
+    if modes is not None:
+        out.update(rounds=modes.rounds, async_ratio=modes.async_ratio,
+                   staleness=modes.staleness)
+    out.update(parallel=repr(plan_with), strategy=repr(strategy),
+               tasks=len(args.get("tasks") or []))
+    return out
 
 
 def _usage_of(agent) -> dict[str, int] | None:

@@ -13,6 +13,7 @@ from actors.artifacts import AppendRules, KeyedRules, SingleSlot
 from actors.policies.parallelism import ClusterParallel, DataParallel, TensorParallel
 from actors.runtime.evolve import EvolveResult, evolve
 from actors.runtime.runtime import make_log_directory
+from actors.tracking import MlflowTracking
 from actors.workers import code as refs
 from protocol import scenario as sc
 
@@ -96,6 +97,10 @@ def evolve_kwargs(scenario: sc.Scenario, source: str = "") -> dict[str, Any]:
                       staleness=scenario.staleness)
     else:
         kwargs["rounds"] = scenario.rounds
+    if scenario.tracking is not None:
+        t = scenario.tracking
+        kwargs["tracking"] = MlflowTracking(t.uri, experiment=t.experiment,
+                                            run_name=t.run_name or scenario.name)
     b = scenario.budgets
     kwargs.update(max_rollouts=b.max_rollouts, max_calls=b.max_calls,
                   max_seconds=b.max_seconds, target_reward=b.target_reward,
