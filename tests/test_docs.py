@@ -94,6 +94,35 @@ def test_every_command_in_the_page_runs(page, tmp_path):
     assert ran, f"{page.name}: every command was skipped"
 
 
+PAGES_WITH_PYTHON = [p for p in PAGES
+                     if any(lang == "python" for lang, _, _ in blocks(p.read_text()))]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("page", PAGES_WITH_PYTHON, ids=lambda p: p.name)
+def test_every_python_block_in_the_page_runs(page, tmp_path):
+    """The page's python blocks, joined in order into one script, run as written in a
+    scratch directory (docs/index.md, "How these docs are tested")."""
+    from test_openai_agent import FakeServer, router_model   # a local model endpoint
+
+    parts = [f"# {page.name}:{start}\n" + "\n".join(lines)
+             for lang, start, lines in blocks(page.read_text()) if lang == "python"]
+    script = tmp_path / f"{page.stem}_blocks.py"
+    script.write_text("\n\n".join(parts) + "\n")
+    (tmp_path / "scenarios").symlink_to(ROOT / "scenarios", target_is_directory=True)
+    server = FakeServer(default=router_model)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(tmp_path), env.get("PYTHONPATH", "")])
+    env["OPENAI_BASE_URL"] = server.url
+    try:
+        out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, text=True,
+                             capture_output=True, timeout=240, stdin=subprocess.DEVNULL)
+    finally:
+        server.close()
+    assert out.returncode == 0, (f"{page.name}: its python blocks failed\n"
+                                 f"stdout: {out.stdout[-1500:]}\nstderr: {out.stderr[-3000:]}")
+
+
 def test_the_commands_of_the_readme_and_docs_skip_only_install_and_pytest():
     skipped = [cmd for p in PAGES for _, cmd, _ in commands(p) if NOT_RUN.match(cmd)]
     assert all(c.startswith(("pip ", "python -m pytest")) for c in skipped), skipped

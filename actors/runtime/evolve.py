@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import time
 import uuid
 import warnings
@@ -199,6 +200,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
         tracker.start(_tracked_params(locals(), plan_with, strategy), render=strategy.render,
                       initial_state=state0, tags={"evobus.run_id": run_id,
                                                   "evobus.version": PACKAGE_VERSION})
+    if log is not None:   # `log="runs/x.evolog"` works in a fresh directory, as the CLI does
+        os.makedirs(os.path.dirname(os.path.abspath(log)), exist_ok=True)
     # A resumed run's clock starts at the time its old logs cover (time budgets), and
     # its log numbers its messages on from the old log's last one.
     t0 = time.monotonic() - (resume_from.elapsed if resume_from is not None else 0.0)
