@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from actors.errors import ConfigError
 from bus.log import LogCorrupt
 from actors.cli.render import MissingExtra, OutputError, write_report
 from actors.cli.replay import unreadable_log
@@ -23,6 +24,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     except (OSError, LogCorrupt) as exc:
 
         print(f"evobus: {unreadable_log(args.log, exc)}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:   # a resumed log whose older segment is missing
+        print(f"evobus: {exc}", file=sys.stderr)
         return 2
     print(f"report: {page}  (open it in a browser; the charts are also in {page.parent}/)")
     return 0
