@@ -9,7 +9,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import os
 import time
 import uuid
 import warnings
@@ -30,7 +29,7 @@ from actors.machines.scheduler import Scheduler
 from actors.workers.core import SOLVED, WorkerCore
 from protocol import Progress, RoundRecord, RunDone, Start, Task, Tick, Hello, Refused
 from actors.runtime.clock import Ticker
-from actors.runtime.runtime import Runtime
+from actors.runtime.runtime import Runtime, make_log_directory
 from actors.runtime import pools as coordinator
 from actors.tracking import as_tracking
 
@@ -201,7 +200,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                       initial_state=state0, tags={"evobus.run_id": run_id,
                                                   "evobus.version": PACKAGE_VERSION})
     if log is not None:   # `log="runs/x.evolog"` works in a fresh directory, as the CLI does
-        os.makedirs(os.path.dirname(os.path.abspath(log)), exist_ok=True)
+        make_log_directory(log, "evolve(log=)")
     # A resumed run's clock starts at the time its old logs cover (time budgets), and
     # its log numbers its messages on from the old log's last one.
     t0 = time.monotonic() - (resume_from.elapsed if resume_from is not None else 0.0)
