@@ -110,7 +110,9 @@ def test_the_torn_tail_warning_of_other_verbs_names_the_cli_fix(tmp_path, clean_
     assert f"`evobus repair {torn}` truncates the file there" in warned[0]
 
 
-def test_a_scenario_with_a_utf8_byte_order_mark_is_accepted(root, tmp_path, capsys):
+def test_a_scenario_with_a_utf8_byte_order_mark_is_accepted(root, tmp_path, capsys,
+                                                            monkeypatch):
+    monkeypatch.chdir(tmp_path)   # validate checks the scenario's log path from here
     path = tmp_path / "bom.toml"
     path.write_bytes(b"\xef\xbb\xbf" + (root / "scenarios" / "router.toml").read_bytes())
     assert main(["validate", str(path)]) == 0
@@ -220,10 +222,14 @@ def test_evobus_worker_says_when_it_connects_what_it_runs_and_how_it_ends(tmp_pa
     t = Topology(tmp_path, 1)
     try:
         t.result()
-        assert t.workers[0].wait(15) == 0
+        try:   # the coordinator's Stop ends it; without one it gives up after 30 s
+            code = t.workers[0].wait(45)
+        except subprocess.TimeoutExpired:
+            code = None
     finally:
         t.close()
     said = (tmp_path / "worker-0.log").read_text().splitlines()
+    assert code == 0, "\n".join(said[-20:])
     mine = [line for line in said if line.startswith("evobus worker w0: ")]
     assert mine[0] == f"evobus worker w0: connecting to {t.addr} ..."
     assert mine[1] == f"evobus worker w0: connected to {t.addr}; waiting for the run's spec"
