@@ -63,6 +63,9 @@ def test_the_default_log_path_never_reuses_a_name(tmp_path, monkeypatch):
     (tmp_path / first).write_bytes(b"")
     second = default_log_path("my run", now=0)
     assert first.startswith("runs/my_run-") and second == first[:-len(".evolog")] + "-2.evolog"
+    (tmp_path / second[:-len(".evolog")]).with_suffix(".naps.evolog").write_bytes(b"")
+    third = default_log_path("my run", now=0)   # a group's log took the name
+    assert third == first[:-len(".evolog")] + "-3.evolog"
 
 
 def test_evolve_and_scenario_files_default_to_the_same_artifact_strategy():

@@ -61,12 +61,11 @@ def default_log_path(name: str, now: float | None = None) -> str:
     overwritten), relative to the current directory."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "run"
-    path = Path(RUNS_DIR) / f"{safe}-{stamp}.evolog"
-    n = 2
-    while path.exists():
-        path = Path(RUNS_DIR) / f"{safe}-{stamp}-{n}.evolog"
-        n += 1
-    return str(path)
+    stem, n = f"{safe}-{stamp}", 2
+    # Taken: the log, or a log named after it (a group's `STEM.GROUP.evolog`).
+    while any(Path(RUNS_DIR).glob(f"{stem}.*")):
+        stem, n = f"{safe}-{stamp}-{n}", n + 1
+    return str(Path(RUNS_DIR) / f"{stem}.evolog")
 
 
 def _log_path(args: argparse.Namespace, scenario) -> str:
