@@ -48,8 +48,8 @@ __all__ = ["AppendRules", "ArtifactStrategy", "BranchCancelled", "BranchContext"
            "Ref", "ResumeRefused", "RoundRobin", "RunFailed", "Runtime",
            "SectionViolation", "SingleSlot", "StageRecord", "Store", "Task", "TaskSampler",
            "TensorParallel", "TensorParallelMerge", "WorkUnit", "assign_key_sections",
-           "evolve", "parallel", "resume_group", "run_group", "section_of",
-           "shard_round_robin"]
+           "evolve", "evolve_async", "parallel", "parallel_async", "resume_group",
+           "run_group", "section_of", "shard_round_robin"]
 
 
 def __getattr__(name: str) -> Any:
