@@ -230,6 +230,8 @@ def test_evobus_worker_says_when_it_connects_what_it_runs_and_how_it_ends(tmp_pa
         t.close()
     said = (tmp_path / "worker-0.log").read_text().splitlines()
     assert code == 0, "\n".join(said[-20:])
+    waiting = [line for line in t.err.lines if "waiting up to 30 s (wait_seconds)" in line]
+    assert waiting and f"start each with `evobus worker --connect {t.addr}" in waiting[0]
     mine = [line for line in said if line.startswith("evobus worker w0: ")]
     assert mine[0] == f"evobus worker w0: connecting to {t.addr} ..."
     assert mine[1] == f"evobus worker w0: connected to {t.addr}; waiting for the run's spec"

@@ -155,6 +155,10 @@ class RemoteWorkers:
 
     def wait(self, rt, t0: float) -> None:
         end = time.monotonic() + self.wait_seconds
+        if self.remote:   # said as the wait begins, not only once it ran out
+            log.warning("waiting up to %g s (wait_seconds) for %d remote worker(s) at %s; "
+                        "start each with `%s`", self.wait_seconds, self.remote, self.bind,
+                        self.connect_command())
         while len(self.joined) < self.expected:
             now = time.monotonic()
             if now >= end:
@@ -176,6 +180,16 @@ class RemoteWorkers:
                 self.refused[worker] = reason
                 log.warning("worker %s refused: %s", worker, reason)
 
+    def connect_command(self) -> str:
+        """The `evobus worker` command a remote worker of this run is started with."""
+        cmd = f"evobus worker --connect {self.ports[0].addresses[0]}"
+        modules = sorted({module_of(r) for _, r in spec_refs(self.spec)} - set(BUILTIN_ALLOW))
+        cmd += "".join(f" --allow {m}" for m in modules)
+        if self.keys:
+            cmd += (f" --key {os.path.join(self.keys, 'NAME.key_secret')}"
+                    f" --server-key {os.path.join(self.keys, 'server.key')}")
+        return cmd
+
     def missing_message(self) -> str:
         have = len(self.joined)
         parts = [f"expected {self.expected} worker(s) in other processes within "
@@ -183,15 +197,8 @@ class RemoteWorkers:
                  + (f" ({', '.join(sorted(self.joined))})" if self.joined else "")]
         if self.remote:
             remote_have = sum(1 for w in self.joined if not w.startswith("proc-"))
-            cmd = f"evobus worker --connect {self.ports[0].addresses[0]}"
-            modules = sorted({module_of(r) for _, r in spec_refs(self.spec)}
-                             - set(BUILTIN_ALLOW))
-            cmd += "".join(f" --allow {m}" for m in modules)
-            if self.keys:
-                cmd += (f" --key {os.path.join(self.keys, 'NAME.key_secret')}"
-                        f" --server-key {os.path.join(self.keys, 'server.key')}")
             parts.append(f"remote: {remote_have} of {self.remote} at {self.bind}; start each "
-                         f"missing one with `{cmd}`")
+                         f"missing one with `{self.connect_command()}`")
         if self.pool is not None:
             proc_have = sum(1 for w in self.joined if w.startswith("proc-"))
             dead = self.pool.exited()
