@@ -104,3 +104,68 @@ def test_a_round_line_wraps_on_a_narrow_terminal_instead_of_being_cut(root):
     assert "…" not in text and "..." not in text
     assert "proposals" in text and "duplicate 31" in text.replace("\n", "")
     assert max(len(line) for line in text.splitlines()) <= 40
+
+
+class FileGatedAgent(RouterAgent):
+    """For `evobus run` in a subprocess: holds training task ``held`` until the file
+    ``$EVOBUS_TEST_RELEASE`` exists (the test creates it once it has seen the panel)."""
+
+    def __init__(self, held: str) -> None:
+        self.held = held
+
+    def solve(self, rendered, task):
+        if task.id == self.held:
+            import os
+            import pathlib
+            import time
+
+            release = pathlib.Path(os.environ["EVOBUS_TEST_RELEASE"])
+            deadline = time.monotonic() + 40
+            while not release.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)   # a rollout held in another process: polls a file
+        return super().solve(rendered, task)
+
+
+def test_under_a_pseudo_terminal_the_panel_shows_an_open_rounds_leases(root, tmp_path,
+                                                                      clean_env):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from test_cli_ux import read_until
+
+    scenario = load_scenario(root / "scenarios" / "router.toml")
+    held = split_tasks([t.id for t in evolve_kwargs(scenario)["tasks"]],
+                       scenario.held_out_frac, scenario.seed)[0][0]
+    text = (root / "scenarios" / "router.toml").read_text().replace(
+        'agent = "scenarios.router:RouterAgent"',
+        f'agent = {{ref = "test_live_progress:FileGatedAgent", kwargs = {{held = "{held}"}}}}')
+    assert "FileGatedAgent" in text
+    path = tmp_path / "gated.toml"
+    path.write_text(text)
+    release = tmp_path / "release"
+    env = dict(clean_env, TERM="xterm-256color", COLUMNS="80", LINES="40",
+               EVOBUS_TEST_RELEASE=str(release))
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "tests"), env["PYTHONPATH"]])
+    primary, secondary = os.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", str(path), "--log",
+                             str(tmp_path / "g.evolog")], cwd=tmp_path, env=env,
+                            stdin=secondary, stdout=secondary, stderr=secondary)
+    os.close(secondary)
+    try:
+        inside = read_until(primary, b"3/4 leases done", time.monotonic() + 40)
+        release.touch()   # the held rollout goes on; the run ends
+        rest = read_until(primary, b"artifact v", time.monotonic() + 40)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        release.touch()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)
+        os.close(primary)
+    screen = inside.decode("utf-8", "replace")
+    assert "3/4 leases done" in screen, screen[-2000:]
+    assert "round 0" in screen and "ETA" in screen
+    assert "v1   held-out" not in screen   # round 0 had not closed yet
+    assert b"artifact v" in rest
