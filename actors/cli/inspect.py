@@ -261,13 +261,14 @@ def history_lines(learned: Learned) -> list[str]:
         if v.version == 0:
             lines.append(f"v0  the initial artifact, held-out {_score(v.heldout)}")
             continue
-        where = f"round {v.round}" if v.round is not None else f"at {v.t:.2f}s"
+        where = f"{learned.word} {v.round}" if v.round is not None else f"at {v.t:.2f}s"
+        wave = "wave" if learned.word == "merge" else "round"
         lines.append(f"v{v.version}  {where}: held-out {_score(v.previous_heldout)} -> "
                      f"{_score(v.heldout)}, {len(v.edits)} key(s) changed")
         for e in v.edits:
             what = "added" if e.before is None else ("removed" if e.after is None
                                                      else "changed")
-            who = (f"proposed by {e.worker} on task {e.task} (round {e.round})"
+            who = (f"proposed by {e.worker} on task {e.task} ({wave} {e.round})"
                    if e.worker else "proposer not found in the log")
             lines.append(f"    {what} {e.key}: {_quote(e.before)} -> {_quote(e.after)}  "
                          f"[{who}]")
@@ -275,7 +276,9 @@ def history_lines(learned: Learned) -> list[str]:
     head = learned.head
     lines.append("")
     if head is None:
-        lines.append("no version in this log (no Start message)")
+        lines.append("no artifact evolves in this log (no Start message: a log of parallel "
+                     "groups, or a run that never began); `evobus inspect LOG --summary` "
+                     "tabulates what it holds")
     elif not failing:
         lines.append(f"the head (v{head.version}) fails no task it was scored on")
     else:

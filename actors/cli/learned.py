@@ -68,6 +68,8 @@ class Learned:
     heldout_ids: list[str] = field(default_factory=list)
     #: Per task, the head's latest training rollout score (rollouts at the head version).
     train_scores: dict[str, float] = field(default_factory=dict)
+    #: "round" in a synchronous run; "merge" (and waves for proposals) in an async one.
+    word: str = "round"
 
     def at(self, version: int) -> Version | None:
         return next((v for v in self.versions if v.version == version), None)
@@ -113,6 +115,7 @@ def learned_from(chain: Iterable[LogContents]) -> Learned:
             match msg:
                 case Start(initial_state=state0) if not out.versions:
                     out.versions.append(Version(0, dict(state0), t))
+                    out.word = "merge" if msg.asynchronous else "round"
                 case Open(heldout_ids=ids):
                     out.heldout_ids, heldout = list(ids), frozenset(ids)
                 case EvalRequest(eval_id=eid, state=state, task_ids=ids) \

@@ -726,7 +726,8 @@ def _learned_html(a: RunAnalysis) -> list[str]:
                    "<th class=l>key</th><th class=l>before</th><th class=l>after</th>"
                    "<th class=l>proposed by</th></tr>")
     for v in commits:
-        when = f"round {v.round}" if v.round is not None else f"{v.t:.2f} s"
+        when = f"{learned.word} {v.round}" if v.round is not None else f"{v.t:.2f} s"
+        wave = "wave" if learned.word == "merge" else "round"
         evidence = f"{_score(v.previous_heldout)} → {_score(v.heldout)}"
         for i, edit in enumerate(v.edits or [None]):
             lead = (f"<td>v{v.version}</td><td class=l>{e(when)}</td><td>{evidence}</td>"
@@ -734,7 +735,7 @@ def _learned_html(a: RunAnalysis) -> list[str]:
             if edit is None:
                 out.append(f"<tr>{lead}<td class=l colspan=4>(no key changed)</td></tr>")
                 continue
-            who = (f"{edit.worker} on <code>{e(edit.task or '?')}</code> (round {edit.round})"
+            who = (f"{edit.worker} on <code>{e(edit.task or '?')}</code> ({wave} {edit.round})"
                    if edit.worker else "not found in the log")
             out.append(f"<tr>{lead}<td class=l><code>{e(edit.key)}</code></td>"
                        f"<td class='l old'>{e(_short(edit.before))}</td>"
@@ -756,7 +757,8 @@ def _learned_html(a: RunAnalysis) -> list[str]:
                    "out on.</p>")
     out.append("<h2>The artifact at every version</h2>")
     for v in reversed(learned.versions):
-        label = f"v{v.version}" + (f" (round {v.round})" if v.round is not None else "") \
+        label = f"v{v.version}" + (f" ({learned.word} {v.round})" if v.round is not None
+                                   else "") \
             + f", held-out {_score(v.heldout)}"
         out.append(f"<details{' open' if v is head else ''}><summary>{e(label)}</summary>"
                    f"{_pre(render(v.state))}</details>")
