@@ -50,6 +50,7 @@ import operator
 from dataclasses import dataclass, field
 
 from actors.addresses import DRIVER, PLANNER, SCHEDULER, Out
+from actors.machines.attribution import DELETE, Probe, without
 from protocol import (Baseline, Barrier, Commit, Diff, EvalDone, EvalRequest, Finish, Flush,
                       LeaseDone, Merged, Message, Open, Refresh, RoundClosed, RunDone)
 
@@ -66,6 +67,13 @@ _PLAN_ORDER = operator.itemgetter(0, 1)
 #: When the fused candidate fails, halves are tried this many levels deep at most
 #: (2 evals a level): a bounded search for the part of a round worth keeping.
 MAX_BISECT_DEPTH = 4
+
+#: A probe (attribution, retiring) scores on at most this many failing held-out tasks,
+#: and makes at most this many evals of them (a control eval included).
+PROBE_TASKS = 12
+PROBE_EVALS = 24
+#: Per-task held-out scores are kept for this many states (the most recent).
+DETAIL_STATES = 256
 
 
 def apply(state: dict[str, str], diffs: list[Diff]) -> dict[str, str]:
@@ -163,6 +171,18 @@ class _Merge:
     half_keys: list[frozenset] = field(default_factory=list)
     depth: int = 0
     verify: list[tuple[Diff, str]] = field(default_factory=list)
+    screened: list[Diff] = field(default_factory=list)
+    screen_keys: dict[int, tuple[tuple[str, ...], frozenset]] = field(default_factory=dict)
+    # A probe (attribution of a commit's diffs, or retiring the head's keys).
+    probe: Probe | None = None
+    probe_kind: str = ""
+    probe_keys: dict[int, frozenset] = field(default_factory=dict)
+    cand: list[Diff] = field(default_factory=list)
+    cand_state: dict[str, str] = field(default_factory=dict)
+    cand_score: float = 0.0
+    below: int = 0
+    confirm_state: dict[str, str] = field(default_factory=dict)
+    confirm_key: frozenset = frozenset()
 
 
 class Merger:
@@ -170,13 +190,26 @@ class Merger:
 
     def __init__(self, *, asynchronous: bool = False, alpha: int = 3,
                  staleness: str = "guarded", stall_merges: int = 3,
-                 cache_states: int = SCORE_CACHE_STATES) -> None:
+                 cache_states: int = SCORE_CACHE_STATES, screen: bool = False,
+                 attribute: bool = False, retire: bool = False,
+                 probe_tasks: int = PROBE_TASKS, probe_evals: int = PROBE_EVALS) -> None:
         if staleness not in STALENESS:
             raise ValueError(f"staleness={staleness!r}: choose one of {', '.join(STALENESS)}")
         if isinstance(cache_states, bool) or not isinstance(cache_states, int) \
                 or cache_states < 1:
             raise ValueError(f"cache_states must be an integer >= 1, got {cache_states!r}")
         self.cache_states = cache_states
+        self.screen = screen
+        self.attribute = attribute
+        self.retire = retire
+        self.probe_tasks = probe_tasks
+        self.probe_evals = probe_evals
+        # id(diff) -> (its evidence task, the rollout's score there) while it is held.
+        self._evidence: dict[int, tuple[str, float | None]] = {}
+        # Held-out per-task scores of the states scored lately: state key -> scores.
+        self._detail: dict[frozenset, dict[str, float]] = {}
+        self._retired_at = -1   # the head version a retire probe last ran on
+        self._probes = 0
         self.asynchronous = asynchronous
         self.alpha = alpha
         self.staleness = staleness
@@ -267,6 +300,7 @@ class Merger:
             if held is None:
                 held = self.pending.setdefault(bucket, [])
             held.append((unit, position, diff, result.task_id))
+            self._evidence[id(diff)] = (result.task_id, result.score)
 
     # -- evals ----------------------------------------------------------------------------
 
@@ -317,6 +351,10 @@ class Merger:
             return []
         tag, scores, key = pending
         scores[key] = msg.score   # the only place a table grows
+        if msg.scores and scores is self._scores(None):
+            self._detail[key] = dict(msg.scores)
+            if len(self._detail) > DETAIL_STATES:
+                del self._detail[next(iter(self._detail))]
         if len(scores) > self.cache_states:
             self._over_cap.append(scores)
         return self._scored(tag, msg.score)
@@ -415,14 +453,64 @@ class Merger:
             dropped[what] += 1
         for what in met:
             self._count(outcomes, what, dropped[what])
-        free, groups = conflict_groups(diffs)
-        self.merge = _Merge(round=r, stage="variants", proposals=proposals, free=free,
-                            groups=groups, outcomes=outcomes, opkeys=opkeys)
+        evidence = {id(d): self._evidence.pop(id(d), None) for d in raw}
+        self.merge = _Merge(round=r, stage="screen", proposals=proposals, free=[],
+                            groups=[], outcomes=outcomes, opkeys=opkeys)
         if not diffs:
-            return self._close(committed=False)
-        if groups:
-            return self._score_each([d for g in groups for d in g])
+            return self._no_commit()
+        if self.screen:
+            return self._screen(diffs, evidence)
+        return self._variants(diffs)
+
+    def _variants(self, diffs: list[Diff]) -> list[Out]:
+        m = self.merge
+        m.free, m.groups = conflict_groups(diffs)
+        m.stage = "variants"
+        if m.groups:
+            return self._score_each([d for g in m.groups for d in g])
         return self._to_fused()
+
+    def _screen(self, diffs: list[Diff],
+                evidence: dict[int, tuple[str, float | None] | None]) -> list[Out]:
+        """The cheap gate: each diff scored on its own evidence task (one call) on top of
+        the head; only those that do better there than the rollout that proposed them go
+        on to the held-out gate (the rest are ``screened-out``). A diff whose evidence
+        is unknown goes on unscreened."""
+        m = self.merge
+        m.screened = diffs
+        requests = []
+        for d in diffs:
+            ev = evidence.get(id(d))
+            if ev is None or ev[1] is None:
+                continue
+            task_ids = (ev[0],)
+            m.screen_keys[id(d)] = (task_ids, ev[1])
+            requests.append((("s", id(d)), apply(self.state, [d]), list(task_ids)))
+        m.waiting = {tag for tag, _, _ in requests}
+        if not requests:
+            return self._variants(diffs)
+        out: list[Out] = []
+        for tag, state, task_ids in requests:
+            out += self._request(tag, state, task_ids)
+        return out
+
+    def _screen_done(self) -> list[Out]:
+        m = self.merge
+        keep = []
+        for d in m.screened:
+            known = m.screen_keys.get(id(d))
+            if known is None:
+                keep.append(d)
+                continue
+            task_ids, before = known
+            after = self.cache[task_ids][_state_key(apply(self.state, [d]))]
+            if after > before:
+                keep.append(d)
+            else:
+                self._count(m.outcomes, "screened-out")
+        if not keep:
+            return self._no_commit()
+        return self._variants(keep)
 
     def _score_each(self, diffs: list[Diff]) -> list[Out]:
         """Score each diff alone on top of the head (tagged by identity: diff ids are
@@ -464,6 +552,12 @@ class Merger:
 
     def _advance(self) -> list[Out]:
         m = self.merge
+        if m.stage == "screen":
+            return self._screen_done()
+        if m.stage == "probe":
+            return self._probe_scored()
+        if m.stage == "confirm":
+            return self._confirmed()
         if m.stage == "verify":
             for diff, task_id in m.verify:
                 scores = self.cache[(task_id,)]
@@ -498,16 +592,15 @@ class Merger:
             self._count(m.outcomes, "below-threshold", below)
             m.free = m.free + winners
             if not m.free:
-                return self._close(committed=False)
+                return self._no_commit()
             return self._to_fused()
         if m.stage == "fused":
             score = self._scores(None)[m.fused_key]
             if score > self.score:
-                self._count(m.outcomes, "committed", len(m.fused))
-                return self._commit(m.fused_state, score)
+                return self._accept(m.fused, m.fused_state, m.fused_key, score)
             if len(m.fused) == 1:
                 self._count(m.outcomes, "below-threshold")
-                return self._close(committed=False)
+                return self._no_commit()
             return self._bisect(m.fused)
         if m.stage == "bisect":
             scores = self._scores(None)
@@ -515,14 +608,137 @@ class Merger:
             # Highest score first; the first half wins an exact tie.
             score, i, best = max(scored, key=lambda t: (t[0], -t[1]))
             if score > self.score:
-                self._count(m.outcomes, "committed", len(best))
-                self._count(m.outcomes, "below-threshold", len(m.fused) - len(best))
-                return self._commit(m.half_states[i], score)
+                return self._accept(best, m.half_states[i], m.half_keys[i], score,
+                                    below=len(m.fused) - len(best))
             if len(best) == 1 or m.depth >= MAX_BISECT_DEPTH:
                 self._count(m.outcomes, "below-threshold", len(m.fused))
-                return self._close(committed=False)
+                return self._no_commit()
             return self._bisect(best)
         raise AssertionError(f"merger in unknown stage {m.stage!r}")
+
+    # -- attribution and retiring (actors/machines/attribution.py) ------------------------
+
+    def _accept(self, diffs: list[Diff], state: dict[str, str], key: frozenset,
+                score: float, below: int = 0) -> list[Out]:
+        """``diffs`` fused into ``state`` beat the head: commit, or first look inside for
+        diffs that hold it back (attribution) when there are several."""
+        m = self.merge
+        units = []
+        for d in diffs:
+            units.append({k: self.state.get(k, DELETE) for k in d.ops})
+        probe = self._probe(state, key, units) if self.attribute and len(diffs) > 1 else None
+        if probe is None:
+            self._count(m.outcomes, "committed", len(diffs))
+            self._count(m.outcomes, "below-threshold", below)
+            return self._commit(state, score)
+        m.probe, m.probe_kind = probe, "attribute"
+        m.cand, m.cand_state, m.cand_score = diffs, state, score
+        m.below = below   # counted when the probe ends
+        return self._probe_next()
+
+    def _no_commit(self) -> list[Out]:
+        """Nothing of this merge beats the head: close, or first try retiring the head's
+        keys (once per head version)."""
+        m = self.merge
+        if not (self.retire and m is not None and m.probe is None
+                and self._retired_at != self.version and self.state):
+            return self._close(committed=False)
+        self._retired_at = self.version
+        key = _state_key(self.state)
+        units = [{k: DELETE} for k in sorted(self.state)]
+        probe = self._probe(self.state, key, units)
+        if probe is None:
+            return self._close(committed=False)
+        m.probe, m.probe_kind = probe, "retire"
+        m.cand_state, m.cand_score = self.state, self.score
+        return self._probe_next()
+
+    def _probe(self, base: dict[str, str], key: frozenset,
+               units: list[dict[str, str | None]]) -> Probe | None:
+        """A probe of ``base`` on its failing held-out tasks (None: its per-task scores
+        are not known, or it fails none)."""
+        detail = self._detail.get(key)
+        if not detail:
+            return None
+        # Regressions first (tasks the head does better on), then the other failing
+        # tasks, rotated from one probe to the next so that probes look at new ones.
+        head = self._detail.get(_state_key(self.state), {})
+        failing = sorted((score - head.get(task, score), task)
+                         for task, score in detail.items() if score < 1.0)
+        regressions = [task for gap, task in failing if gap < 0]
+        rest = [task for gap, task in failing if gap >= 0]
+        if rest:
+            turn = (self._probes * self.probe_tasks) % len(rest)
+            rest = rest[turn:] + rest[:turn]
+        self._probes += 1
+        tasks = (regressions + rest)[:self.probe_tasks]
+        if not tasks:
+            return None
+        margin = 0.5 / len(tasks)
+        return Probe(base=base, units=units, tasks=sorted(tasks), base_score=-1.0,
+                     margin=margin, max_evals=self.probe_evals)
+
+    def _probe_next(self) -> list[Out]:
+        m = self.merge
+        probe = m.probe
+        m.stage = "probe"
+        batch = probe.batch()
+        if probe.base_score < 0 and batch:
+            batch = [(-1, probe.base)] + batch   # a control: the base itself, fresh
+        if not batch:
+            return self._probe_done()
+        m.probe_keys = {i: _state_key(state) for i, state in batch}
+        m.waiting = {("p", i) for i, _ in batch}
+        out: list[Out] = []
+        for i, state in batch:
+            out += self._request(("p", i), state, probe.tasks, key=m.probe_keys[i])
+        return out
+
+    def _probe_scored(self) -> list[Out]:
+        m = self.merge
+        probe = m.probe
+        scores = self._scores(probe.tasks)
+        for i, key in m.probe_keys.items():
+            if i < 0:
+                probe.base_score = scores[key]
+                probe.evals += 1
+            else:
+                probe.scored(i, scores[key])
+        probe.step()
+        return self._probe_next()
+
+    def _probe_done(self) -> list[Out]:
+        m = self.merge
+        probe = m.probe
+        if not probe.flagged:
+            return self._probe_end(None)
+        m.confirm_state = without(probe.base, [probe.units[i] for i in probe.flagged])
+        m.confirm_key = _state_key(m.confirm_state)
+        m.stage = "confirm"
+        m.waiting = {"confirm"}
+        return self._request("confirm", m.confirm_state, key=m.confirm_key)
+
+    def _confirmed(self) -> list[Out]:
+        m = self.merge
+        score = self._scores(None)[m.confirm_key]
+        return self._probe_end(score if score > m.cand_score else None)
+
+    def _probe_end(self, better: float | None) -> list[Out]:
+        """Keep the probed candidate, or its version without the flagged units when
+        that scored higher on the held-out split."""
+        m = self.merge
+        flagged = m.probe.flagged if better is not None else []
+        if m.probe_kind == "retire":
+            if not flagged:
+                return self._close(committed=False)
+            self._count(m.outcomes, "retired", len(flagged))
+            return self._commit(m.confirm_state, better)
+        self._count(m.outcomes, "committed", len(m.cand) - len(flagged))
+        self._count(m.outcomes, "harmful", len(flagged))
+        self._count(m.outcomes, "below-threshold", m.below)
+        if flagged:
+            return self._commit(m.confirm_state, better)
+        return self._commit(m.cand_state, m.cand_score)
 
     def _bisect(self, diffs: list[Diff]) -> list[Out]:
         """Score both halves of ``diffs`` (in plan order) on top of the head."""

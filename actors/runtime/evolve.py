@@ -141,7 +141,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            bus: str = "zmq", on_progress: Callable[[RoundRecord], None] | None = None,
            log_meta: dict[str, Any] | None = None, log_fsync: str | None = None,
            log_overwrite: bool = False, resume_from: Any = None, workers: Any = None, refs: dict[str, Any] | None = None,
-           insecure: bool = False, tracking: Any = None) -> EvolveResult:
+           insecure: bool = False, tracking: Any = None, screen: bool = False,
+           attribute: bool = False, retire: bool = False) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
@@ -153,6 +154,11 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
 
     ``tracking``: an MLflow tracking URI or an :class:`actors.tracking.MlflowTracking`
     (the ``tracking`` extra): parameters, per-round metrics and every committed version.
+    ``screen``, ``attribute``, ``retire`` (default off): the Merger's acceptance rules
+    for noisy models and wrong proposals (docs/concepts.md): screen each diff on its
+    evidence task and conflicting variants on a held-out minibatch, find and drop the
+    harmful diffs of a fused commit, and remove accepted keys whose removal scores
+    better.
 
     ``rounds`` (default 15) counts synchronous rounds; in asynchronous mode it has no
     meaning (a warning says so if it is passed) and the run stops on a budget:
@@ -163,6 +169,10 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     """
     modes = _check_modes(asynchronous, rounds, async_ratio, staleness, stall_merges,
                          (max_rollouts, max_calls, max_seconds, target_reward, patience))
+    # The Merger's optional acceptance rules (docs/concepts.md), only those switched on.
+    modes = dataclasses.replace(modes, gate={
+        name: True for name, on in (("screen", screen), ("attribute", attribute),
+                                    ("retire", retire)) if on})
     _check_numbers(solved_threshold, lease_size)
     tasks = _validate(tasks, reward, agent, run, propose, n_workers, modes.rounds,
                       held_out_frac, max_concurrency)
@@ -255,6 +265,8 @@ class _Modes:
     async_ratio: int
     staleness: str
     stall_merges: int
+    #: The Merger's acceptance rules switched on (``{"screen": True, ...}``).
+    gate: dict[str, bool] = field(default_factory=dict)
 
 
 def _check_modes(asynchronous: bool, rounds, async_ratio, staleness, stall_merges,
@@ -316,7 +328,7 @@ def _log_meta(seed: int, run_id: str, log_meta, plan_with, task_sampler, modes: 
     meta = {"seed": seed, "run_id": run_id, **(log_meta or {})}
     meta.setdefault("parallel", repr(plan_with))
     meta.setdefault("machine_args", msgspec.json.encode(
-        {"merger": {"stall_merges": modes.stall_merges},
+        {"merger": {"stall_merges": modes.stall_merges, **modes.gate},
          **({"scheduler": remote.scheduler_kwargs()} if remote else {})}).decode())
     if task_sampler is not None:
         meta.setdefault("task_sampler", repr(task_sampler))
@@ -330,7 +342,8 @@ def _spawn_machines(rt: Runtime, plan_with, task_sampler, start: Start, modes: _
                                   async_ratio=modes.async_ratio, n_workers=start.n_workers,
                                   **(remote.scheduler_kwargs() if remote else {})))
     rt.spawn(MERGER, Merger(asynchronous=start.asynchronous, alpha=modes.async_ratio,
-                            staleness=modes.staleness, stall_merges=modes.stall_merges))
+                            staleness=modes.staleness, stall_merges=modes.stall_merges,
+                            **modes.gate))
 
 
 def _drive(rt: Runtime, t0: float, max_seconds, asynchronous: bool, remote,

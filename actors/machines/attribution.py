@@ -1,0 +1,85 @@
+"""Attribution by group testing: which parts of a candidate hold it back. Pure.
+
+A candidate state ``base`` failed some held-out tasks. Each *unit* is a set of edits
+that can be taken back out of it (a diff fused into a commit: its keys revert to the
+head's values; an accepted key of the head: it is deleted). A :class:`Probe` scores
+``base`` with a group of units removed on those failing tasks only, and narrows down
+to the single units whose removal repairs tasks: first every unit in groups of
+``group`` (one eval each), then each group that repaired something split in halves,
+down to single units. Every eval is on the few failing tasks, never the whole
+held-out split, and there are at most ``max_evals`` of them: a bounded cost per probe,
+whatever the number of units. A group is "repairing" when it raises the score on
+those tasks by more than ``margin`` (set by the caller to more than one task's worth
+when the model is noisy, so that one lucky answer does not flag a unit).
+
+The Merger acts on what is flagged: it scores ``base`` without the flagged units on
+the whole held-out split and keeps whichever scores higher.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Removing a key: the unit's value for a key the state should not hold.
+DELETE = None
+
+
+def without(base: dict[str, str], removals: list[dict[str, str | None]]) -> dict[str, str]:
+    """``base`` with each unit's removal applied (a value: restore it; None: delete)."""
+    state = dict(base)
+    for removal in removals:
+        for key, value in removal.items():
+            if value is DELETE:
+                state.pop(key, None)
+            else:
+                state[key] = value
+    return state
+
+
+@dataclass
+class Probe:
+    """Group testing over ``units`` (removals) of ``base`` on ``tasks``."""
+
+    base: dict[str, str]
+    units: list[dict[str, str | None]]
+    tasks: list[str]
+    base_score: float
+    margin: float
+    max_evals: int = 24
+    group: int = 4
+    evals: int = 0
+    flagged: list[int] = field(default_factory=list)
+    frontier: list[list[int]] = field(default_factory=list)
+    scores: dict[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.units)
+        self.frontier = [list(range(i, min(n, i + self.group))) for i in range(0, n, self.group)]
+
+    def batch(self) -> list[tuple[int, dict[str, str]]]:
+        """The next evals: (index into the frontier, state to score on ``tasks``); empty
+        when the probe is done (nothing left to narrow, or out of evals)."""
+        room = self.max_evals - self.evals
+        if room <= 0:
+            self.frontier = []
+        self.frontier = self.frontier[:max(0, room)]
+        self.scores = {}
+        return [(i, without(self.base, [self.units[u] for u in g]))
+                for i, g in enumerate(self.frontier)]
+
+    def scored(self, index: int, score: float) -> None:
+        self.scores[index] = score
+        self.evals += 1
+
+    def step(self) -> None:
+        """Every eval of the frontier is in: keep the repairing groups, split them."""
+        nxt: list[list[int]] = []
+        for i, g in enumerate(self.frontier):
+            if self.scores.get(i, self.base_score) <= self.base_score + self.margin:
+                continue
+            if len(g) == 1:
+                self.flagged.append(g[0])
+            else:
+                mid = (len(g) + 1) // 2
+                nxt += [g[:mid], g[mid:]]
+        self.frontier = nxt

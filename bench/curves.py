@@ -1,0 +1,257 @@
+"""Quality per model call on the noisy domains (bench/noisy_domains.py): evobus,
+agentdescent and GEPA, each given the same tasks, the same train/held-out split, the
+same noisy model and the same noisy proposer, through ONE counting wrapper.
+
+The wrapper (:class:`Calls`) counts every ``run`` and ``propose`` call, whoever makes
+it and whatever it is for (a train rollout, held-out scoring, a minibatch screen).
+At the budget it stops answering: from then on ``run`` returns an answer that scores
+0 and ``propose`` proposes nothing, at no cost, so whatever a library does after the
+budget cannot improve its artifact; each library is also given its own budget knob
+(evobus ``max_calls``, agentdescent ``max_calls``, GEPA ``max_metric_calls``) so that
+it stops soon after. Quality is the returned artifact's test accuracy with the
+noise-free model, on test items no library sees, as a fraction of the best reachable.
+
+    python -m bench.curves [--quick] [--domains router,settings,instruction]
+        [--budgets 500,1500,5000,15000] [--seeds 3] [--systems evobus,agentdescent,gepa]
+        [--png docs/learning_curves.png] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import statistics
+import threading
+import time
+import warnings
+
+from actors import DataParallel, evolve
+from actors.machines.planner import split_tasks
+from bench import agentdescent_side as ad
+from bench import gepa_side
+from bench.common import table
+from bench.noisy_domains import DOMAINS, Domain
+
+HELD_OUT = 0.4
+N_WORKERS = 4
+BUDGETS = (500, 1_500, 5_000, 15_000)
+#: A run that takes longer than this is stopped by its library's own clock.
+MAX_SECONDS = 300.0
+SPENT = "(budget spent)"
+
+
+class Calls:
+    """The one counting wrapper: every call of every library goes through it."""
+
+    def __init__(self, domain: Domain, budget: int, seed: int) -> None:
+        self.domain = domain
+        self.budget = budget
+        self.rng = random.Random(seed)
+        self.n = 0
+        self.refused = 0
+        self.lock = threading.Lock()
+
+    def reward(self, task, output) -> float:
+        return self.domain.reward(task, output)
+
+    def run(self, rendered, task):
+        with self.lock:
+            if self.n >= self.budget:
+                self.refused += 1
+                return SPENT
+            self.n += 1
+            return self.domain.run(rendered, task, self.rng)
+
+    def propose(self, rendered, task, output, reward):
+        with self.lock:
+            if self.n >= self.budget:
+                self.refused += 1
+                return None
+            self.n += 1
+            return self.domain.propose(rendered, task, self.rng)
+
+
+def split(domain: Domain, seed: int):
+    train, held = split_tasks([t.id for t in domain.tasks], HELD_OUT, seed)
+    by_id = {t.id: t for t in domain.tasks}
+    return [by_id[i] for i in train], [by_id[i] for i in held]
+
+
+def run_evobus(domain: Domain, calls: Calls, seed: int, **kw) -> str:
+    result = evolve(domain.tasks, calls.reward, run=calls.run, propose=calls.propose,
+                    strategy=domain.strategy(), n_workers=N_WORKERS, held_out_frac=HELD_OUT,
+                    seed=seed, rounds=100_000, max_calls=calls.budget,
+                    max_seconds=MAX_SECONDS, **kw)
+    return result.rendered
+
+
+def run_evobus_pw1(domain: Domain, calls: Calls, seed: int) -> str:
+    return run_evobus(domain, calls, seed, parallel=DataParallel(per_worker=1))
+
+
+def run_agentdescent(domain: Domain, calls: Calls, seed: int) -> str:
+    lib = ad._lib()
+    tasks = ad.tasks_for(domain.tasks, HELD_OUT, seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = lib.evolve(tasks, calls.reward, run=calls.run, propose=calls.propose,
+                            strategy=domain.ad_strategy(lib), n_workers=N_WORKERS,
+                            max_concurrency=N_WORKERS, held_out_frac=HELD_OUT, seed=seed,
+                            rounds=100_000, max_calls=calls.budget,
+                            max_seconds=MAX_SECONDS)
+    return result.rendered
+
+
+def run_gepa(domain: Domain, calls: Calls, seed: int) -> str:
+    train, held = split(domain, seed)
+    return gepa_side.optimize(calls, domain.strategy(), train, held, budget=calls.budget,
+                              seed=seed)
+
+
+def evobus_variant(spec: str):
+    """``evobus[pw=4,screen,attribute,retire]``: evobus with DataParallel(per_worker=4)
+    and the Merger's optional rules switched on (docs/concepts.md)."""
+    inside = spec[len("evobus["):-1]
+    kw: dict = {}
+    for part in filter(None, inside.split(",")):
+        name, _, value = part.partition("=")
+        if name == "pw":
+            kw["parallel"] = DataParallel(per_worker=int(value))
+        else:
+            kw[name] = True
+
+    def run(domain, calls, seed):
+        return run_evobus(domain, calls, seed, **kw)
+    return run
+
+
+SYSTEMS = {"evobus": run_evobus, "evobus pw1": run_evobus_pw1,
+           "agentdescent": run_agentdescent, "gepa": run_gepa}
+
+
+def system(name: str):
+    if name.startswith("evobus[") and name.endswith("]"):
+        return evobus_variant(name)
+    return SYSTEMS[name]
+
+
+def available(system: str) -> str | None:
+    """None when the system can run here, else why not."""
+    if system == "agentdescent" and not ad.available():
+        return ad.NOT_INSTALLED
+    if system == "gepa" and not gepa_side.available():
+        return gepa_side.NOT_INSTALLED
+    return None
+
+
+def one(name: str, domain_name: str, budget: int, seed: int) -> dict:
+    domain = DOMAINS[domain_name]()
+    calls = Calls(domain, budget, seed)
+    t = time.perf_counter()
+    rendered = system(name)(domain, calls, seed)
+    return {"system": name, "domain": domain_name, "budget": budget, "seed": seed,
+            "calls": calls.n, "quality": domain.quality(rendered),
+            "seconds": time.perf_counter() - t}
+
+
+def measure(systems, domains, budgets, seeds) -> list[dict]:
+    out = []
+    for domain in domains:
+        for budget in budgets:
+            for system in systems:
+                if available(system):
+                    continue
+                for seed in range(seeds):
+                    out.append(one(system, domain, budget, seed))
+                    logging.getLogger("bench.curves").info("%s", out[-1])
+    return out
+
+
+def summary(points: list[dict], systems) -> list[tuple]:
+    """One row per (domain, budget): each system's mean quality [min-max] @ mean calls."""
+    rows = []
+    keys = sorted({(p["domain"], p["budget"]) for p in points},
+                  key=lambda k: (list(DOMAINS).index(k[0]), k[1]))
+    for domain, budget in keys:
+        row = [f"{domain} ({DOMAINS[domain]().shape})", f"{budget:,}"]
+        for system in systems:
+            mine = [p for p in points if (p["domain"], p["budget"], p["system"])
+                    == (domain, budget, system)]
+            if not mine:
+                row.append(available(system) or "-")
+                continue
+            q = [p["quality"] for p in mine]
+            c = statistics.mean(p["calls"] for p in mine)
+            row.append(f"{statistics.mean(q):.2f} [{min(q):.2f}-{max(q):.2f}] @ {c:,.0f}")
+        rows.append(tuple(row))
+    return rows
+
+
+def plot(points: list[dict], systems, path: str) -> None:
+    # matplotlib is an optional extra: imported only when a PNG is asked for.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    domains = [d for d in DOMAINS if any(p["domain"] == d for p in points)]
+    fig, axes = plt.subplots(1, len(domains), figsize=(5 * len(domains), 4), squeeze=False)
+    for ax, domain in zip(axes[0], domains):
+        for system in systems:
+            mine = [p for p in points if p["domain"] == domain and p["system"] == system]
+            budgets = sorted({p["budget"] for p in mine})
+            if not budgets:
+                continue
+            xs = [statistics.mean(p["calls"] for p in mine if p["budget"] == b)
+                  for b in budgets]
+            ys = [statistics.mean(p["quality"] for p in mine if p["budget"] == b)
+                  for b in budgets]
+            ax.plot(xs, ys, marker="o", label=system)
+        ax.set_xscale("log")
+        ax.set_ylim(0, 1.05)
+        ax.set_title(f"{domain} ({DOMAINS[domain]().shape})")
+        ax.set_xlabel("model calls (run + propose, all counted)")
+        ax.set_ylabel("test quality (fraction of best)")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description="quality per model call on noisy domains")
+    p.add_argument("--quick", action="store_true", help="one seed, budget 500, router")
+    p.add_argument("--domains", default=",".join(DOMAINS))
+    p.add_argument("--budgets", default=",".join(str(b) for b in BUDGETS))
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--systems", default="evobus,agentdescent,gepa",
+                   help="';'-separated; evobus[pw=4,screen,attribute,retire] for variants")
+    p.add_argument("--png", default=None)
+    p.add_argument("--json", default=None)
+    p.add_argument("-v", action="store_true")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.v else logging.WARNING)
+    systems = args.systems.split(";")
+    unknown = [s for s in systems if s not in SYSTEMS and not s.startswith("evobus[")]
+    if unknown:
+        p.error(f"unknown systems {unknown}: choose from {', '.join(SYSTEMS)}")
+    if args.quick:
+        domains, budgets, seeds = ["router"], [500], 1
+    else:
+        domains = args.domains.split(",")
+        budgets = [int(b) for b in args.budgets.split(",")]
+        seeds = args.seeds
+    points = measure(systems, domains, budgets, seeds)
+    print(table(summary(points, systems), ("domain", "budget") + tuple(systems)))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(points, f, indent=1)
+    if args.png:
+        plot(points, systems, args.png)
+    return points
+
+
+if __name__ == "__main__":
+    main()
