@@ -5,8 +5,10 @@ that can be taken back out of it (a diff fused into a commit: its keys revert to
 head's values; an accepted key of the head: it is deleted). A :class:`Probe` scores
 ``base`` with a group of units removed on those failing tasks only, and narrows down
 to the single units whose removal repairs tasks: first every unit in groups of
-``group`` (one eval each), then each group that repaired something split in halves,
-down to single units. Every eval is on the few failing tasks, never the whole
+``group`` (one eval each; by default single units while half the evals cover them),
+then each group that repaired something split in halves, down to single units. A
+first eval of ``base`` itself on the same tasks is the control the groups are
+compared with (the failing tasks were picked on one noisy eval). Every eval is on the few failing tasks, never the whole
 held-out split, and there are at most ``max_evals`` of them: a bounded cost per probe,
 whatever the number of units. A group is "repairing" when it raises the score on
 those tasks by more than ``margin`` (set by the caller to more than one task's worth
@@ -46,7 +48,7 @@ class Probe:
     base_score: float
     margin: float
     max_evals: int = 24
-    group: int = 4
+    group: int = 0
     evals: int = 0
     flagged: list[int] = field(default_factory=list)
     frontier: list[list[int]] = field(default_factory=list)
@@ -54,6 +56,11 @@ class Probe:
 
     def __post_init__(self) -> None:
         n = len(self.units)
+        if not self.group:
+            # Single units (leave-one-out) while half the evals cover them all; larger
+            # groups only beyond (a group that holds a needed unit can hide a harmful
+            # one, so groups are kept as small as the budget allows).
+            self.group = max(1, -(-n // max(1, self.max_evals // 2)))
         self.frontier = [list(range(i, min(n, i + self.group))) for i in range(0, n, self.group)]
 
     def batch(self) -> list[tuple[int, dict[str, str]]]:

@@ -72,6 +72,8 @@ MAX_BISECT_DEPTH = 4
 #: and makes at most this many evals of them (a control eval included).
 PROBE_TASKS = 12
 PROBE_EVALS = 24
+#: With ``screen``, conflicting variants are compared on this many held-out tasks.
+MINIBATCH = 16
 #: Per-task held-out scores are kept for this many states (the most recent).
 DETAIL_STATES = 256
 
@@ -181,6 +183,7 @@ class _Merge:
     cand_state: dict[str, str] = field(default_factory=dict)
     cand_score: float = 0.0
     below: int = 0
+    variant_tasks: list[str] | None = None
     confirm_state: dict[str, str] = field(default_factory=dict)
     confirm_key: frozenset = frozenset()
 
@@ -210,6 +213,7 @@ class Merger:
         self._detail: dict[frozenset, dict[str, float]] = {}
         self._retired_at = -1   # the head version a retire probe last ran on
         self._probes = 0
+        self.merges_scored = 0
         self.asynchronous = asynchronous
         self.alpha = alpha
         self.staleness = staleness
@@ -514,10 +518,15 @@ class Merger:
 
     def _score_each(self, diffs: list[Diff]) -> list[Out]:
         """Score each diff alone on top of the head (tagged by identity: diff ids are
-        the proposer's business and need not be unique)."""
+        the proposer's business and need not be unique): on the held-out split, or with
+        ``screen`` on a minibatch of it (the head scored there too), the winner of each
+        group going on to the held-out gate inside the fused candidate."""
         m = self.merge
         out: list[Out] = []
-        scores = self._scores(None)
+        tasks = self._variant_tasks()
+        m.variant_tasks = tasks
+        scores = self._scores(tasks)
+        task_ids = self.heldout if tasks is None else tasks
         # What _request does for each, inline: a known score needs no message; only the
         # unknown ones are waited for (the tag is the diff's id), and once every score is
         # known the merge goes on.
@@ -530,10 +539,24 @@ class Merger:
             m.waiting.add(id(d))
             self.by_eval[eval_id] = (id(d), scores, key)
             out.append((SCHEDULER, EvalRequest(eval_id=eval_id, state=apply(self.state, [d]),
-                                               task_ids=self.heldout)))
+                                               task_ids=task_ids)))
+        if tasks is not None:
+            m.waiting.add("head")
+            return out + self._request("head", self.state, tasks)
         if not m.waiting:
             return out + self._advance()
         return out
+
+    def _variant_tasks(self) -> list[str] | None:
+        """The minibatch conflicting variants are compared on (None: the held-out split):
+        ``MINIBATCH`` held-out tasks, a window that moves on each merge."""
+        n = len(self.heldout)
+        if not self.screen or n <= MINIBATCH:
+            return None
+        start = (self.merges_scored * MINIBATCH) % n
+        self.merges_scored += 1
+        window = (self.heldout + self.heldout)[start:start + MINIBATCH]
+        return sorted(window)
 
     def _candidate_key(self, ops: dict[str, str], ops_key: frozenset | None) -> frozenset:
         """The cache key of the head with ``ops`` applied, remembered per ``ops`` until
@@ -573,7 +596,8 @@ class Merger:
             return self._merge_kept()
         if m.stage == "variants":
             winners = []
-            scores, keys = self._scores(None), m.keys
+            scores, keys = self._scores(m.variant_tasks), m.keys
+            bar = self.score if m.variant_tasks is None else scores[_state_key(self.state)]
             losers = below = 0
             for group in m.groups:
                 best = group[0]
@@ -583,7 +607,7 @@ class Merger:
                     if score > best_score:
                         best, best_score = d, score
                 losers += len(group) - 1
-                if best_score > self.score:
+                if best_score > bar:
                     winners.append(best)
                 else:
                     below += 1

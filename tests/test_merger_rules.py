@@ -1,0 +1,153 @@
+"""The Merger's optional acceptance rules, driven by messages alone (no bus, no
+threads): the screen on each diff's evidence task, attribution of a fused commit's
+diffs, and retiring an accepted edit."""
+
+from __future__ import annotations
+
+from actors.addresses import PLANNER, SCHEDULER
+from actors.machines.attribution import Probe, without
+from actors.machines.merger import Merger
+from protocol import Barrier, Commit, Diff, EvalDone, EvalRequest, LeaseDone, Open, \
+    RolloutResult, RoundClosed
+
+HELD = [f"h{i}" for i in range(8)]
+#: Held-out task -> the key it needs (h6, h7 need none: only "bad" solves them).
+NEEDS = {"h0": "g0", "h1": "g1", "h2": "g2", "h3": "g0", "h4": "g1", "h5": "g2"}
+#: "bad" solves h6 and h7 and breaks h0, h1, h2: on top of nothing it helps (2/8); on
+#: top of g0..g2 it costs 3 tasks for 2 (5/8 against 6/8 without it).
+BROKEN_BY_BAD = {"h0", "h1", "h2"}
+
+
+def solves(state: dict[str, str], task: str) -> float:
+    if task in ("h6", "h7"):
+        return 1.0 if "bad" in state else 0.0
+    if task in BROKEN_BY_BAD and "bad" in state:
+        return 0.0
+    return 1.0 if NEEDS.get(task) in state else 0.0
+
+
+def d(key: str) -> Diff:
+    return Diff(f"w:{key}", "w", 0, {key: "on"})
+
+
+def answer(m: Merger, out: list, log: list) -> list:
+    """Answer every EvalRequest (per-task scores from ``solves``) until none is left;
+    the requests are kept in ``log``."""
+    result, pending = [], list(out)
+    while pending:
+        to, msg = pending.pop(0)
+        if isinstance(msg, EvalRequest):
+            log.append(msg)
+            scores = {t: solves(msg.state, t) for t in msg.task_ids}
+            pending += m.handle(EvalDone(eval_id=msg.eval_id,
+                                         score=sum(scores.values()) / len(scores),
+                                         scores=scores))
+        else:
+            result.append((to, msg))
+    return result
+
+
+def opened(**rules) -> Merger:
+    m = Merger(**rules)
+    answer(m, m.handle(Open(heldout_ids=HELD)), [])
+    return m
+
+
+def merge_round(m: Merger, r: int, diffs, evidence="t", log=None) -> tuple[list, RoundClosed]:
+    m.handle(LeaseDone(lease_id=f"r{r}.u0", worker="w", round=r, results=[
+        RolloutResult(task_id=evidence, score=0.0, diff=x) for x in diffs]))
+    out = answer(m, m.handle(Barrier(round=r)), log if log is not None else [])
+    closed = [msg for _, msg in out if isinstance(msg, RoundClosed)]
+    return out, closed[-1]
+
+
+def commits(out) -> list[Commit]:
+    return [msg for to, msg in out if to == SCHEDULER and isinstance(msg, Commit)]
+
+
+def test_without_the_rules_a_harmful_diff_rides_in_with_good_ones():
+    m = opened()
+    out, closed = merge_round(m, 0, [d("g0"), d("bad"), d("g1"), d("g2")])
+    assert closed.committed and commits(out)[0].state.keys() == {"g0", "g1", "g2", "bad"}
+    assert closed.outcomes == {"committed": 4}
+
+
+def test_a_harmful_diff_fused_with_good_ones_is_found_and_dropped():
+    m = opened(attribute=True)
+    log: list = []
+    out, closed = merge_round(m, 0, [d("g0"), d("bad"), d("g1"), d("g2")], log=log)
+    # The fused candidate (5/8) beats the head (0/8), but without "bad" it scores 6/8.
+    assert commits(out)[0].state == {"g0": "on", "g1": "on", "g2": "on"}
+    assert closed.outcomes == {"committed": 3, "harmful": 1}
+    assert m.score == 6 / 8 and (PLANNER, closed) in out
+    # The probe scored only the fused candidate's failing tasks, never the whole split
+    # but for the gate and the confirmation.
+    whole = [r for r in log if r.task_ids == HELD]
+    probes = [r for r in log if r.task_ids != HELD]
+    assert len(whole) == 2 and probes and all(set(r.task_ids) == BROKEN_BY_BAD
+                                              for r in probes)
+
+
+def test_an_accepted_edit_is_retired_when_removing_it_scores_better():
+    m = opened(retire=True)
+    _, first = merge_round(m, 0, [d("bad")])            # alone it helps: 2/8
+    _, second = merge_round(m, 1, [d("g0"), d("g1"), d("g2")])   # 5/8 with "bad"
+    assert first.committed and second.committed and "bad" in m.state
+    # A round that commits nothing: the head's keys are probed, "bad" is removed.
+    out, third = merge_round(m, 2, [d("useless")])
+    assert commits(out)[0].state == {"g0": "on", "g1": "on", "g2": "on"}
+    assert third.committed and third.outcomes == {"below-threshold": 1, "retired": 1}
+    assert m.score == 6 / 8
+    # Once per head version: the next stalled round on the new head probes it once.
+    _, fourth = merge_round(m, 3, [d("useless")])
+    assert not fourth.committed and fourth.outcomes == {"below-threshold": 1}
+
+
+def test_nothing_is_retired_when_every_key_earns_its_place():
+    m = opened(retire=True)
+    merge_round(m, 0, [d("g0"), d("g1"), d("g2")])
+    out, closed = merge_round(m, 1, [d("useless")])
+    assert not commits(out) and not closed.committed and "retired" not in closed.outcomes
+
+
+def test_the_screen_drops_a_diff_that_does_not_fix_its_own_evidence_task():
+    m = opened(screen=True)
+    log: list = []
+    # Evidence h0: g0 fixes it, g1 does not; each costs one call on that task alone.
+    out, closed = merge_round(m, 0, [d("g0"), d("g1")], evidence="h0", log=log)
+    assert commits(out)[0].state == {"g0": "on"}
+    assert closed.outcomes == {"screened-out": 1, "committed": 1}
+    assert [r.task_ids for r in log[:2]] == [["h0"], ["h0"]]
+
+
+def test_the_screen_compares_conflicting_variants_on_a_minibatch_first():
+    held = [f"h{i}" for i in range(40)]
+    m = Merger(screen=True)
+    answer(m, m.handle(Open(heldout_ids=held)), [])
+    log: list = []
+    m.handle(LeaseDone(lease_id="r0.u0", worker="w", round=0, results=[
+        RolloutResult(task_id="x", score=None, diff=Diff("a", "a", 0, {"g0": "1"})),
+        RolloutResult(task_id="x", score=None, diff=Diff("b", "b", 0, {"g0": "2"}))]))
+    answer(m, m.handle(Barrier(round=0)), log)
+    sizes = [len(r.task_ids) for r in log]
+    # Two variants and the head on 16 held-out tasks, then the winner on all 40.
+    assert sizes == [16, 16, 16, 40]
+
+
+def test_probe_narrows_groups_down_to_the_harmful_units_within_its_budget():
+    base = {f"k{i}": "on" for i in range(40)}
+    units = [{f"k{i}": None} for i in range(40)]
+    harmful = {7, 23}
+    probe = Probe(base=base, units=units, tasks=["a", "b"], base_score=0.0, margin=0.25,
+                  max_evals=24)
+    assert probe.group == 4   # 40 units, 12 evals' worth of singles: groups of 4
+    while True:
+        batch = probe.batch()
+        if not batch:
+            break
+        for i, state in batch:
+            gone = {int(k[1:]) for k in base if k not in state}
+            probe.scored(i, 1.0 if gone & harmful else 0.0)
+        probe.step()
+    assert sorted(probe.flagged) == [7, 23] and probe.evals <= 24
+    assert without(base, [units[7]]) == {k: v for k, v in base.items() if k != "k7"}
