@@ -12,7 +12,7 @@ it stops soon after. Quality is the returned artifact's test accuracy with the
 noise-free model, on test items no library sees, as a fraction of the best reachable.
 
     python -m bench.curves [--quick] [--domains router,settings,instruction]
-        [--budgets 500,1500,5000,15000] [--seeds 3] [--systems evobus,agentdescent,gepa]
+        [--budgets 500,1500,5000,15000] [--seeds 3] [--systems "evobus;agentdescent;gepa"]
         [--png docs/learning_curves.png] [--json out.json]
 """
 
@@ -226,7 +226,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--domains", default=",".join(DOMAINS))
     p.add_argument("--budgets", default=",".join(str(b) for b in BUDGETS))
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--systems", default="evobus,agentdescent,gepa",
+    p.add_argument("--systems", default="evobus;agentdescent;gepa",
                    help="';'-separated; evobus[pw=4,screen,attribute,retire] for variants")
     p.add_argument("--png", default=None)
     p.add_argument("--json", default=None)

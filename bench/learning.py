@@ -19,12 +19,20 @@ scoring alike (a counting wrapper around the same ``run`` for both libraries): w
 the learning cost in model calls, gate included.
 
     python -m bench.learning [--quick] [--ns 1,4,8,16] [--repeats 3]
+
+``--noisy`` instead measures quality per model call on three noisy domains of
+different shapes (bench/noisy_domains.py) for evobus, agentdescent and GEPA, every
+call counted by one wrapper (bench/curves.py has the details and the options, which
+follow ``--noisy``):
+
+    python -m bench.learning --noisy [--quick] [--seeds 3] [--png docs/learning_curves.png]
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import threading
 import time
 from typing import Sequence
@@ -32,6 +40,7 @@ from typing import Sequence
 from actors import DataParallel, KeyedRules, evolve
 from actors.machines.planner import split_tasks
 from bench import agentdescent_side as ad
+from bench import curves
 from bench.common import Row, figure, median, table
 from scenarios import router
 
@@ -150,7 +159,11 @@ def suite(quick: bool = False) -> list[Row]:
 
 
 def main(argv=None) -> list[Row]:
-    p = argparse.ArgumentParser(description="learning: router domain to quality")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--noisy"]:
+        return curves.main(argv[1:])
+    p = argparse.ArgumentParser(description="learning: router domain to quality "
+                                "(--noisy: quality per call on noisy domains)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--ns", default="1,4,8,16")
     p.add_argument("--repeats", type=int, default=3)

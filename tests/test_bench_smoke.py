@@ -45,3 +45,17 @@ def test_group_ab_compares_two_checkouts_in_alternating_processes(root, tmp_path
     assert list(effs) == [str(root)] and len(effs[str(root)]) == 4
     assert all(0 < e < 1 for e in effs[str(root)])
     assert "b - a:" in capsys.readouterr().out
+
+
+def test_noisy_learning_curves_quick_prints_quality_per_call(root, clean_env):
+    """`python -m bench.learning --noisy --quick`: the router domain at 500 calls, one
+    seed, each library through the same counting wrapper (a library not installed is
+    a cell saying so)."""
+    proc = subprocess.run([sys.executable, "-m", "bench.learning", "--noisy", "--quick"],
+                          cwd=root, env=clean_env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    header, _, row = proc.stdout.splitlines()[:3]
+    for column in ("budget", "evobus", "agentdescent", "gepa"):
+        assert column in header, header
+    assert row.startswith("router (AppendRules)") and "@ 500" in row, row
