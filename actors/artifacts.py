@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence, runtime_checkable
 
-from protocol import Diff
+from protocol import REMOVE, Diff
 
 
 def rule_id(text: str) -> str:
@@ -51,7 +51,8 @@ def normaliser(strategy: object):
 
 @dataclass
 class AppendRules:
-    """A deduplicated list of rules, content-addressed; complementary rules fuse."""
+    """A deduplicated list of rules, content-addressed; complementary rules fuse.
+    ``"remove: <rule>"`` proposes deleting a rule the artifact holds."""
 
     title: str = "# Playbook"
 
@@ -64,9 +65,18 @@ class AppendRules:
         return "\n".join([self.title] + [f"- {state[k]}" for k in sorted(state)])
 
     def to_diff(self, state, proposal, author, base_version) -> Diff | None:
+        """A rule to add, or ``"remove: <rule>"``: a diff deleting that rule (None
+        when the artifact does not hold it)."""
         text = (proposal or "").strip()
         if not text:
             return None
+        removed = _removal(text)
+        if removed is not None:
+            rid = rule_id(removed)
+            if rid not in state:
+                return None
+            return Diff(f"{author}:-{rid}:{base_version}", author, base_version,
+                        {rid: REMOVE})
         rid = rule_id(text)
         if rid in state:
             return None
@@ -100,11 +110,19 @@ class SingleSlot:
 
 
 _KEYED = re.compile(r"\s*([\w\- ]+?)\s*:\s*(.+)", re.DOTALL)
+_REMOVE = re.compile(r"remove\s*:\s*(.+)", re.DOTALL | re.IGNORECASE)
+
+
+def _removal(text: str) -> str | None:
+    """What ``"remove: <what>"`` names (None: the text is not a removal)."""
+    m = _REMOVE.fullmatch(text)
+    return m.group(1).strip() if m else None
 
 
 @dataclass
 class KeyedRules:
-    """One entry per category; a proposal ``"category: text"`` overwrites its category.
+    """One entry per category; a proposal ``"category: text"`` overwrites its category,
+    ``"remove: category"`` deletes it (unless "remove" is itself a category).
 
     Categories match case-insensitively and are stored folded to lower case, which is
     also how ``keys()`` declares them. A proposal naming no known category falls back
@@ -137,6 +155,14 @@ class KeyedRules:
         if not text:
             return None
         m = _KEYED.match(text)
+        removed = _removal(text) if "remove" not in self._known else None
+        if removed is not None:
+            key = self.normalise_key(removed)
+            key = key if key in self._known else rule_id(removed)
+            if key not in state:
+                return None
+            return Diff(f"{author}:-{key}:{base_version}", author, base_version,
+                        {key: REMOVE})
         if m and self.normalise_key(m.group(1)) in self._known:
             key, value = self.normalise_key(m.group(1)), m.group(2).strip()
         else:

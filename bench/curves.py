@@ -230,6 +230,9 @@ def main(argv=None) -> list[dict]:
                    help="';'-separated; evobus[pw=4,screen,attribute,retire] for variants")
     p.add_argument("--png", default=None)
     p.add_argument("--json", default=None)
+    p.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    p.add_argument("--from-json", default=None,
+                   help="print (and plot) the points a --json run saved, running nothing")
     p.add_argument("-v", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.v else logging.WARNING)
@@ -243,8 +246,21 @@ def main(argv=None) -> list[dict]:
         domains = args.domains.split(",")
         budgets = [int(b) for b in args.budgets.split(",")]
         seeds = args.seeds
-    points = measure(systems, domains, budgets, seeds)
-    print(table(summary(points, systems), ("domain", "budget") + tuple(systems)))
+    if args.from_json:
+        with open(args.from_json) as f:
+            points = json.load(f)
+        systems = [s for s in systems if any(p["system"] == s for p in points)]
+    else:
+        points = measure(systems, domains, budgets, seeds)
+    header = ("domain", "budget") + tuple(systems)
+    rows = summary(points, systems)
+    if args.markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+    else:
+        print(table(rows, header))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(points, f, indent=1)

@@ -35,8 +35,13 @@ class WorkUnit(msgspec.Struct, frozen=True):
     section: int | None = None
 
 
+#: The text of an op that deletes its key (no artifact holds an empty text).
+REMOVE = ""
+
+
 class Diff(msgspec.Struct, frozen=True):
-    """A proposed edit of the artifact: ``ops`` maps artifact keys to new text."""
+    """A proposed edit of the artifact: ``ops`` maps artifact keys to new text; an op
+    whose text is :data:`REMOVE` (empty) deletes its key."""
 
     diff_id: str
     author: str

@@ -151,3 +151,54 @@ def test_probe_narrows_groups_down_to_the_harmful_units_within_its_budget():
         probe.step()
     assert sorted(probe.flagged) == [7, 23] and probe.evals <= 24
     assert without(base, [units[7]]) == {k: v for k, v in base.items() if k != "k7"}
+
+
+# -- a diff that deletes a key (protocol.REMOVE) ------------------------------------------
+
+
+def test_a_removal_diff_from_the_proposer_deletes_an_accepted_key():
+    from actors.artifacts import AppendRules, KeyedRules
+    from protocol import REMOVE
+
+    m = opened()
+    merge_round(m, 0, [d("bad")])
+    merge_round(m, 1, [d("g0"), d("g1"), d("g2")])
+    assert m.state.keys() == {"bad", "g0", "g1", "g2"}
+    # A proposer that asks to take "bad" out: an op of empty text, committed like any.
+    out, closed = merge_round(m, 2, [Diff("w:-bad", "w", 2, {"bad": REMOVE})])
+    assert commits(out)[0].state == {"g0": "on", "g1": "on", "g2": "on"}
+    assert closed.outcomes == {"committed": 1}
+    # Removing what the head does not hold changes nothing.
+    _, again = merge_round(m, 3, [Diff("w:-bad", "w", 3, {"bad": REMOVE})])
+    assert again.outcomes == {"unchanged": 1}
+    # The strategies that can say it: "remove: ..." names a held rule or category.
+    rules = AppendRules()
+    held = rules.to_diff({}, "route refunds to returns", "w", 0).ops
+    assert rules.to_diff(held, "remove: route refunds to returns", "w", 1).ops == {
+        next(iter(held)): REMOVE}
+    assert rules.to_diff({}, "remove: route refunds to returns", "w", 1) is None
+    keyed = KeyedRules(["tone"])
+    assert keyed.to_diff({"tone": "formal"}, "remove: Tone", "w", 1).ops == {"tone": REMOVE}
+    assert KeyedRules(["remove"]).to_diff({}, "remove: x", "w", 0).ops == {"remove": "x"}
+
+
+def test_a_removal_and_a_write_of_the_same_key_conflict_and_the_better_wins():
+    from protocol import REMOVE
+
+    m = opened()
+    merge_round(m, 0, [d("bad")])
+    merge_round(m, 1, [d("g0"), d("g1"), d("g2")])   # 5/8
+    out, closed = merge_round(m, 2, [Diff("a", "a", 2, {"bad": "other"}),
+                                     Diff("b", "b", 2, {"bad": REMOVE})])
+    # Writing "other" keeps "bad" in the state (5/8 again); removing it scores 6/8.
+    assert commits(out)[0].state == {"g0": "on", "g1": "on", "g2": "on"}
+    assert closed.outcomes == {"conflict": 1, "committed": 1}
+
+
+def test_tensor_parallel_merge_applies_a_removal():
+    from actors.policies.parallelism import TensorParallelMerge
+    from protocol import REMOVE
+
+    tp = TensorParallelMerge(n_sections=1)
+    merged, ok = tp.merge({"a": "1", "b": "2"}, [(0, Diff("x", "w", 0, {"a": REMOVE}))])
+    assert ok and merged == {"b": "2"}

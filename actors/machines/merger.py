@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 from actors.addresses import DRIVER, PLANNER, SCHEDULER, Out
 from actors.machines.attribution import DELETE, Probe, without
-from protocol import (Baseline, Barrier, Commit, Diff, EvalDone, EvalRequest, Finish, Flush,
+from protocol import (REMOVE, Baseline, Barrier, Commit, Diff, EvalDone, EvalRequest, Finish, Flush,
                       LeaseDone, Merged, Message, Open, Refresh, RoundClosed, RunDone)
 
 log = logging.getLogger(__name__)
@@ -79,9 +79,13 @@ DETAIL_STATES = 256
 
 
 def apply(state: dict[str, str], diffs: list[Diff]) -> dict[str, str]:
+    """``state`` with ``diffs`` applied in order (an op of text ``REMOVE`` deletes)."""
     new = dict(state)
     for d in diffs:
         new.update(d.ops)
+    if any(REMOVE in d.ops.values() for d in diffs):
+        for key in [k for k, v in new.items() if v == REMOVE]:
+            del new[key]
     return new
 
 
@@ -102,9 +106,10 @@ _MISSING = object()
 
 
 def _changes(state: dict[str, str], ops: dict[str, str]) -> bool:
-    """Whether applying ``ops`` to ``state`` changes anything."""
+    """Whether applying ``ops`` to ``state`` changes anything (deleting a key the state
+    does not hold changes nothing)."""
     for key, value in ops.items():
-        if state.get(key) != value:
+        if state.get(key, REMOVE) != value:
             return True
     return False
 
@@ -570,6 +575,9 @@ class Merger:
         if key is None:
             candidate = dict(self.state)
             candidate.update(ops)
+            if REMOVE in ops.values():
+                for k in [k for k, v in ops.items() if v == REMOVE]:
+                    del candidate[k]
             key = self._applied[ops_key] = _state_key(candidate)
         return key
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from actors.errors import ParallelConfigError, SectionViolation
-from protocol.domain import Diff, WorkUnit
+from protocol.domain import REMOVE, Diff, WorkUnit
 from .sampling import PASS_THRESHOLD, check_score, difficulty_weight
 
 
@@ -312,6 +312,8 @@ class TensorParallelMerge:
                     return dict(base_state), False
                 written[key] = text
         merged.update(written)
+        for key in [k for k, text in written.items() if text == REMOVE]:
+            del merged[key]   # a deletion (protocol.REMOVE)
         return merged, True
 
 
