@@ -202,3 +202,41 @@ def test_tensor_parallel_merge_applies_a_removal():
     tp = TensorParallelMerge(n_sections=1)
     merged, ok = tp.merge({"a": "1", "b": "2"}, [(0, Diff("x", "w", 0, {"a": REMOVE}))])
     assert ok and merged == {"b": "2"}
+
+
+def test_recheck_scores_a_close_call_twice_and_decides_on_the_means():
+    """A noisy gate: the first sample of the candidate says 3/8 against the head's 2/8
+    (a gain of one task, a close call); the second samples say 1/8 and 3/8: the means
+    (2/8 against 2.5/8) keep the head, and the head's score becomes its mean."""
+    samples = {"cand": [3 / 8, 1 / 8], "head": [2 / 8, 3 / 8]}
+    m = Merger(recheck=True)
+    asked: list[str] = []
+
+    def answer_all(out) -> list:
+        result, pending = [], list(out)
+        while pending:
+            to, msg = pending.pop(0)
+            if isinstance(msg, EvalRequest):
+                which = "cand" if "x" in msg.state else "head"
+                score = samples[which][asked.count(which)]
+                asked.append(which)
+                pending += m.handle(EvalDone(eval_id=msg.eval_id, score=score))
+            else:
+                result.append(msg)
+        return result
+
+    answer_all(m.handle(Open(heldout_ids=HELD)))
+    m.handle(LeaseDone(lease_id="r0.u0", worker="w", round=0, results=[
+        RolloutResult(task_id="t", score=0.0, diff=d("x"))]))
+    closed = [msg for msg in answer_all(m.handle(Barrier(round=0)))
+              if isinstance(msg, RoundClosed)][0]
+    assert asked == ["head", "cand", "cand", "head"]
+    assert not closed.committed and closed.outcomes == {"rechecked-out": 1}
+    assert m.score == 2.5 / 8
+
+
+def test_recheck_leaves_a_clear_gain_alone():
+    m = opened(recheck=True)
+    log: list = []
+    out, closed = merge_round(m, 0, [d("g0"), d("g1")], log=log)
+    assert closed.committed and len(log) == 1   # 4/8 against 0/8: one gate, no recheck

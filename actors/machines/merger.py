@@ -72,6 +72,10 @@ MAX_BISECT_DEPTH = 4
 #: and makes at most this many evals of them (a control eval included).
 PROBE_TASKS = 12
 PROBE_EVALS = 24
+#: With ``recheck``, a gain of at most this many held-out tasks is scored again.
+RECHECK_TASKS = 3
+#: The first element of the cache tables of second samples (``recheck``).
+AGAIN = "#again"
 #: With ``screen``, conflicting variants are compared on this many held-out tasks.
 MINIBATCH = 16
 #: Per-task held-out scores are kept for this many states (the most recent).
@@ -189,6 +193,7 @@ class _Merge:
     cand_score: float = 0.0
     below: int = 0
     variant_tasks: list[str] | None = None
+    recheck: tuple | None = None
     confirm_state: dict[str, str] = field(default_factory=dict)
     confirm_key: frozenset = frozenset()
 
@@ -200,7 +205,8 @@ class Merger:
                  staleness: str = "guarded", stall_merges: int = 3,
                  cache_states: int = SCORE_CACHE_STATES, screen: bool = False,
                  attribute: bool = False, retire: bool = False,
-                 probe_tasks: int = PROBE_TASKS, probe_evals: int = PROBE_EVALS) -> None:
+                 probe_tasks: int = PROBE_TASKS, probe_evals: int = PROBE_EVALS,
+                 recheck: bool = False) -> None:
         if staleness not in STALENESS:
             raise ValueError(f"staleness={staleness!r}: choose one of {', '.join(STALENESS)}")
         if isinstance(cache_states, bool) or not isinstance(cache_states, int) \
@@ -210,6 +216,8 @@ class Merger:
         self.screen = screen
         self.attribute = attribute
         self.retire = retire
+        self.recheck = recheck
+        self._rechecked_at = -1
         self.probe_tasks = probe_tasks
         self.probe_evals = probe_evals
         # id(diff) -> (its evidence task, the rollout's score there) while it is held.
@@ -323,10 +331,14 @@ class Merger:
         return self.cache.setdefault(tuple(task_ids), {})
 
     def _request(self, tag: str, state: dict[str, str], task_ids: list[str] | None = None,
-                 key: frozenset | None = None) -> list[Out]:
+                 key: frozenset | None = None, again: bool = False) -> list[Out]:
         """Score ``state`` on ``task_ids`` (the held-out set by default); ``key`` is its
-        :func:`_state_key` when the caller has it already."""
-        scores = self._scores(task_ids)
+        :func:`_state_key` when the caller has it already. ``again``: a second sample,
+        kept in a table of its own (the first score of the state is not reused)."""
+        if again:
+            scores = self.cache.setdefault((AGAIN,) + tuple(task_ids or self.heldout), {})
+        else:
+            scores = self._scores(task_ids)
         if task_ids is None:
             task_ids = self.heldout
         if key is None:
@@ -589,6 +601,8 @@ class Merger:
             return self._probe_scored()
         if m.stage == "confirm":
             return self._confirmed()
+        if m.stage == "recheck":
+            return self._rechecked()
         if m.stage == "verify":
             for diff, task_id in m.verify:
                 scores = self.cache[(task_id,)]
@@ -653,8 +667,17 @@ class Merger:
     def _accept(self, diffs: list[Diff], state: dict[str, str], key: frozenset,
                 score: float, below: int = 0) -> list[Out]:
         """``diffs`` fused into ``state`` beat the head: commit, or first look inside for
-        diffs that hold it back (attribution) when there are several."""
+        diffs that hold it back (attribution) when there are several. With ``recheck``,
+        a close call (a gain of ``RECHECK_TASKS`` held-out tasks or less) is scored
+        once more, the head too, and decided on the means of the two samples."""
         m = self.merge
+        if self.recheck and m.recheck is None and \
+                score - self.score <= RECHECK_TASKS / max(1, len(self.heldout)):
+            m.recheck = (diffs, state, key, score, below)
+            m.stage = "recheck"
+            m.waiting = {"again-c", "again-h"}
+            return (self._request("again-c", state, key=key, again=True)
+                    + self._request("again-h", self.state, again=True))
         units = []
         for d in diffs:
             units.append({k: self.state.get(k, DELETE) for k in d.ops})
@@ -667,6 +690,20 @@ class Merger:
         m.cand, m.cand_state, m.cand_score = diffs, state, score
         m.below = below   # counted when the probe ends
         return self._probe_next()
+
+    def _rechecked(self) -> list[Out]:
+        m = self.merge
+        diffs, state, key, score, below = m.recheck
+        table = self.cache[(AGAIN,) + tuple(self.heldout)]
+        cand = (score + table[key]) / 2
+        if self._rechecked_at != self.version:   # the head's two samples, once a version
+            self._rechecked_at = self.version
+            self.score = (self.score + table[_state_key(self.state)]) / 2
+        if cand > self.score:
+            return self._accept(diffs, state, key, cand, below)
+        self._count(m.outcomes, "rechecked-out", len(diffs))
+        self._count(m.outcomes, "below-threshold", below)
+        return self._no_commit()
 
     def _no_commit(self) -> list[Out]:
         """Nothing of this merge beats the head: close, or first try retiring the head's

@@ -142,7 +142,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            log_meta: dict[str, Any] | None = None, log_fsync: str | None = None,
            log_overwrite: bool = False, resume_from: Any = None, workers: Any = None, refs: dict[str, Any] | None = None,
            insecure: bool = False, tracking: Any = None, screen: bool = False,
-           attribute: bool = False, retire: bool = False) -> EvolveResult:
+           attribute: bool = False, retire: bool = False,
+           recheck: bool = False) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
@@ -158,7 +159,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     for noisy models and wrong proposals (docs/concepts.md): screen each diff on its
     evidence task and conflicting variants on a held-out minibatch, find and drop the
     harmful diffs of a fused commit, and remove accepted keys whose removal scores
-    better.
+    better; ``recheck``: score a close call twice, the head too, for noisy models.
 
     ``rounds`` (default 15) counts synchronous rounds; in asynchronous mode it has no
     meaning (a warning says so if it is passed) and the run stops on a budget:
@@ -172,7 +173,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     # The Merger's optional acceptance rules (docs/concepts.md), only those switched on.
     modes = dataclasses.replace(modes, gate={
         name: True for name, on in (("screen", screen), ("attribute", attribute),
-                                    ("retire", retire)) if on})
+                                    ("retire", retire), ("recheck", recheck)) if on})
     _check_numbers(solved_threshold, lease_size)
     tasks = _validate(tasks, reward, agent, run, propose, n_workers, modes.rounds,
                       held_out_frac, max_concurrency)
