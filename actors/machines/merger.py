@@ -18,6 +18,15 @@ The merge of one round (every decision is counted in ``outcomes``):
    number of held-out evaluations however many diffs it held); everything not
    committed is ``below-threshold``.
 
+Optional rules for noisy models and wrong proposals, off by default (docs/concepts.md):
+``screen`` scores each diff on its own evidence task before the gate, and conflicting
+variants on a held-out minibatch; ``attribute`` looks for the diffs that hold a fused
+commit back (actors/machines/attribution.py) and commits without them when that scores
+higher (``harmful``); ``retire`` probes the head's own keys when a merge commits
+nothing and deletes those whose removal scores higher (``retired``); ``recheck``
+scores a close call a second time, the head too. An op of text ``REMOVE`` deletes its
+key.
+
 Scoring is work: an ``EvalRequest`` to the Scheduler, answered by ``EvalDone``. Scores
 are cached per (candidate state, task set), so a candidate is not scored twice. The
 cache is keyed by the candidate's content (a frozenset of its items, hashed once per
