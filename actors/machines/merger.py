@@ -850,6 +850,9 @@ class Merger:
         m = self.merge
         self.merge = None
         self._trim_cache()
+        if self._evidence:   # only the diffs still held keep theirs (stale ones go)
+            held = {id(p[2]) for bucket in self.pending.values() for p in bucket}
+            self._evidence = {k: v for k, v in self._evidence.items() if k in held}
         if not self.asynchronous:
             out: list[Out] = [(PLANNER, RoundClosed(
                 round=m.round, version=self.version, committed=committed,
