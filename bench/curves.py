@@ -79,11 +79,13 @@ def split(domain: Domain, seed: int):
     return [by_id[i] for i in train], [by_id[i] for i in held]
 
 
-def run_evobus(domain: Domain, calls: Calls, seed: int, **kw) -> str:
+def run_evobus(domain: Domain, calls: Calls, seed: int, n_workers: int = N_WORKERS,
+               **kw) -> str:
+    rounds = {} if kw.get("asynchronous") else {"rounds": 100_000}
     result = evolve(domain.tasks, calls.reward, run=calls.run, propose=calls.propose,
-                    strategy=domain.strategy(), n_workers=N_WORKERS, held_out_frac=HELD_OUT,
-                    seed=seed, rounds=100_000, max_calls=calls.budget,
-                    max_seconds=MAX_SECONDS, **kw)
+                    strategy=domain.strategy(), n_workers=n_workers, held_out_frac=HELD_OUT,
+                    seed=seed, max_calls=calls.budget, max_seconds=MAX_SECONDS,
+                    **rounds, **kw)
     return result.rendered
 
 
@@ -112,13 +114,20 @@ def run_gepa(domain: Domain, calls: Calls, seed: int) -> str:
 
 def evobus_variant(spec: str):
     """``evobus[pw=4,screen,attribute,retire]``: evobus with DataParallel(per_worker=4)
-    and the Merger's optional rules switched on (docs/concepts.md)."""
+    and the Merger's optional rules switched on (docs/concepts.md); ``w=16``: 16
+    workers; ``async``: asynchronous, ``lease=4`` tasks per lease."""
     inside = spec[len("evobus["):-1]
     kw: dict = {}
     for part in filter(None, inside.split(",")):
         name, _, value = part.partition("=")
         if name == "pw":
             kw["parallel"] = DataParallel(per_worker=int(value))
+        elif name == "w":
+            kw["n_workers"] = int(value)
+        elif name == "lease":
+            kw["lease_size"] = int(value)
+        elif name == "async":
+            kw["asynchronous"] = True
         else:
             kw[name] = True
 
