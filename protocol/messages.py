@@ -353,6 +353,15 @@ class PendingInteraction(msgspec.Struct, frozen=True, kw_only=True, omit_default
     item: Any = None
 
 
+class Suspension(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A branch that reached an unanswered ask or approve (coordinated suspension): the
+    interaction it waits on and its ``journal`` (answers and effects so far)."""
+
+    index: int
+    pending: PendingInteraction
+    journal: list[JournalEntry] = []
+
+
 class GroupStart(Msg, frozen=True):
     """Driver -> Collector: a group's first message; holds everything a replay needs.
 
@@ -382,6 +391,15 @@ class GroupStart(Msg, frozen=True):
     used_ids: list[str] = []
     approvers: list[str] | None = None
     effects: list[tuple[int, str]] = []
+    #: Starts follow input order: one branch per lease (``Branch.in_order``), none queued
+    #: behind a running one, until ``concurrency`` branches are measured cheaper than
+    #: ``batch_below`` seconds each. False (older logs): guided leases from the first.
+    ordered: bool = False
+    batch_below: float = 0.0
+    #: ``"all"``: an interaction blocks its own branch only; the group suspends once every
+    #: branch has ended or waits. ``"first"`` (older logs): the first interaction stops
+    #: new starts (``Hold``).
+    suspend: str = "first"
 
 
 class Branch(Msg, frozen=True):
@@ -395,6 +413,9 @@ class Branch(Msg, frozen=True):
     indices: list[int]
     items: list[Any]
     journals: dict[int, list[JournalEntry]] = {}
+    #: Cut while starts follow input order (``GroupStart.ordered``, branches not yet
+    #: measured cheap): the worker starts it only in its turn.
+    in_order: bool = False
 
 
 class BranchAnswer(Msg, frozen=True):
@@ -420,6 +441,9 @@ class BranchDone(BranchAnswer, frozen=True):
     cancelled, or unstarted)."""
 
     elapsed: float = 0.0
+    #: Branches of the lease that wait on an interaction (``GroupStart.suspend="all"``):
+    #: the lease went on past them.
+    suspended: list[Suspension] = []
 
 
 class BranchFailed(BranchAnswer, frozen=True, kw_only=True):
@@ -432,6 +456,7 @@ class BranchFailed(BranchAnswer, frozen=True, kw_only=True):
     error: str
     error_type: str = ""
     after_stop: bool = False
+    suspended: list[Suspension] = []
 
 
 class Interaction(BranchAnswer, frozen=True, kw_only=True):
@@ -575,7 +600,7 @@ __all__ = [
     "LeaseBatch", "LeaseDone", "Settled", "SettledBatch", "Barrier", "EvalRequest", "EvalDone", "Commit",
     "RoundClosed", "RoundRecord", "Progress", "RunDone", "Hello", "Heartbeat", "Cancel", "Stop", "NeedWork", "Merged", "Refresh", "Drain", "Flush",
     "Diff", "RolloutResult",
-    "JournalEntry", "PendingInteraction", "GroupStart", "Branch", "BranchDone",
+    "JournalEntry", "PendingInteraction", "Suspension", "GroupStart", "Branch", "BranchDone",
     "BranchFailed", "Interaction", "Hold", "UserInputs", "GroupCancel", "GroupResult",
     "GroupSuspended", "Revoke",
     "Join", "Spec", "Refused",

@@ -23,6 +23,7 @@ from actors.groups.driver import (
                                   _FIXED_AT_START, _OPTIONS, _Plan, _RESUME_ONLY, _ambient_parent, _check_bounds, _check_items, _check_options, _execute, _resolve_target, _take_items)
 from actors.groups.host import _Host
 from actors.groups.checkpoint import _exclusive, _write_checkpoint, load_checkpoint
+from actors.groups.types import output_type, type_named
 
 
 def run_group(target, items, *, max_concurrency: int, max_items: int,
@@ -32,17 +33,21 @@ def run_group(target, items, *, max_concurrency: int, max_items: int,
     group's own errors or pauses: read ``outcome.status``.
 
     ``target``: a callable taking ``item`` or ``(item, ctx)``, or an import path
-    ``"package.module:function"`` (then a checkpoint can be resumed without it).
+    ``"package.module:function"`` (then a checkpoint can be resumed without it). Its
+    output type R is its return annotation, or ``returns=R`` (``returns=object``: any
+    value); each branch's value is checked and converted to R.
     ``checkpoint``: where to write the checkpoint if the group pauses (default: a new
     temporary file, ``outcome.checkpoint``). ``options``: ``limits``, ``budgets``,
     ``store``, ``approvers``, ``cancel_deadline``, ``chunk``, ``bus``, ``log``,
-    ``runtime``, ``allow``, ``trace``, ``pass_ctx``, ``on_progress`` (docs/groups.md).
+    ``runtime``, ``allow``, ``trace``, ``pass_ctx``, ``on_progress``, ``returns``,
+    ``suspend`` (docs/groups.md).
     Called inside a branch, it runs as a nested group sharing the branch's limits,
     budgets and store."""
     _check_options(options, _OPTIONS, "run_group()")
     _check_bounds(max_concurrency, max_items)
     taken = _take_items(items, max_items)
     fn, ref = _resolve_target(target, options.get("allow"))
+    returns = output_type(fn, options.get("returns"), "run_group()")
     gid = uuid.uuid4().hex[:12]
     parent = _ambient_parent(_parent)
     budgets = options.get("budgets") or Budgets()
@@ -69,7 +74,7 @@ def run_group(target, items, *, max_concurrency: int, max_items: int,
                  max_items=max_items, options=options, parent=parent, budgets=budgets,
                  store=store, approvers=approvers,
                  checkpoint=Path(checkpoint) if checkpoint is not None else None,
-                 branches_to_run=len(taken))
+                 branches_to_run=len(taken), returns=returns)
     return _execute(plan)
 
 
@@ -129,10 +134,15 @@ def resume_group(checkpoint: str | os.PathLike, *, target=None,
                               "the checkpoint cannot name it: pass target=the same callable")
         target = ckpt.target
     fn, ref = _resolve_target(target, options.get("allow"))
+    returns = options.get("returns")
+    if returns is None and ckpt.returns:
+        returns = type_named(ckpt.returns, f"{path}: the checkpoint's returns")
+    returns = output_type(fn, returns, "resume_group()")
+    suspend = options.setdefault("suspend", ckpt.suspend)
     answered = {pending[i].branch for i in [*user_inputs, *approvals]}
     answered |= {i for i in ckpt.not_started if i in ckpt.journals}
     left = len(pending) - len(user_inputs) - len(approvals)
-    to_run = len(answered) + (len(ckpt.not_started) if left == 0 else 0)
+    to_run = len(answered) + (len(ckpt.not_started) if left == 0 or suspend == "all" else 0)
     try:
         store = Store(ckpt.store)
     except TypeError as exc:
@@ -153,6 +163,7 @@ def resume_group(checkpoint: str | os.PathLike, *, target=None,
                      options=options, parent=_ambient_parent(None), budgets=ckpt.budgets,
                      consumed=ckpt.consumed, store=store, approvers=ckpt.approvers,
                      resume=ckpt, checkpoint=path, branches_to_run=max(1, to_run),
+                     returns=returns,
                      inputs=UserInputs(group_id=ckpt.group_id, answers=user_inputs,
                                        approvals=approvals, principal=principal))
         outcome = _execute(plan)

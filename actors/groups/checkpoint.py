@@ -49,6 +49,9 @@ class GroupCheckpoint(msgspec.Struct, kw_only=True):
     cancel_deadline: float = CANCEL_DEADLINE_S
     written_at: str = ""
     package_version: str = ""
+    #: The output type R by name (a builtin or ``module:qualname``; "": not nameable).
+    returns: str = ""
+    suspend: str = "all"
 
 
 def _write_checkpoint(path: Path, ckpt: GroupCheckpoint) -> None:

@@ -45,7 +45,8 @@ from actors.groups.checkpoint import GroupCheckpoint, _write_checkpoint
 from actors.groups.outcome import GroupOutcome, GroupProgress
 from actors.groups.worker import GroupWorker, _CollectorActor, _LeaseBox, _worker_deliver
 from actors.groups.store import _encoder, Store, _Gate, _enter_all
-from actors.groups.host import _Host, _ambient
+from actors.groups.host import _Host, _StartOrder, _ambient
+from actors.groups.types import as_partial, as_results, converter, type_name
 from actors.version import PACKAGE_VERSION
 from actors.runtime.clock import Ticker
 from actors.runtime.runtime import Runtime, make_log_directory
@@ -59,6 +60,11 @@ log = logging.getLogger(__name__)
 #: Guided leases are kept at least this long (by measured branch time) once the queue
 #: runs low: a lease shorter than a bus round trip leaves its worker idle after it.
 MIN_LEASE_S = 0.01
+
+
+#: In input order, several branches go in one lease only once branches are measured
+#: cheaper than this (about a round trip through the bus and back).
+BATCH_BELOW_S = 0.0005
 
 
 #: How often ``on_progress`` hears how far a running group has got.
@@ -95,6 +101,9 @@ _OPTIONS = {
     "trace": "True: record the start/error/cancel/hold decisions in outcome.trace",
     "pass_ctx": "True/False: pass ctx as the second argument (default: from the signature)",
     "on_progress": "a callable given a GroupProgress about once a second and at the end",
+    "returns": "the output type R (default: the target's return annotation; object: any)",
+    "suspend": "'all' (default): an interaction blocks its own branch, the group suspends "
+               "once no branch can go on; 'first': the first interaction stops new starts",
 }
 
 
@@ -225,6 +234,8 @@ class _Plan:
     branches_to_run: int = 0
     #: run_group itself: what ctx.run_group / ctx.parallel call for a nested group.
     nested: Callable | None = None
+    #: The output type R (``typing.Any`` or ``object``: any value).
+    returns: Any = object
 
 
 class _Crash:
@@ -245,13 +256,15 @@ def _execute(plan: _Plan) -> GroupOutcome:
     gid = plan.group_id
     names = _Names(gid, settings.n_workers)
     # Checked before anything starts (the items must fit in one message).
-    start = _group_start(plan, gid, names.driver, names.workers, settings.concurrency,
-                         settings.chunk, settings.prefetch, settings.cancel_deadline, ledger)
+    start = _group_start(plan, gid, names.driver, names.workers, settings, ledger)
     runtime, own_runtime = _runtime_for(plan)
     host = _Host(group_id=gid, target=plan.fn, wants_ctx=settings.wants_ctx,
                  depth=settings.depth, limits=settings.limits, ledger=ledger, store=store,
                  live=live, external=external, parent=parent, trace=bool(opts.get("trace")),
-                 runtime=runtime, nested=plan.nested)
+                 runtime=runtime, nested=plan.nested,
+                 order=(_StartOrder(len(plan.items), settings.concurrency)
+                        if plan.resume is None else None),
+                 convert=converter(plan.returns), suspend_all=settings.suspend == "all")
     actors = _Actors(runtime, own_runtime, names)
     result_msg: GroupResult | GroupSuspended | None = None
     # A branch that waits for its nested group lends its live-branch slots meanwhile.
@@ -301,6 +314,7 @@ class _Settings:
     prefetch: int
     on_progress: Callable | None
     wants_ctx: bool
+    suspend: str
     concurrency: int
     n_workers: int
 
@@ -334,6 +348,10 @@ def _settings(plan: _Plan) -> _Settings:
         if opts.get(name) is not None and not isinstance(opts[name], bool):
             raise ConfigError(f"{name} must be True or False, got {opts[name]!r}")
     pass_ctx = opts.get("pass_ctx")
+    suspend = opts.get("suspend", "all")
+    if suspend not in ("all", "first"):
+        raise ConfigError(f"suspend must be 'all' (an interaction blocks its own branch) or "
+                          f"'first' (the first one stops new starts), got {suspend!r}")
     concurrency = plan.max_concurrency
     for cap in (limits.max_concurrency, limits.max_live_branches):
         if cap is not None:
@@ -341,6 +359,7 @@ def _settings(plan: _Plan) -> _Settings:
     return _Settings(limits=limits, depth=depth, cancel_deadline=cancel_deadline,
                      chunk=chunk, prefetch=prefetch, on_progress=on_progress,
                      wants_ctx=_wants_ctx(plan.fn) if pass_ctx is None else pass_ctx,
+                     suspend=suspend,
                      concurrency=concurrency,
                      n_workers=max(1, min(concurrency, plan.branches_to_run)))
 
@@ -489,15 +508,15 @@ def _raise_crash(crash: _Crash, gid: str) -> None:
                     f"{type(crash.exc).__name__}: {crash.exc}") from crash.exc
 
 
-def _group_start(plan: _Plan, gid: str, driver: str, workers: list[str], concurrency: int,
-                 chunk: int, prefetch: int, cancel_deadline: float,
-                 ledger: _Ledger) -> GroupStart:
+def _group_start(plan: _Plan, gid: str, driver: str, workers: list[str],
+                 settings: "_Settings", ledger: _Ledger) -> GroupStart:
     ckpt = plan.resume
     start = GroupStart(
-        group_id=gid, items=plan.items, workers=workers, max_concurrency=concurrency,
-        max_items=plan.max_items, driver=driver, chunk=chunk, prefetch=prefetch,
-        min_lease_seconds=MIN_LEASE_S, announce=False,
-        max_seconds=ledger.remaining_seconds(), cancel_deadline=cancel_deadline,
+        group_id=gid, items=plan.items, workers=workers,
+        max_concurrency=settings.concurrency, max_items=plan.max_items, driver=driver,
+        chunk=settings.chunk, prefetch=settings.prefetch, min_lease_seconds=MIN_LEASE_S,
+        announce=False, ordered=True, batch_below=BATCH_BELOW_S, suspend=settings.suspend,
+        max_seconds=ledger.remaining_seconds(), cancel_deadline=settings.cancel_deadline,
         max_result_bytes=MAX_RESULT_BYTES, resume=ckpt is not None,
         finished=ckpt.finished if ckpt else {}, journals=ckpt.journals if ckpt else {},
         pending=ckpt.pending if ckpt else [], used_ids=ckpt.used_ids if ckpt else [],
@@ -578,23 +597,25 @@ def _outcome(plan: _Plan, host: _Host, ledger: _Ledger, store: Store, msg, elaps
             used_ids=msg.used_ids, not_started=msg.not_started, effects=msg.effects,
             budgets=plan.budgets, consumed=ledger.snapshot(), store=store.snapshot(),
             approvers=plan.approvers, chunk=plan.options.get("chunk", 0),
+            returns=type_name(plan.returns), suspend=plan.options.get("suspend", "all"),
             cancel_deadline=plan.options.get("cancel_deadline", CANCEL_DEADLINE_S),
             written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), package_version=package_version)
         _write_checkpoint(path, ckpt)
         return GroupOutcome(status=msg.status, pending_interactions=list(msg.pending),
                             checkpoint=path, finished=sorted(msg.finished),
                             never_started=list(msg.not_started),
-                            partial=dict(msg.finished), **common)
+                            partial=as_partial(plan.returns, dict(msg.finished)), **common)
     if msg.status == "refused":
         raise ResumeRefused(msg.error)
     if msg.status == "completed":
-        return GroupOutcome(status="completed", results=list(msg.results),
+        return GroupOutcome(status="completed", results=as_results(plan.returns, msg.results),
                             finished=list(range(len(msg.results))), **common)
     return GroupOutcome(status="failed", error=_error_of(host, msg),
                         error_branch=msg.error_branch, finished=sorted(msg.finished),
                         failed=list(msg.failed), cancelled=list(msg.cancelled),
                         never_started=list(msg.never_started), abandoned=list(msg.abandoned),
-                        errors=dict(msg.errors), partial=dict(msg.finished), **common)
+                        errors=dict(msg.errors),
+                        partial=as_partial(plan.returns, dict(msg.finished)), **common)
 
 
 def _ambient_parent(explicit: _Host | None) -> _Host | None:

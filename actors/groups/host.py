@@ -20,6 +20,57 @@ _GO = None
 _NOT_NOW = object()
 
 
+class _StartOrder:
+    """Starts in input order across the workers of this process: branch ``j`` starts only
+    once every branch up to ``j - bound`` has started, and no branch at or past ``bound``
+    starts before the first ``bound`` have. ``started`` is written once per start (one
+    atomic store); ``low`` (every branch below it has started) only ever lags behind the
+    truth, so reading a stale one can only make a worker look again, never start early."""
+
+    def __init__(self, n: int, bound: int) -> None:
+        self.started = bytearray(n)
+        self.n = n
+        self.bound = bound
+        self.low = 0
+        self.waiting = 0
+        self.cond = threading.Condition(threading.Lock())
+
+    def need(self, j: int) -> int:
+        """How many branches from 0 must have started before ``j`` may."""
+        bound = self.bound
+        return 0 if j < bound else max(j - bound + 1, bound)
+
+    def reached(self, need: int) -> bool:
+        low, started, n = self.low, self.started, self.n
+        while low < n and started[low]:
+            low += 1
+        self.low = low
+        return low >= need
+
+    def wait(self, j: int, give_up: Callable[[], bool]) -> bool:
+        """Wait for branch ``j``'s turn; False if ``give_up()`` became true first (the group
+        is stopping or pausing: the branches it waits for may never start)."""
+        need = self.need(j)
+        if self.low >= need or self.reached(need):
+            return True
+        with self.cond:
+            self.waiting += 1
+            try:
+                while not self.reached(need):
+                    if give_up():
+                        return False
+                    self.cond.wait(0.05)   # bounded: give_up is looked at again
+            finally:
+                self.waiting -= 1
+        return True
+
+    def mark(self, j: int) -> None:
+        self.started[j] = 1
+        if self.waiting:
+            with self.cond:
+                self.cond.notify_all()
+
+
 class _Host:
     """The in-process side of one group: the flags workers check before each start, the
     budgets, the store, the gates. The Collector decides from messages; these flags only
@@ -30,7 +81,8 @@ class _Host:
                  limits: HostLimits, ledger: _Ledger, store: Store,
                  live: tuple[_Gate, ...], external: tuple[_Gate, ...],
                  parent: "_Host | None", trace: bool,
-                 runtime, nested: Callable) -> None:
+                 runtime, nested: Callable, order: _StartOrder | None = None,
+                 convert: Callable | None = None, suspend_all: bool = True) -> None:
         self.group_id = group_id
         self.target = target
         self.wants_ctx = wants_ctx
@@ -45,6 +97,14 @@ class _Host:
         # The front door a branch's ctx.run_group calls for a nested group (given by the
         # API, which sits above this module).
         self.nested = nested
+        #: Starts in input order (a fresh group; a resumed one replays a few branches).
+        self.order = order
+        #: The check and conversion of a branch's value to the declared output type R
+        #: (None: ``returns=object``), raising a TypeError that names the branch.
+        self.convert = convert
+        #: An interaction blocks its own branch only (``suspend="all"``), or stops every
+        #: new start (``"first"``).
+        self.suspend_all = suspend_all
         self.lock = threading.Lock()
         self.stopping = False      # first error or Cancel: no new start; ctx.cancelled
         self.holding = False       # an interaction: no new start

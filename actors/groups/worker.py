@@ -14,7 +14,8 @@ from actors.workers.core import Awaiter
 from actors.machines.collector import ENDED
 from actors.runtime.shell import ControlActor, _FastInbox
 from bus.base import Delivery
-from protocol import Branch, BranchDone, BranchFailed, Cancel, Hold, Interaction, Revoke, Stop
+from protocol import (Branch, BranchDone, BranchFailed, Cancel, Hold, Interaction, Revoke, Stop,
+                      Suspension)
 from actors.errors import BranchCancelled, _Suspend, describe
 from actors.groups.context import BranchContext
 from actors.groups.host import _GO, _Host, _NOT_NOW, _ambient
@@ -195,15 +196,25 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
         box = self.box
         settle = self.settle
         starts = 0
+        order = host.order if lease.in_order else None
+        convert = host.convert
+        suspend_all = host.suspend_all
+        waiting: list[Suspension] = []
+
+        def give_up() -> bool:
+            return host.cancelled or host.holding
 
         def answer(**kw) -> None:
             # Counted before the answer leaves: the driver reads the ledger at the end.
             if starts:
                 host.ledger.add_calls(starts)
-            self._answer(lease, done, values, cancelled, effects, t0=t0, **kw)
+            self._answer(lease, done, values, cancelled, effects, waiting, t0=t0, **kw)
 
         try:
             for pos, index in enumerate(indices):
+                # Before taking a live-branch slot: a worker waiting for its turn holds none.
+                if order is not None and not order.wait(index, give_up):
+                    return answer(unstarted=indices[pos:])
                 if live:
                     if not _enter_all(live, lambda: host.cancelled or host.holding):
                         return answer(unstarted=indices[pos:])
@@ -224,6 +235,8 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
                         after = host.fail(index, verdict)
                         return answer(unstarted=indices[pos + 1:],
                                       failed=(index, verdict, after))
+                    if order is not None:
+                        order.mark(index)
                     ctx = None
                     try:
                         if wants_ctx:
@@ -233,10 +246,16 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
                             value = target(items[pos])
                         if hasattr(value, "__await__"):   # an async target: run it here
                             value = settle(value)
+                        if convert is not None:
+                            value = convert(index, value)
                     except _Suspend as suspend:
-                        host.hold(index)
                         if ctx is not None:
                             effects += ctx._effects
+                        if suspend_all:   # this branch waits; the lease goes on
+                            waiting.append(Suspension(index=index, pending=suspend.pending,
+                                                      journal=suspend.journal))
+                            continue
+                        host.hold(index)
                         return answer(unstarted=indices[pos + 1:],
                                       suspended=(index, suspend))
                     except BranchCancelled:
@@ -264,8 +283,8 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
         finally:
             _ambient.host = previous
 
-    def _answer(self, lease: Branch, done, values, cancelled, effects, *, unstarted, t0,
-                failed=None, suspended=None) -> None:
+    def _answer(self, lease: Branch, done, values, cancelled, effects, waiting, *, unstarted,
+                t0, failed=None, suspended=None) -> None:
         try:
             nbytes = len(_encoder.encode(values))
         except (TypeError, ValueError, OverflowError):
@@ -290,19 +309,22 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
                     break
             else:  # every value encodes alone: not a result's fault; a bug, let it crash
                 raise
-            return self._answer(lease, done, values, cancelled, effects, unstarted=unstarted,
-                                t0=t0, failed=failed, suspended=suspended)
+            return self._answer(lease, done, values, cancelled, effects, waiting,
+                                unstarted=unstarted, t0=t0, failed=failed,
+                                suspended=suspended)
         common = dict(group_id=lease.group_id, lease_id=lease.lease_id, worker=self.name,
                       indices=done, values=values, cancelled=cancelled, unstarted=unstarted,
                       effects=effects, nbytes=nbytes)
         if failed is not None:
             index, exc, after = failed
-            msg = BranchFailed(index=index, error=describe(exc, limit=500, typed=False), error_type=type(exc).__name__,
-                               after_stop=after, **common)
+            msg = BranchFailed(index=index, error=describe(exc, limit=500, typed=False),
+                               error_type=type(exc).__name__, after_stop=after,
+                               suspended=waiting, **common)
         elif suspended is not None:
             index, suspend = suspended
             msg = Interaction(index=index, pending=suspend.pending, journal=suspend.journal,
                               **common)
         else:
-            msg = BranchDone(elapsed=round(time.monotonic() - t0, 6), **common)
+            msg = BranchDone(elapsed=round(time.monotonic() - t0, 6), suspended=waiting,
+                             **common)
         self.bus.send(self.name, self.collector, msg)

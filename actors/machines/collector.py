@@ -12,10 +12,18 @@ interactions waiting for an answer, the first error. What it decides:
   sizes shrink as the queue does (guided self-scheduling:
   ``ceil(queued / (chunk_factor * concurrency))``): a cheap target costs a handful of
   messages per worker, a slow one still balances at the tail;
+- with ``GroupStart.ordered``, starts follow input order: one branch per lease, marked
+  ``in_order``, and no lease queued behind a running one, until ``concurrency`` branches
+  are measured cheaper than ``batch_below`` seconds each (then guided leases as above).
+  The workers hold each ``in_order`` start to the order: branch ``j`` starts once every
+  branch up to ``j - bound`` has (:class:`actors.groups.host._StartOrder`);
 - on the first error: no new lease, ``Cancel`` to every lease out, then wait for them
   until ``cancel_deadline`` seconds of ``Tick`` have passed (the rest is *abandoned*);
-- on an interaction (``ctx.ask``/``ctx.approve`` without an answer): no new lease,
-  ``Hold`` to every lease out; once they have all answered, ``GroupSuspended``;
+- on an interaction (``ctx.ask``/``ctx.approve`` without an answer), with
+  ``GroupStart.suspend == "all"``: that branch waits (its worker goes on with the rest
+  of its lease); the group goes on until every branch has ended or waits, then
+  ``GroupSuspended`` once, with every pending interaction. With ``"first"``: no new
+  lease, ``Hold`` to every lease out; once they have all answered, ``GroupSuspended``;
 - on resume: the checkpoint arrives in ``GroupStart``; ``UserInputs`` are checked
   (unknown or already-used ids, approval rights) before anything is dispatched;
   finished branches are never dispatched again;
@@ -137,6 +145,7 @@ class Collector:
         self.n_leases = 0
         self.peak_leases = 0
         self.late = 0
+        self.batching = True         # several branches per lease (see GroupStart.ordered)
 
     # -- the machine ------------------------------------------------------------------
 
@@ -212,6 +221,7 @@ class Collector:
         self.pool = [] if msg.announce else list(self.planned)
         self.slots = 1 + max(0, msg.prefetch)
         self.by_worker = {w: [] for w in self.planned}
+        self.batching = not msg.ordered
         if msg.resume:
             self.phase = AWAITING_INPUTS
             return []
@@ -244,7 +254,7 @@ class Collector:
         # Answered continuations run again. Branches never started start only if no
         # interaction is left waiting: a pending question keeps the group paused.
         run = {i for i, s in enumerate(self.state) if s == PENDING and i in self.journals}
-        if not self.pending:
+        if not self.pending or self.start.suspend == "all":
             run |= {i for i, s in enumerate(self.state) if s == PENDING}
         self.queue = collections.deque(sorted(run))
         self.phase = RUNNING if self.queue else PAUSING
@@ -261,11 +271,13 @@ class Collector:
             self.state[i] = CANCELLED
         self.effects.extend(msg.effects)
         self.result_bytes += msg.nbytes
-        if isinstance(msg, BranchDone) and msg.indices:
-            self.busy_seconds += msg.elapsed
-            self.busy_items += len(msg.indices) + len(msg.cancelled)
         n_reported = len(msg.indices) + len(msg.cancelled) + len(msg.unstarted)
         out: list[Out] = []
+        if isinstance(msg, BranchDone) and (msg.indices or msg.suspended):
+            self._measure(msg)
+        for s in () if isinstance(msg, Interaction) else msg.suspended:
+            n_reported += 1
+            self._wait(s.index, s.pending, s.journal)
         match msg:
             case BranchFailed(index=i, error=error, error_type=etype, after_stop=after):
                 n_reported += 1
@@ -274,17 +286,14 @@ class Collector:
                 out += self._fail(i, error, etype, secondary=after)
             case Interaction(index=i, pending=p, journal=journal):
                 n_reported += 1
-                if self.phase == STOPPING:
-                    self.state[i] = CANCELLED   # it paused while the group was failing
-                else:
-                    self.state[i] = SUSPENDED
-                    self.journals[i] = list(journal)
-                    self.pending[p.id] = p
+                if self._wait(i, p, journal) and self.start.suspend != "all":
                     out += self._pause()
         requeue = list(msg.unstarted)   # in lease order: the worker stops at one point
         if n_reported != len(indices):
             # A worker that does not account for a branch: never count it as done.
             reported = {*msg.indices, *msg.cancelled, *msg.unstarted}
+            if not isinstance(msg, Interaction):
+                reported.update(s.index for s in msg.suspended)
             if isinstance(msg, (BranchFailed, Interaction)):
                 reported.add(msg.index)
             lost = [i for i in indices if i not in reported]
@@ -301,6 +310,24 @@ class Collector:
                               "what one message may carry; return smaller results (an id or "
                               "a path) or split the group", "ResultsTooLarge")
         return out + self._dispatch() + self._maybe_end()
+
+    def _measure(self, msg: BranchDone) -> None:
+        self.busy_seconds += msg.elapsed
+        self.busy_items += len(msg.indices) + len(msg.cancelled) + len(msg.suspended)
+        if not self.batching and self.busy_items >= self.concurrency \
+                and self.busy_seconds < self.start.batch_below * self.busy_items:
+            self.batching = True
+
+    def _wait(self, i: int, p: PendingInteraction, journal: list[JournalEntry]) -> bool:
+        """Branch ``i`` waits on ``p``; False if the group is failing (then it counts as
+        cancelled: nothing will resume it)."""
+        if self.phase == STOPPING:
+            self.state[i] = CANCELLED
+            return False
+        self.state[i] = SUSPENDED
+        self.journals[i] = list(journal)
+        self.pending[p.id] = p
+        return True
 
     def _on_tick(self, elapsed: float) -> list[Out]:
         self.elapsed = elapsed
@@ -359,8 +386,10 @@ class Collector:
         pool = self.pool
         counts = [len(self.by_worker[w]) for w in pool]
         # Queue leases behind running ones only once every planned worker is ready:
-        # the first workers up must not hoard what the next ones would start at once.
-        cap = self.slots if len(pool) == len(self.planned) else 1
+        # the first workers up must not hoard what the next ones would start at once;
+        # and, in input order, only once branches are measured cheap.
+        batching = self.batching
+        cap = self.slots if len(pool) == len(self.planned) and batching else 1
         while self.queue and counts:
             fewest = min(counts)
             if fewest >= cap:
@@ -368,21 +397,7 @@ class Collector:
             j = counts.index(fewest)
             counts[j] += 1
             worker = pool[j]
-            queued = len(self.queue)
-            if start.chunk > 0:
-                k = start.chunk
-            else:
-                k = -(-queued // (start.chunk_factor * self.concurrency))
-                if self.busy_items and start.min_lease_seconds:
-                    # Leases shorter than a round trip leave workers idle between them:
-                    # keep each at least min_lease_seconds long (by the workers' own
-                    # measure, reported in BranchDone), but never above a fair share.
-                    per_item = self.busy_seconds / self.busy_items
-                    floor = int(start.min_lease_seconds / per_item) if per_item > 0 \
-                        else start.max_chunk
-                    k = max(k, min(floor, -(-queued // self.concurrency)))
-                k = max(1, min(start.max_chunk, k))
-            k = min(k, queued)
+            k = self._lease_size() if batching else 1
             indices = [popleft() for _ in range(k)]
             first, last = indices[0], indices[-1]
             contiguous = last - first == k - 1 and indices == list(range(first, last + 1))
@@ -401,8 +416,25 @@ class Collector:
             journals = ({i: self.journals[i] for i in indices if i in self.journals}
                         if self.journals else {})
             out.append((worker, Branch(group_id=self.gid, lease_id=lease_id, indices=indices,
-                                       items=items, journals=journals)))
+                                       items=items, journals=journals,
+                                       in_order=not batching)))
         return out + self._rebalance() + self._release()
+
+    def _lease_size(self) -> int:
+        start = self.start
+        queued = len(self.queue)
+        if start.chunk > 0:
+            return min(max(1, min(start.max_chunk, start.chunk)), queued)
+        k = -(-queued // (start.chunk_factor * self.concurrency))
+        if self.busy_items and start.min_lease_seconds:
+            # Leases shorter than a round trip leave workers idle between them: keep
+            # each at least min_lease_seconds long (by the workers' own measure,
+            # reported in BranchDone), but never above a fair share.
+            per_item = self.busy_seconds / self.busy_items
+            floor = int(start.min_lease_seconds / per_item) if per_item > 0 \
+                else start.max_chunk
+            k = max(k, min(floor, -(-queued // self.concurrency)))
+        return min(max(1, min(start.max_chunk, k)), queued)
 
     def _rebalance(self) -> list[Out]:
         """Nothing left to lease, yet a worker is idle while another holds a lease queued
