@@ -67,33 +67,33 @@ class Meter:
 def test_bounds_that_are_not_positive_integers_are_refused_before_the_first_call(bad):
     calls = []
     with pytest.raises(ConfigError, match="positive integer"):
-        parallel(calls.append, [1, 2], max_concurrency=bad, max_items=4)
+        parallel(calls.append, [1, 2], returns=type(None), max_concurrency=bad, max_items=4)
     with pytest.raises(ConfigError, match="positive integer"):
-        parallel(calls.append, [1, 2], max_concurrency=1, max_items=bad)
+        parallel(calls.append, [1, 2], returns=type(None), max_concurrency=1, max_items=bad)
     assert calls == []
 
 
 def test_max_concurrency_above_max_items_is_refused_before_the_first_call():
     calls = []
     with pytest.raises(ConfigError, match=r"max_concurrency \(5\) must be <= max_items \(4\)"):
-        parallel(calls.append, [1, 2], max_concurrency=5, max_items=4)
+        parallel(calls.append, [1, 2], returns=type(None), max_concurrency=5, max_items=4)
     assert calls == []
 
 
 def test_a_list_longer_than_max_items_is_refused_not_truncated():
     calls = []
     with pytest.raises(ConfigError, match="5 items for max_items=4.*never truncates"):
-        parallel(calls.append, [1, 2, 3, 4, 5], max_concurrency=2, max_items=4)
+        parallel(calls.append, [1, 2, 3, 4, 5], returns=type(None), max_concurrency=2, max_items=4)
     endless = iter(int, 1)   # a generator is never read past max_items + 1
     with pytest.raises(ConfigError, match="more than 4 items for max_items=4"):
-        parallel(calls.append, endless, max_concurrency=2, max_items=4)
+        parallel(calls.append, endless, returns=type(None), max_concurrency=2, max_items=4)
     assert calls == []
 
 
 def test_an_empty_list_gives_an_empty_list_without_calling_the_target():
     calls = []
-    assert parallel(calls.append, [], max_concurrency=1, max_items=1) == []
-    outcome = run_group(calls.append, [], max_concurrency=1, max_items=1)
+    assert parallel(calls.append, [], returns=type(None), max_concurrency=1, max_items=1) == []
+    outcome = run_group(calls.append, [], returns=type(None), max_concurrency=1, max_items=1)
     assert outcome.status == "completed" and outcome.results == []
     assert calls == []
 
@@ -101,15 +101,15 @@ def test_an_empty_list_gives_an_empty_list_without_calling_the_target():
 def test_a_non_encodable_item_is_refused_before_the_first_call_with_a_clear_message():
     calls = []
     with pytest.raises(ConfigError, match=r"item 1 \(object\) cannot cross the bus.*JSON-like"):
-        parallel(calls.append, [1, object(), 3], max_concurrency=1, max_items=3)
+        parallel(calls.append, [1, object(), 3], returns=type(None), max_concurrency=1, max_items=3)
     with pytest.raises(ConfigError, match=r"item 0 would arrive changed \(tuple -> list\)"):
-        parallel(calls.append, [(1, 2)], max_concurrency=1, max_items=3)
+        parallel(calls.append, [(1, 2)], returns=type(None), max_concurrency=1, max_items=3)
     assert calls == []
 
 
 def test_a_result_that_cannot_cross_the_bus_fails_the_group_naming_it():
     with pytest.raises(GroupFailed) as info:
-        parallel(lambda i: object() if i == 2 else i, [0, 1, 2, 3], max_concurrency=1,
+        parallel(lambda i: object() if i == 2 else i, [0, 1, 2, 3], returns=object, max_concurrency=1,
                  max_items=4, chunk=1)
     assert isinstance(info.value.error, TypeError)
     assert "result of branch 2 (object) cannot cross the bus" in str(info.value.error)
@@ -118,17 +118,17 @@ def test_a_result_that_cannot_cross_the_bus_fails_the_group_naming_it():
 
 def test_unknown_options_are_refused_by_name():
     with pytest.raises(ConfigError, match="unknown option 'max_workers'.*accepted:"):
-        parallel(abs, [1], max_concurrency=1, max_items=1, max_workers=4)
+        parallel(abs, [1], returns=int, max_concurrency=1, max_items=1, max_workers=4)
 
 
 @pytest.mark.parametrize("name", ["pass_ctx", "trace"])
 def test_flags_must_be_true_or_false(name):
     with pytest.raises(ConfigError, match=f"{name} must be True or False, got 'no'"):
-        parallel(abs, [1], max_concurrency=1, max_items=1, **{name: "no"})
+        parallel(abs, [1], returns=int, max_concurrency=1, max_items=1, **{name: "no"})
 
 
 def test_a_target_named_by_path_is_checked_against_allow_before_it_is_imported():
-    assert parallel("json:dumps", [1], max_concurrency=1, max_items=1,
+    assert parallel("json:dumps", [1], returns=str, max_concurrency=1, max_items=1,
                     allow=["json"]) == ["1"]
     with pytest.raises(ConfigError, match=r"target: module 'evobus_never_imported_mod' is "
                                           r"not in the allowlist \['json'\]"):
@@ -145,7 +145,7 @@ def test_a_target_named_by_path_is_checked_against_allow_before_it_is_imported()
             parallel(target, [1], max_concurrency=1, max_items=1)
     with pytest.raises(ConfigError, match="allow would be ignored: .* this target is a "
                                           "callable"):
-        parallel(abs, [1], max_concurrency=1, max_items=1, allow=["json"])
+        parallel(abs, [1], returns=int, max_concurrency=1, max_items=1, allow=["json"])
 
 
 @pytest.mark.parametrize("bus", ["zmq", "memory"])
@@ -153,10 +153,10 @@ def test_groups_run_on_a_given_runtime_and_leave_it_running(bus):
     from actors import Runtime
 
     with Runtime(bus=bus) as rt:
-        assert parallel(lambda x: x * 2, [1, 2, 3], max_concurrency=2, max_items=3,
+        assert parallel(lambda x: x * 2, [1, 2, 3], returns=int, max_concurrency=2, max_items=3,
                         runtime=rt) == [2, 4, 6]
         # The runtime goes on: a second group runs on it, and neither left actors behind.
-        assert parallel(lambda x: x * 3, [1, 2, 3], max_concurrency=2, max_items=3,
+        assert parallel(lambda x: x * 3, [1, 2, 3], returns=int, max_concurrency=2, max_items=3,
                         runtime=rt) == [3, 6, 9]
         assert not [ref for ref in rt.refs if ref.is_alive()]
 
@@ -167,15 +167,15 @@ def test_bus_and_log_are_refused_where_they_would_be_ignored(tmp_path):
     with Runtime(bus="memory") as rt:
         with pytest.raises(ConfigError, match="^bus would be ignored: this group runs on "
                                               "the runtime given as runtime=.*remove it$"):
-            parallel(abs, [1], max_concurrency=1, max_items=1, runtime=rt, bus="zmq")
+            parallel(abs, [1], returns=int, max_concurrency=1, max_items=1, runtime=rt, bus="zmq")
         with pytest.raises(ConfigError, match="^bus and log would be ignored"):
-            parallel(abs, [1], max_concurrency=1, max_items=1, runtime=rt, bus="memory",
+            parallel(abs, [1], returns=int, max_concurrency=1, max_items=1, runtime=rt, bus="memory",
                      log=str(tmp_path / "g.evolog"))
     with pytest.raises(ConfigError, match="runtime must be an actors.Runtime, got str"):
-        parallel(abs, [1], max_concurrency=1, max_items=1, runtime="zmq")
+        parallel(abs, [1], returns=int, max_concurrency=1, max_items=1, runtime="zmq")
 
-    def branch(i):   # a nested group runs on its parent's runtime, in its parent's log
-        return parallel(abs, [i], max_concurrency=1, max_items=1,
+    def branch(i) -> object:   # a nested group runs on its parent's runtime, in its parent's log
+        return parallel(abs, [i], returns=int, max_concurrency=1, max_items=1,
                         log=str(tmp_path / "nested.evolog"))
 
     with pytest.raises(GroupFailed) as info:
@@ -195,7 +195,7 @@ def test_an_async_target_runs_on_its_workers_loops_in_order_and_within_the_bound
     loops: set[int] = set()
     together = threading.Barrier(3, timeout=WAIT)
 
-    async def fetch(i):
+    async def fetch(i) -> object:
         meter.enter(i)
         try:
             loops.add(id(asyncio.get_running_loop()))
@@ -218,7 +218,7 @@ def test_an_async_targets_error_fails_the_group_and_its_siblings_see_cancelled()
     started = threading.Event()
     saw_cancel = threading.Event()
 
-    async def branch(i, ctx):
+    async def branch(i, ctx) -> object:
         if i == 0:
             started.set()
             for _ in range(1000):   # bounded: 10 s at most
@@ -239,7 +239,7 @@ def test_an_async_targets_error_fails_the_group_and_its_siblings_see_cancelled()
 def test_an_async_target_pauses_on_ask_and_resumes_with_the_answer(tmp_path):
     import asyncio
 
-    async def label(i, ctx):
+    async def label(i, ctx) -> object:
         await asyncio.sleep(0)
         return ctx.ask(f"label for {i}?") if i == 1 else f"auto {i}"
 
@@ -256,12 +256,12 @@ def test_an_async_effect_is_awaited_journaled_and_not_run_again_on_resume(tmp_pa
 
     charged: list[int] = []
 
-    async def charge(i):
+    async def charge(i) -> object:
         await asyncio.sleep(0)
         charged.append(i)
         return f"receipt-{i}"
 
-    async def branch(i, ctx):
+    async def branch(i, ctx) -> object:
         receipt = await ctx.effect("charge", charge, i)
         note = ctx.ask(f"note for {i}?") if i == 1 else "-"
         return [receipt, note]
@@ -279,14 +279,14 @@ def test_an_async_effect_is_awaited_journaled_and_not_run_again_on_resume(tmp_pa
 def test_async_effects_awaited_out_of_order_are_refused():
     import asyncio
 
-    async def slow(x):
+    async def slow(x) -> object:
         await asyncio.sleep(0.01)
         return x
 
-    async def fast(x):
+    async def fast(x) -> object:
         return x
 
-    async def branch(i, ctx):
+    async def branch(i, ctx) -> object:
         return await asyncio.gather(ctx.effect("slow", slow, 1), ctx.effect("fast", fast, 2))
 
     with pytest.raises(GroupFailed) as info:
@@ -303,7 +303,7 @@ def test_never_more_than_max_concurrency_branches_run_at_once(bus):
     meter = Meter()
     together = threading.Barrier(3, timeout=WAIT)
 
-    def target(i):
+    def target(i) -> object:
         meter.enter(i)
         try:
             if i < 3:
@@ -319,7 +319,7 @@ def test_never_more_than_max_concurrency_branches_run_at_once(bus):
     # With guided (batched) leases too.
     meter2 = Meter()
 
-    def counted(i):
+    def counted(i) -> object:
         meter2.enter(i)
         meter2.leave()
         return i
@@ -333,7 +333,7 @@ def test_host_limits_tighten_the_groups_concurrency():
     meter = Meter()
     pair = threading.Barrier(2, timeout=WAIT)
 
-    def target(i):
+    def target(i) -> object:
         meter.enter(i)
         try:
             if i < 2:
@@ -351,12 +351,12 @@ def test_host_limits_tighten_the_groups_concurrency():
 def test_the_live_branch_limit_covers_nested_groups_and_a_waiting_parent_lends_its_slot():
     meter = Meter()
 
-    def leaf(i):
+    def leaf(i) -> object:
         meter.enter(i)
         meter.leave()
         return i + 1
 
-    def branch(i, ctx):
+    def branch(i, ctx) -> object:
         return sum(ctx.parallel(leaf, [10 * i + k for k in range(4)], max_concurrency=4,
                                 max_items=4, chunk=1))
 
@@ -371,12 +371,12 @@ def test_the_external_call_limit_bounds_effects_running_at_once():
     meter = Meter()
     all_in = threading.Barrier(4, timeout=WAIT)
 
-    def send(i):
+    def send(i) -> object:
         meter.enter(i)
         meter.leave()
         return f"sent {i}"
 
-    def target(i, ctx):
+    def target(i, ctx) -> object:
         all_in.wait()     # four branches run; their effects still go one at a time
         return ctx.effect("send", send, i)
 
@@ -388,13 +388,13 @@ def test_the_external_call_limit_bounds_effects_running_at_once():
 
 
 def test_a_group_nested_deeper_than_the_hosts_max_depth_fails_the_group():
-    def deepest(i):
+    def deepest(i) -> object:
         return i
 
-    def middle(i, ctx):
+    def middle(i, ctx) -> object:
         return ctx.parallel(deepest, [i], max_concurrency=1, max_items=1)
 
-    def top(i, ctx):
+    def top(i, ctx) -> object:
         return ctx.parallel(middle, [i], max_concurrency=1, max_items=1)
 
     assert parallel(top, [1, 2], max_concurrency=2, max_items=2) == [[[1]], [[2]]]
@@ -408,10 +408,10 @@ def test_a_group_nested_deeper_than_the_hosts_max_depth_fails_the_group():
 def test_a_nested_group_cannot_loosen_its_parents_limits():
     seen = {}
 
-    def leaf(i):
+    def leaf(i) -> object:
         return i
 
-    def branch(i, ctx):
+    def branch(i, ctx) -> object:
         seen["outcome"] = ctx.run_group(leaf, list(range(6)), max_concurrency=6, max_items=6,
                                         limits=HostLimits(max_concurrency=5))
         return i
@@ -426,7 +426,7 @@ def test_a_nested_group_cannot_loosen_its_parents_limits():
 def test_exhausting_the_calls_budget_fails_the_group():
     calls = []
     with pytest.raises(GroupFailed) as info:
-        parallel(calls.append, list(range(10)), max_concurrency=1, max_items=10, chunk=1,
+        parallel(calls.append, list(range(10)), returns=type(None), max_concurrency=1, max_items=10, chunk=1,
                  budgets=Budgets(calls=5))
     assert isinstance(info.value.error, BudgetExhausted)
     assert "calls budget (5) is used up" in str(info.value.error)
@@ -435,10 +435,10 @@ def test_exhausting_the_calls_budget_fails_the_group():
 
 
 def test_budgets_are_shared_by_nested_groups():
-    def leaf(i):
+    def leaf(i) -> object:
         return i
 
-    def branch(i, ctx):
+    def branch(i, ctx) -> object:
         return ctx.parallel(leaf, [i, i, i], max_concurrency=1, max_items=3)
 
     # 2 branches + 2 nested groups of 3: 8 calls.
@@ -453,7 +453,7 @@ def test_budgets_are_shared_by_nested_groups():
 
 
 def test_exhausting_the_cost_budget_fails_the_group():
-    def target(i, ctx):
+    def target(i, ctx) -> object:
         ctx.spend(2)
         return i
 
@@ -468,7 +468,7 @@ def test_exhausting_the_cost_budget_fails_the_group():
 def test_exhausting_the_seconds_budget_fails_the_group_and_cancels_what_runs():
     saw_cancel = threading.Event()
 
-    def target(i, ctx):
+    def target(i, ctx) -> object:
         deadline = time.monotonic() + WAIT
         while not ctx.cancelled and time.monotonic() < deadline:
             threading.Event().wait(0.01)
@@ -493,7 +493,7 @@ def test_results_follow_input_order_not_finish_order():
     done = [threading.Event() for _ in range(n)]
     finish_order = []
 
-    def target(i):
+    def target(i) -> object:
         if i + 1 < n:
             wait(done[i + 1])      # item i finishes after item i + 1
         finish_order.append(i)
@@ -511,7 +511,7 @@ def test_the_join_waits_for_every_branch_before_publishing_anything():
     lock = threading.Lock()
     box = {}
 
-    def target(i):
+    def target(i) -> object:
         if i == 0:
             wait(release)
             return "slow"
@@ -539,7 +539,7 @@ def test_the_first_error_stops_new_starts_and_cancels_active_branches():
     meter = Meter()
     boom = ValueError("ticket 0 is malformed")
 
-    def target(i, ctx):
+    def target(i, ctx) -> object:
         meter.enter(i)
         started[min(i, 2)].set()
         if i == 0:
@@ -567,7 +567,7 @@ def test_idle_workers_are_let_go_while_the_last_branch_still_runs():
     threads end while the last branch runs, not at the group's end."""
     others_gone = threading.Event()
 
-    def target(i, ctx):
+    def target(i, ctx) -> object:
         if i < 5:
             return i
         deadline = time.monotonic() + WAIT
@@ -607,7 +607,7 @@ def test_a_lease_or_a_stop_that_comes_before_the_workers_thread_waits_in_its_box
 def test_cancellation_is_not_swallowed_by_except_exception():
     go = threading.Event()
 
-    def target(i, ctx):
+    def target(i, ctx) -> object:
         if i == 0:
             wait(go)
             raise RuntimeError("first")
@@ -630,7 +630,7 @@ def test_cancellation_is_not_swallowed_by_except_exception():
 def test_cancelled_branches_are_waited_for_only_until_the_deadline():
     release, stuck_started = threading.Event(), threading.Event()
 
-    def target(i):
+    def target(i) -> object:
         if i == 0:
             wait(stuck_started)
             raise ValueError("boom")
@@ -653,7 +653,7 @@ def test_effects_already_performed_are_reported_not_undone():
     sent = threading.Event()
     outbox = []
 
-    def target(i, ctx):
+    def target(i, ctx) -> object:
         if i == 0:
             wait(sent)
             raise ValueError("late failure")
@@ -674,7 +674,7 @@ def test_effects_already_performed_are_reported_not_undone():
 def test_concurrent_store_increments_from_every_branch_give_the_exact_total():
     contexts = []
 
-    def target(i, ctx):
+    def target(i, ctx) -> object:
         contexts.append(ctx)
         for _ in range(200):
             ctx.store.incr("total")
@@ -692,12 +692,12 @@ def test_concurrent_store_increments_from_every_branch_give_the_exact_total():
 # -- approval: a coordinated pause, a checkpoint, authority --------------------------------
 
 
-def _approval_group(tmp_path, approvers=("alice",)):
+def _approval_group(tmp_path, approvers=("alice",), **options):
     meter = Meter()
     prepared = []
     three_started, approving = threading.Event(), threading.Event()
 
-    def target(i, ctx):
+    def target(i, ctx) -> object:
         meter.enter(i)
         try:
             ctx.effect("prepare", prepared.append, i)
@@ -716,12 +716,27 @@ def _approval_group(tmp_path, approvers=("alice",)):
 
     outcome = run_group(target, list(range(6)), max_concurrency=2, max_items=6, chunk=1,
                         approvers=list(approvers) if approvers else None,
-                        checkpoint=tmp_path / "g.ckpt", trace=True)
+                        checkpoint=tmp_path / "g.ckpt", trace=True, **options)
     return target, outcome, meter, prepared
 
 
-def test_approve_pauses_the_group_in_a_coordinated_way_and_writes_a_checkpoint(tmp_path):
+def test_approve_blocks_its_own_branch_only_and_the_group_suspends_once(tmp_path):
     target, outcome, meter, prepared = _approval_group(tmp_path)
+    assert outcome.status == "approval_pending"
+    assert [(p.branch, p.kind, p.prompt, p.item) for p in outcome.pending_interactions] == \
+        [(2, "approve", "ship order 2", 2)]
+    # The other branches went on: every one ran, branch 2 waits; nothing left unstarted.
+    assert outcome.finished == [0, 1, 3, 4, 5] and outcome.never_started == []
+    assert ("hold", 2) not in outcome.trace
+    assert meter.calls == Counter(range(6))
+    ckpt = load_checkpoint(tmp_path / "g.ckpt")
+    assert ckpt.finished == {i: f"shipped {i}" for i in outcome.finished}
+    assert ckpt.journals == {2: [JournalEntry(kind="effect", key="prepare", value=None)]}
+    assert ckpt.not_started == [] and ckpt.consumed.calls == 6 and ckpt.suspend == "all"
+
+
+def test_suspend_first_stops_new_starts_at_the_first_interaction(tmp_path):
+    target, outcome, meter, prepared = _approval_group(tmp_path, suspend="first")
     assert outcome.status == "approval_pending"
     assert [(p.branch, p.kind, p.prompt, p.item) for p in outcome.pending_interactions] == \
         [(2, "approve", "ship order 2", 2)]
@@ -783,7 +798,7 @@ def test_resume_never_redispatches_a_finished_branch(tmp_path):
 def test_an_unanswered_ask_pauses_and_the_answer_is_returned_on_replay(tmp_path):
     charged = []
 
-    def target(i, ctx):
+    def target(i, ctx) -> object:
         ctx.effect("charge", charged.append, i)
         name = ctx.ask(f"name for {i}?") if i == 1 else "auto"
         return f"{i}:{name}"
@@ -798,11 +813,12 @@ def test_an_unanswered_ask_pauses_and_the_answer_is_returned_on_replay(tmp_path)
     charged.clear()
     resumed = resume_group(outcome.checkpoint, target=target, user_inputs={p.id: "Ada"})
     assert resumed.results == ["0:auto", "1:Ada", "2:auto"]
-    assert charged == [2]      # branch 1's charge ran before the pause: not again
+    assert outcome.finished == [0, 2]     # branch 2 ran on while branch 1 waited
+    assert charged == []      # branch 1's charge ran before the pause: not again
 
 
 def test_each_answer_is_consumed_once_and_unknown_or_used_ids_are_refused(tmp_path):
-    def target(i, ctx):
+    def target(i, ctx) -> object:
         first = ctx.ask(f"first question for {i}")
         second = ctx.ask(f"second question for {i}")
         return [first, second]
@@ -826,10 +842,10 @@ def test_each_answer_is_consumed_once_and_unknown_or_used_ids_are_refused(tmp_pa
 
 
 def test_ask_inside_a_nested_group_is_refused_by_name():
-    def leaf(i, ctx):
+    def leaf(i, ctx) -> object:
         return ctx.ask("nested?")
 
-    def branch(i, ctx):
+    def branch(i, ctx) -> object:
         return ctx.parallel(leaf, [i], max_concurrency=1, max_items=1)
 
     with pytest.raises(GroupFailed) as info:
@@ -1068,7 +1084,7 @@ def test_a_recorded_group_log_replays_through_a_fresh_collector(tmp_path):
 
     path = tmp_path / "group.evolog"
 
-    def target(i):
+    def target(i) -> object:
         if i == 7:
             raise ValueError("seven")
         return i
@@ -1193,7 +1209,7 @@ def test_property_order_bound_and_no_start_after_the_first_error(n, bound, chunk
     meter = Meter()
     failing = {i for i in failures if i < n}
 
-    def target(i):
+    def target(i) -> object:
         meter.enter(i)
         try:
             if latencies[i]:
