@@ -37,16 +37,16 @@ NOOP_BOUND = 4
 SLEEP_BOUND = 32
 
 
-def noop(x):
+def noop(x: int) -> int:
     return x
 
 
-def nap(x):
+def nap(x: int) -> int:
     time.sleep(SLEEP_S)
     return x
 
 
-async def anap(x):
+async def anap(x: int) -> int:
     await asyncio.sleep(SLEEP_S)
     return x
 

@@ -115,6 +115,9 @@ class GroupSpec(_Section, frozen=True):
     max_items: Annotated[int, msgspec.Meta(ge=1)]
     checkpoint: str | None = None
     approvers: list[str] | None = None
+    #: The target's output type R when it has no return annotation: a builtin's name
+    #: ("int", "str", "dict", "object": any value) or an import path "package.module:Type".
+    returns: str | None = None
 
 
 class Tracking(_Section, frozen=True):

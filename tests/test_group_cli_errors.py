@@ -12,11 +12,11 @@ import pytest
 from actors.cli.main import main
 
 MODULE = '''
-def pick(i, ctx):
+def pick(i: int, ctx) -> int | str:
     return ctx.ask(f"label for {i}?") if i == 1 else i
 
 
-def fragile(i):
+def fragile(i: int) -> int:
     if i == 2:
         raise ValueError("no such ticket")
     return i
@@ -107,7 +107,8 @@ def test_a_scenario_with_a_domain_and_groups_runs_evolve_then_the_groups(tmp_pat
     text = (root / "scenarios" / "router.toml").read_text()
     path = tmp_path / "both.toml"
     path.write_text(text + '\n[[groups]]\nname = "lengths"\ntarget = "builtins:len"\n'
-                           'items = ["a", "bb", "ccc"]\nmax_concurrency = 2\nmax_items = 3\n')
+                           'items = ["a", "bb", "ccc"]\nmax_concurrency = 2\nmax_items = 3\n'
+                           'returns = "int"\n')
     assert main(["run", str(path)]) == 0
     out = capsys.readouterr().out
     assert out.index("held-out reward") < out.index("group lengths: completed, 3 results")
@@ -156,3 +157,21 @@ def test_insecure_on_a_groups_only_scenario_is_warned_about(workdir, capsys):
     assert any(line.startswith("evobus: warning: ") and
                line.endswith("--insecure concerns remote workers and is ignored")
                for line in capsys.readouterr().err.splitlines())
+
+
+def test_evobus_validate_checks_a_groups_returns_and_refuses_a_target_without_one(workdir,
+                                                                                  capsys):
+    (workdir / "untyped.py").write_text("def f(i):\n    return i\n")
+    path = scenario(workdir / "untyped.toml", "untyped:f", 3)
+    assert main(["validate", path]) == 2
+    err = capsys.readouterr().err
+    assert "$.groups[0]" in err and "declares no output type" in err and "returns" in err
+    with open(path, "a") as f:
+        f.write('returns = "evobus_no_such_module:T"\n')
+    assert main(["validate", path]) == 2
+    assert "evobus_no_such_module" in capsys.readouterr().err
+    text = (workdir / "untyped.toml").read_text().replace("evobus_no_such_module:T", "int")
+    (workdir / "untyped.toml").write_text(text)
+    assert main(["validate", path]) == 0
+    assert main(["run", path]) == 0
+    assert "completed, 3 results" in capsys.readouterr().out

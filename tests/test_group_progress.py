@@ -27,7 +27,7 @@ def test_on_progress_hears_the_group_while_it_runs_and_once_when_it_ends(fast_pr
         if not p.done:
             reported.set()
 
-    def target(i):
+    def target(i: int) -> int:
         if i >= 10:   # the second half waits for a report: the group cannot end before one
             assert reported.wait(10), "no progress report within 10 s"
         return i * 2
@@ -48,7 +48,7 @@ def test_on_progress_hears_the_group_while_it_runs_and_once_when_it_ends(fast_pr
 def test_on_progress_counts_failed_branches(fast_progress):
     seen: list[GroupProgress] = []
 
-    def target(i):
+    def target(i: int) -> int:
         if i == 3:
             raise ValueError("bad item")
         return i
@@ -60,7 +60,7 @@ def test_on_progress_counts_failed_branches(fast_progress):
 
 
 def test_a_resumed_group_counts_what_it_had_finished_before(tmp_path, fast_progress):
-    def target(i, ctx):
+    def target(i: int, ctx) -> int | str:
         return ctx.ask("which?") if i == 2 else i
 
     paused = run_group(target, list(range(5)), max_concurrency=1, max_items=5, chunk=1,
@@ -77,13 +77,14 @@ def test_a_resumed_group_counts_what_it_had_finished_before(tmp_path, fast_progr
 
 def test_on_progress_must_be_callable_and_its_error_stops_the_group(fast_progress):
     with pytest.raises(ConfigError, match="on_progress must be a callable"):
-        run_group(lambda i: i, [1], max_concurrency=1, max_items=1, on_progress=3)
+        run_group(lambda i: i, [1], max_concurrency=1, max_items=1, on_progress=3,
+                  returns=int)
     started = threading.Event()
 
     def broken(p: GroupProgress) -> None:
         raise RuntimeError("the display broke")
 
-    def target(i):
+    def target(i: int) -> int:
         started.set()
         return i
 
@@ -131,11 +132,13 @@ def test_quiet_shows_nothing_and_the_live_bar_ends_with_the_group():
     assert live._bar is None
 
 
-def _group_scenario(path, name: str, target: str, n: int, bound: int) -> None:
+def _group_scenario(path, name: str, target: str, n: int, bound: int,
+                    returns: str = "") -> None:
     """A scenario file with one group: ``target`` over the integers below ``n``."""
     path.write_text(f'name = "{path.stem}"\nseed = 0\n\n[[groups]]\nname = "{name}"\n'
                     f'target = "{target}"\nitems = {list(range(n))}\n'
-                    f'max_concurrency = {bound}\nmax_items = {n}\n')
+                    f'max_concurrency = {bound}\nmax_items = {n}\n'
+                    + (f'returns = "{returns}"\n' if returns else ""))
 
 
 def test_evobus_run_prints_a_long_groups_progress_and_keeps_stdout_for_json(tmp_path,
@@ -149,7 +152,7 @@ def test_evobus_run_prints_a_long_groups_progress_and_keeps_stdout_for_json(tmp_
     monkeypatch.setattr(groups, "PROGRESS_S", 0.02)
     monkeypatch.setattr(progress, "GROUP_LINE_EVERY_S", 0.0)   # a line per report
     (tmp_path / "slowmod.py").write_text(
-        "import time\n\ndef nap(i):\n    time.sleep(0.01)\n    return i\n")
+        "import time\n\ndef nap(i: int) -> int:\n    time.sleep(0.01)\n    return i\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
     _group_scenario(tmp_path / "slow.toml", "naps", "slowmod:nap", 30, 1)
@@ -170,7 +173,7 @@ def test_a_large_groups_report_lists_the_first_results_and_says_how_many_more(tm
     from actors.cli.main import main
 
     monkeypatch.chdir(tmp_path)
-    _group_scenario(tmp_path / "many.toml", "ids", "json:dumps", 25, 2)
+    _group_scenario(tmp_path / "many.toml", "ids", "json:dumps", 25, 2, returns="str")
     assert main(["run", "many.toml"]) == 0
     out = capsys.readouterr().out
     listed = [line for line in out.splitlines() if line.startswith('  "')]
@@ -181,6 +184,6 @@ def test_a_large_groups_report_lists_the_first_results_and_says_how_many_more(tm
 def test_a_result_that_cannot_cross_the_bus_counts_as_failed_not_finished(fast_progress):
     seen: list[GroupProgress] = []
     outcome = run_group(lambda i: object() if i == 1 else i, [0, 1, 2], max_concurrency=1,
-                        max_items=3, chunk=1, on_progress=seen.append)
+                        max_items=3, chunk=1, on_progress=seen.append, returns=object)
     assert outcome.status == "failed"
     assert (seen[-1].finished, seen[-1].failed) == (1, 1)

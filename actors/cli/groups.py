@@ -25,6 +25,8 @@ from actors.cli.progress import GroupProgressView
 from actors.workers import code as refs
 from actors.groups.api import run_group
 from actors.runtime.launch import group_log_path
+from actors.groups.driver import _resolve_target
+from actors.groups.types import output_type
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +238,19 @@ def _items_of(spec, where: str) -> list[Any]:
     return list(items() if callable(items) else items)
 
 
+def check_groups(scenario, source: str) -> str | None:
+    """What ``evobus validate`` checks of each group before anything runs: its target
+    resolves, and declares its output type (a return annotation or ``returns``)."""
+    for i, spec in enumerate(scenario.groups):
+        where = f"{source}: at `$.groups[{i}]` ({spec.name})"
+        try:
+            fn, _ = _resolve_target(spec.target, None)
+            output_type(fn, spec.returns, "the group")
+        except ConfigError as exc:
+            return f"{where}: {exc}"
+    return None
+
+
 def run_groups(scenario, source: str, *, quiet: bool = False, json_out: bool = False,
                log_path: str | None = None, overwrite: bool = False) -> int:
     """Run every ``[[groups]]`` entry of a scenario, one after the other; the exit code
@@ -249,6 +264,8 @@ def run_groups(scenario, source: str, *, quiet: bool = False, json_out: bool = F
         options: dict[str, Any] = {}
         if spec.approvers is not None:
             options["approvers"] = list(spec.approvers)
+        if spec.returns is not None:
+            options["returns"] = spec.returns
         if log_path:
             options["log"] = group_log_path(log_path, spec.name)
             if overwrite:

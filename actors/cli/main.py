@@ -13,7 +13,7 @@ import time
 import warnings
 from pathlib import Path
 
-from actors.cli.groups import run_groups
+from actors.cli.groups import check_groups, run_groups
 from actors.cli.progress import RunProgress, exit_code, interrupt_guard
 from actors.errors import ConfigError
 from actors.runtime.checks import scenario_problems
@@ -47,6 +47,8 @@ def _load_checked(args: argparse.Namespace):
         return _err(str(exc))
     problems = scenario_problems(scenario, args.scenario, log=args.log,
                                  overwrite=args.overwrite, insecure=args.insecure)
+    if not problems and scenario.groups:   # their targets import: do they declare R?
+        problems = [p for p in [check_groups(scenario, args.scenario)] if p is not None]
     for problem in problems:
         _err(problem)
     return 2 if problems else scenario
