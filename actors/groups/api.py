@@ -24,6 +24,7 @@ from actors.groups.driver import (
 from actors.groups.host import _Host
 from actors.groups.checkpoint import _exclusive, _write_checkpoint, load_checkpoint
 from actors.groups.types import output_type, type_named
+from actors.workers import scope
 
 
 def run_group(target, items, *, max_concurrency: int, max_items: int,
@@ -48,8 +49,11 @@ def run_group(target, items, *, max_concurrency: int, max_items: int,
     taken = _take_items(items, max_items)
     fn, ref = _resolve_target(target, options.get("allow"))
     returns = output_type(fn, options.get("returns"), "run_group()")
-    gid = uuid.uuid4().hex[:12]
     parent = _ambient_parent(_parent)
+    # Started inside an evolve() run's call (not inside a branch): part of that run.
+    call = scope.current() if parent is None and options.get("runtime") is None else None
+    gid = call.next_group_id() if call is not None else uuid.uuid4().hex[:12]
+    finished = call.run.finished.get(gid, {}) if call is not None else {}
     budgets = options.get("budgets") or Budgets()
     if not isinstance(budgets, Budgets):
         raise ConfigError(f"budgets must be Budgets(calls=, seconds=, cost=), got "
@@ -74,8 +78,16 @@ def run_group(target, items, *, max_concurrency: int, max_items: int,
                  max_items=max_items, options=options, parent=parent, budgets=budgets,
                  store=store, approvers=approvers,
                  checkpoint=Path(checkpoint) if checkpoint is not None else None,
-                 branches_to_run=len(taken), returns=returns)
-    return _execute(plan)
+                 branches_to_run=len(taken) - len(finished), returns=returns, call=call,
+                 finished=finished)
+    if call is None:
+        return _execute(plan)
+    outcome = None
+    try:
+        outcome = _execute(plan)
+    finally:   # reported with the rollout: the run's Planner counts them
+        call.calls += outcome.consumed.calls if outcome is not None else 0
+    return outcome
 
 
 def parallel(target, items, *, max_concurrency: int, max_items: int,

@@ -236,6 +236,10 @@ class _Plan:
     nested: Callable | None = None
     #: The output type R (``typing.Any`` or ``object``: any value).
     returns: Any = object
+    #: The evolve() call this group was started in (actors.workers.scope.CallScope), or
+    #: None; and what a resumed run's log says this group had finished already.
+    call: Any = None
+    finished: dict[int, Any] | None = None
 
 
 class _Crash:
@@ -249,7 +253,8 @@ def _execute(plan: _Plan) -> GroupOutcome:
     opts, parent = plan.options, plan.parent
     settings = _settings(plan)
     ledger = _Ledger(plan.budgets, plan.consumed,
-                     parent=parent.ledger if parent is not None else None)
+                     parent=parent.ledger if parent is not None else None,
+                     run=plan.call.run if plan.call is not None else None)
     store = plan.store if plan.store is not None else (
         parent.store if parent is not None else Store())
     live, external = _gates(plan, settings.limits)
@@ -385,9 +390,11 @@ def _runtime_for(plan: _Plan) -> tuple[Runtime, Runtime | None]:
     if runtime is not None and not isinstance(runtime, Runtime):
         raise ConfigError(f"runtime must be an actors.Runtime, got {type(runtime).__name__}")
     ignored = [name for name in ("bus", "log") if opts.get(name) is not None]
-    if ignored and (runtime is not None or parent is not None):
+    if ignored and (runtime is not None or parent is not None or plan.call is not None):
         on = ("on the runtime given as runtime=" if runtime is not None else
-              "inside a branch, on its parent's runtime (and in its parent's log)")
+              "inside a branch, on its parent's runtime (and in its parent's log)"
+              if parent is not None else
+              "inside an evolve() run's call, on the run's runtime (and in its log)")
         names = " and ".join(ignored)
         raise ConfigError(f"{names} would be ignored: this group runs {on}; {names} "
                           f"appl{'y' if len(ignored) > 1 else 'ies'} only to a group that "
@@ -395,6 +402,8 @@ def _runtime_for(plan: _Plan) -> tuple[Runtime, Runtime | None]:
                           f"{'them' if len(ignored) > 1 else 'it'}")
     if runtime is None and parent is not None:
         runtime = parent.runtime
+    if runtime is None and plan.call is not None:
+        runtime = plan.call.run.runtime
     if runtime is not None:
         return runtime, None
     log_path = opts.get("log")
@@ -518,7 +527,8 @@ def _group_start(plan: _Plan, gid: str, driver: str, workers: list[str],
         announce=False, ordered=True, batch_below=BATCH_BELOW_S, suspend=settings.suspend,
         max_seconds=ledger.remaining_seconds(), cancel_deadline=settings.cancel_deadline,
         max_result_bytes=MAX_RESULT_BYTES, resume=ckpt is not None,
-        finished=ckpt.finished if ckpt else {}, journals=ckpt.journals if ckpt else {},
+        finished=ckpt.finished if ckpt else dict(plan.finished or {}),
+        journals=ckpt.journals if ckpt else {},
         pending=ckpt.pending if ckpt else [], used_ids=ckpt.used_ids if ckpt else [],
         approvers=plan.approvers, effects=ckpt.effects if ckpt else [])
     size = len(_encoder.encode(start))

@@ -93,7 +93,7 @@ class _Ledger:
     """Budget accounting for one group; a nested group's ledger charges its parents too."""
 
     def __init__(self, budgets: Budgets, consumed: Consumed | None = None,
-                 parent: "_Ledger | None" = None) -> None:
+                 parent: "_Ledger | None" = None, run=None) -> None:
         consumed = consumed or Consumed()
         self.lock = threading.Lock()
         self.budgets = budgets
@@ -102,13 +102,17 @@ class _Ledger:
         self.seconds_before = consumed.seconds
         self.t0 = time.monotonic()
         self.parent = parent
+        #: The evolve() run this group is part of (actors.workers.scope.RunScope): its
+        #: max_calls caps the branch starts of this group and of every group under it.
+        self.run = run if parent is None else parent.run
         chain, ledger = [], self
         while ledger is not None:
             chain.append(ledger)
             ledger = ledger.parent
         self.chain = chain[::-1]     # root first: locks are always taken in this order
         self.limited = any(lg.budgets.calls is not None or lg.budgets.cost is not None
-                           or lg.budgets.seconds is not None for lg in self.chain)
+                           or lg.budgets.seconds is not None for lg in self.chain) or (
+            self.run is not None and self.run.max_calls is not None)
 
     def seconds(self) -> float:
         return self.seconds_before + (time.monotonic() - self.t0)
@@ -134,6 +138,11 @@ class _Ledger:
                     raise BudgetExhausted(
                         f"the seconds budget ({lg.budgets.seconds:g} s) is used up; raise "
                         "budgets=Budgets(seconds=...)")
+            if field_ == "calls" and self.run is not None and not self.run.take(amount):
+                raise BudgetExhausted(
+                    f"the run's max_calls ({self.run.max_calls}) is used up: every call to "
+                    "run/propose/an agent counts, and so does every branch of a group "
+                    "started inside one; raise max_calls or start fewer branches")
             for lg in self.chain:
                 setattr(lg, field_, getattr(lg, field_) + amount)
 

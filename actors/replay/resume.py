@@ -44,7 +44,7 @@ from actors.replay.engine import META_RESUMED_AFTER, META_RESUMED_FROM, META_SCE
 from actors.replay.report import ReplayReport
 from bus.base import Delivery
 from bus.log import read_log
-from protocol import Message, RunDone, Start, decode
+from protocol import BranchDone, BranchFailed, Interaction, Message, RunDone, Start, decode
 from actors.runtime.evolve import evolve
 from actors.runtime.launch import evolve_kwargs
 from protocol.scenario import parse_scenario
@@ -98,6 +98,20 @@ class ResumePoint:
         self.pending: list[tuple[str, str, Message]] = []
         self.reissued: list[str] = []
         self._rt = None
+
+    def group_results(self) -> dict[str, dict[int, Any]]:
+        """What each parallel group in the old logs had finished, by group id: a rollout
+        run again on resume starts its groups under the same ids (actors.workers.scope),
+        and they never run these branches again."""
+        out: dict[str, dict[int, Any]] = {}
+        for content in self.contents:
+            for rec in content.records:
+                if not rec.receiver.startswith("collector."):
+                    continue
+                msg = decode(rec.body)
+                if isinstance(msg, (BranchDone, BranchFailed, Interaction)) and msg.indices:
+                    out.setdefault(msg.group_id, {}).update(zip(msg.indices, msg.values))
+        return out
 
     # -- the evolve() hook ------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from actors.policies.pipeline import PipelineParallel
 from actors.machines.planner import Planner
 from actors.machines.scheduler import Scheduler
 from actors.workers.core import SOLVED, WorkerCore
+from actors.workers.scope import RunScope
 from protocol import Progress, RoundRecord, RunDone, Start, Task, Tick, Hello, Refused
 from actors.runtime.clock import Ticker
 from actors.runtime.runtime import Runtime, make_log_directory
@@ -226,9 +227,14 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
             # Before any message flows: replay the old log into the machines (no sending).
             resume_from.prepare(rt, rt.machines)
         by_id = {t.id: t for t in tasks}
+        # Groups started inside run/propose run on this runtime, in this log, within
+        # max_calls; a resumed run's groups find what they had finished (workers.scope).
+        run_scope = RunScope(rt, str(meta["run_id"]), max_calls,
+                             resume_from.group_results() if resume_from is not None else None)
         for i in range(remote.local if remote else n_workers):
             rt.spawn_worker(WorkerCore(worker_name(i), by_id, reward, run, propose, strategy,
-                                       solved=solved_threshold, initial_state=state0))
+                                       solved=solved_threshold, initial_state=state0,
+                                       scope=run_scope))
         if remote:  # the registry, process workers, and a deadline for everyone
             remote.start(rt, t0)
         if resume_from is None:

@@ -12,7 +12,11 @@ import logging
 import math
 from typing import Any, Callable
 
+import msgspec
+
 from actors.errors import describe
+from actors.workers import scope
+from actors.workers.scope import RunScope
 from protocol import Commit, Lease, LeaseDone, RolloutResult, Task
 
 log = logging.getLogger(__name__)
@@ -65,7 +69,8 @@ def check_reward(value: Any, task: Task) -> float:
 class WorkerCore:
     def __init__(self, name: str, tasks: dict[str, Task], reward: Callable, run: Callable,
                  propose: Callable | None, strategy, solved: float = SOLVED,
-                 initial_state: dict[str, str] | None = None) -> None:
+                 initial_state: dict[str, str] | None = None,
+                 scope: RunScope | None = None) -> None:
         self.name = name
         self.tasks = tasks
         self.reward = reward
@@ -78,6 +83,8 @@ class WorkerCore:
                                           else strategy.initial())
         self.rendered = strategy.render(self.state)
         self.settle = Awaiter()   # async run / propose / reward (one core per thread)
+        #: The run, for parallel groups started inside run/propose (actors.workers.scope).
+        self.scope = scope
 
     def close(self) -> None:
         """The worker is done: close the event loop async code ran on, if any."""
@@ -107,7 +114,10 @@ class WorkerCore:
                          "with a different task list than the coordinator")
                 break
             try:
-                result = self._one(task, rendered, state, version, may_propose)
+                result = (self._one(task, rendered, state, version, may_propose)
+                          if self.scope is None else
+                          self._scoped(lease.lease_id, task, rendered, state, version,
+                                       may_propose))
             except ValueError as exc:  # a caller's mistake (reward range): fatal for the run
                 fatal = str(exc)
                 break
@@ -115,6 +125,21 @@ class WorkerCore:
         return LeaseDone(lease_id=lease.lease_id, worker=self.name, round=lease.round,
                          kind=lease.kind, unit=lease.unit, section=lease.section,
                          version=version, results=results, fatal=fatal)
+
+    def _scoped(self, lease_id: str, task: Task, rendered: str, state, version: int,
+                may_propose: bool) -> RolloutResult:
+        """:meth:`_one` as a call of the run: the groups run/propose start on this thread
+        run on the run's runtime, and their branch starts count with the rollout's calls."""
+        call, previous = scope.enter(self.scope, f"{lease_id}/{task.id}")
+        try:
+            result = self._one(task, rendered, state, version, may_propose)
+        finally:
+            scope.leave(previous)
+        if result.calls > 1:   # propose ran: a call of the run too
+            self.scope.add(result.calls - 1)
+        if call.calls:
+            result = msgspec.structs.replace(result, calls=result.calls + call.calls)
+        return result
 
     def _one(self, task: Task, rendered: str, state, version: int, may_propose: bool):
         try:
