@@ -71,6 +71,9 @@ class Bus(Protocol):
     def send_frame(self, sender: str, receiver: str, body: bytes) -> None:
         """Send raw bytes as a message body (tests and fuzzing: bad frames are counted)."""
 
+    def release_thread(self) -> None:
+        """The calling thread sends no more: free what it held (its sockets)."""
+
     def closing(self) -> None:
         """Shutdown has begun: messages to actors that already left are counted quietly."""
 

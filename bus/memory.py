@@ -60,6 +60,9 @@ class InMemoryBus:
         with self._lock:
             self._routes.update(pairs)
 
+    def release_thread(self) -> None:
+        """Nothing to release: this bus has no socket per thread."""
+
     def detach(self, name: str) -> None:
         with self._lock:
             self._routes.pop(name, None)

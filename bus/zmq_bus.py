@@ -384,6 +384,10 @@ class Broker:
         self._thread.join(timeout=5)
 
 
+#: How long a released thread's socket still delivers what it sent (milliseconds).
+RELEASE_LINGER_MS = 1000
+
+
 class Endpoint:
     """A process's door to the broker: delivers to local names, sends from any thread.
 
@@ -549,6 +553,19 @@ class Endpoint:
             # a straggler of the shutdown, counted like any send after close.
             self.stats.after_close += 1
 
+    def release_thread(self) -> None:
+        """This thread sends no more (it is ending): close its sockets now instead of at
+        the bus's close, so a bus that outlives many threads does not run out of file
+        descriptors. Messages already sent are still delivered (a linger, not 0)."""
+        socks = [pair[0] for pair in (getattr(self._local, "push", None),
+                                      getattr(self._local, "pair", None)) if pair]
+        self._local.push = self._local.pair = None
+        with self._senders_lock:
+            for sock in dict.fromkeys(socks):
+                if sock in self._senders:
+                    self._senders.remove(sock)
+                    sock.close(RELEASE_LINGER_MS)
+
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -618,6 +635,10 @@ class ZmqBus:
 
     def detach(self, name: str) -> None:
         self.broker.forget_local(name)
+
+    def release_thread(self) -> None:
+        """The calling thread will send no more: its sockets close now."""
+        self.endpoint.release_thread()
 
     def send(self, sender: str, receiver: str, msg: Message) -> None:
         if threading.get_ident() == self.broker.ident:  # a handler, on the broker thread

@@ -28,7 +28,8 @@ from actors.errors import HostLimitExceeded
 from actors.groups.checkpoint import load_checkpoint
 from protocol import (Branch, BranchDone, BranchFailed, Cancel, GroupResult, GroupStart,
                       GroupSuspended, Hello, Hold, Interaction, JournalEntry,
-                      PendingInteraction, Revoke, Stop, Tick, UserInputs, decode)
+                      PendingInteraction, Revoke, Stop, Suspension, Tick, UserInputs,
+                      decode)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -1293,3 +1294,94 @@ def test_the_docs_examples_run(tmp_path, monkeypatch):
     namespace: dict = {}
     for block in blocks:
         exec(compile(block, "docs/groups.md", "exec"), namespace)
+
+
+# -- input-order starts, the process-wide runtime (issue 17) -----------------------------
+
+
+def test_starts_follow_input_order_so_an_error_is_seen_as_soon_as_its_branch_raises():
+    started: list[int] = []
+    lock = threading.Lock()
+
+    def check(i: int, ctx) -> int:
+        with lock:
+            started.append(i)
+        if i == 1:
+            time.sleep(0.05)          # simulated work before the error
+            raise ValueError("item 1")
+        for _ in range(300):          # 3 s unless cancelled
+            if ctx.cancelled:
+                return -1
+            time.sleep(0.01)
+        return i
+
+    t0 = time.monotonic()
+    with pytest.raises(GroupFailed) as info:
+        parallel(check, range(10), max_concurrency=2, max_items=10)
+    assert time.monotonic() - t0 < 1.5
+    assert sorted(started[:2]) == [0, 1] and info.value.never_started == list(range(2, 10))
+
+
+def test_collector_leases_one_branch_at_a_time_in_order_until_branches_are_measured_cheap():
+    c = Collector("c")
+    out = c.handle(_start(n=40, workers=("w0", "w1"), chunk=0, prefetch=1, ordered=True,
+                          batch_below=0.001))
+    assert [(to, m.indices, m.in_order) for to, m in out] == [("w0", [0], True),
+                                                              ("w1", [1], True)]
+    # Slow branches (10 ms each): still one at a time, in order, none queued.
+    (to, lease), = c.handle(BranchDone(group_id="g", lease_id="g.0", indices=[0],
+                                       values=[0], elapsed=0.01))
+    assert (to, lease.indices) == ("w0", [2])
+    (to, lease), = c.handle(BranchDone(group_id="g", lease_id="g.1", indices=[1],
+                                       values=[1], elapsed=0.01))
+    assert (to, lease.indices) == ("w1", [3])
+    # Cheap ones: once the bound's worth is measured under batch_below, leases batch.
+    c = Collector("c")
+    c.handle(_start(n=40, workers=("w0", "w1"), chunk=0, prefetch=1, ordered=True,
+                    batch_below=0.001))
+    (_, lease), = c.handle(BranchDone(group_id="g", lease_id="g.0", indices=[0], values=[0],
+                                      elapsed=0.00001))
+    assert lease.indices == [2] and lease.in_order     # one measured: not the bound's worth
+    out = c.handle(BranchDone(group_id="g", lease_id="g.1", indices=[1], values=[1],
+                              elapsed=0.00001))
+    leases = [(to, m) for to, m in out if isinstance(m, Branch)]
+    # w1 gets a lease and one queued behind it; w0 (running [2]) one queued.
+    assert [to for to, _ in leases] == ["w1", "w0", "w1"]
+    assert all(len(m.indices) > 1 and not m.in_order for _, m in leases)
+    firsts = [m.indices[0] for _, m in leases]
+    assert firsts == sorted(firsts) and firsts[0] == 3         # cut in input order
+
+
+def test_collector_with_suspend_all_goes_on_past_an_interaction_and_suspends_once():
+    c = Collector("c")
+    first, second = [m for _, m in c.handle(_start(n=4, suspend="all"))]
+    p = PendingInteraction(id="g.0.0", branch=0, kind="ask", prompt="?")
+    out = c.handle(BranchDone(group_id="g", lease_id=first.lease_id,
+                              suspended=[Suspension(index=0, pending=p)]))
+    assert [(to, m.indices) for to, m in out] == [("w0", [2])]    # no Hold: it goes on
+    out = c.handle(BranchDone(group_id="g", lease_id=second.lease_id, indices=[1],
+                              values=["r1"]))
+    assert [(to, m.indices) for to, m in out if isinstance(m, Branch)] == [("w1", [3])]
+    c.handle(BranchDone(group_id="g", lease_id="g.2", indices=[2], values=["r2"]))
+    (_, paused), = c.handle(BranchDone(group_id="g", lease_id="g.3", indices=[3],
+                                       values=["r3"]))
+    assert isinstance(paused, GroupSuspended) and paused.not_started == []
+    assert paused.pending == [p] and paused.finished == {1: "r1", 2: "r2", 3: "r3"}
+
+
+def test_standalone_groups_reuse_one_process_wide_runtime_and_start_no_bus_of_their_own():
+    from actors.groups.driver import shared_runtime
+
+    def double(x: int) -> int:
+        return 2 * x
+
+    assert parallel(double, [1, 2], max_concurrency=2, max_items=2) == [2, 4]
+    runtime = shared_runtime("zmq")
+    threads = {t.name for t in threading.enumerate()}
+    before = runtime.bus.stats.as_dict()
+    for _ in range(20):
+        assert parallel(double, [1, 2, 3, 4], max_concurrency=4, max_items=4) == [2, 4, 6, 8]
+    assert shared_runtime("zmq") is runtime and not runtime._closed
+    assert runtime.bus.stats.as_dict() != before             # the calls went through it
+    new = {t.name for t in threading.enumerate()} - threads
+    assert not new, f"threads left behind by the calls: {sorted(new)}"

@@ -18,6 +18,7 @@ decision about which branch runs when lives in :mod:`actors.machines.collector`.
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import itertools
 import logging
@@ -25,6 +26,7 @@ import os
 import queue
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -407,12 +409,40 @@ def _runtime_for(plan: _Plan) -> tuple[Runtime, Runtime | None]:
     if runtime is not None:
         return runtime, None
     log_path = opts.get("log")
-    if log_path:
-        make_log_directory(log_path, "log")
+    if not log_path:
+        return shared_runtime(opts.get("bus", "zmq")), None
+    make_log_directory(log_path, "log")
     runtime = Runtime(bus=opts.get("bus", "zmq"), log_path=log_path,
                       log_meta={"scenario": "parallel-group", "run_id": plan.group_id},
                       log_overwrite=bool(opts.get("log_overwrite")))
     return runtime, runtime
+
+
+_shared: dict[str, Runtime] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_runtime(bus: str = "zmq") -> Runtime:
+    """The process-wide runtime standalone groups run on (one per kind of bus): started
+    by the first group that needs it and closed when the process exits, so a call of
+    ``parallel()`` starts no bus of its own. A group with ``log=`` starts its own
+    runtime (its log is its own); ``runtime=`` names another one."""
+    with _shared_lock:
+        runtime = _shared.get(bus)
+        if runtime is None or runtime._closed:
+            if not _shared:
+                atexit.register(close_shared_runtimes)
+            runtime = _shared[bus] = Runtime(bus=bus)
+        return runtime
+
+
+def close_shared_runtimes() -> None:
+    """Close the process-wide runtimes (at exit; a later group starts a new one)."""
+    with _shared_lock:
+        runtimes = list(_shared.values())
+        _shared.clear()
+    for runtime in runtimes:
+        runtime.close()
 
 
 class _Names:

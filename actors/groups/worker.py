@@ -98,6 +98,14 @@ def _worker_deliver(bus, host: _Host, box: _LeaseBox, name: str,
     return deliver
 
 
+def _release(bus) -> None:
+    """This actor's thread ends: its sockets close now (a runtime shared by many groups
+    outlives many threads)."""
+    release = getattr(bus, "release_thread", None)
+    if release is not None:
+        release()
+
+
 class _CollectorActor(ControlActor):
     """The Collector's shell: a ControlActor whose bus name the group's driver attaches
     and detaches (see :class:`GroupWorker`). Once the group has ended it stops by itself
@@ -113,7 +121,7 @@ class _CollectorActor(ControlActor):
             self.actor_ref.stop(block=False)
 
     def on_stop(self) -> None:
-        pass
+        _release(self.bus)   # its name is detached by the driver
 
 
 _WAKE = object()   # a worker's note to itself: look into the box
@@ -175,6 +183,7 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
 
     def on_stop(self) -> None:
         self.settle.close()   # the event loop async targets ran on, if any
+        _release(self.bus)
 
     def _run(self, lease: Branch) -> None:
         host = self.host
