@@ -1241,6 +1241,64 @@ def test_property_order_bound_and_no_start_after_the_first_error(n, bound, chunk
     assert set(outcome.never_started).isdisjoint(meter.calls)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(0, 24), bound=st.integers(1, 5),
+       latencies=st.lists(st.sampled_from([0.0006, 0.001, 0.002]), min_size=24, max_size=24),
+       bus=st.sampled_from(["memory", "zmq"]))
+def test_property_starts_follow_input_order(n, bound, latencies, bus):
+    """Branches not measured cheap (each over the batching threshold) start one per
+    lease, in input order: a start is never ahead of a branch not yet started by the
+    bound or more, and the first ``bound`` items are the first to start."""
+    def target(i: int) -> int:
+        time.sleep(latencies[i])      # simulated work, not synchronisation
+        return i
+
+    outcome = run_group(target, list(range(n)), max_concurrency=bound,
+                        max_items=max(n, bound), bus=bus, trace=True)
+    assert outcome.results == list(range(n))
+    starts = [i for kind, i in outcome.trace or [] if kind == "start"]
+    assert sorted(starts) == list(range(n))
+    assert set(starts[:bound]) == set(range(min(n, bound)))
+    seen: set[int] = set()
+    for j in starts:
+        behind = [i for i in range(j - bound + 1) if i not in seen]
+        assert not behind, f"branch {j} started before {behind} (bound {bound}): {starts}"
+        seen.add(j)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 16), bound=st.integers(1, 6),
+       asking=st.sets(st.integers(0, 15), min_size=1, max_size=5),
+       latencies=st.lists(st.lists(st.sampled_from([0.0, 0.0005, 0.002]), min_size=16,
+                                   max_size=16), min_size=2, max_size=2),
+       bus=st.sampled_from(["memory", "zmq"]))
+def test_property_the_pending_set_is_the_same_on_every_run_whatever_the_latencies(
+        n, bound, asking, latencies, bus):
+    asks = {i for i in asking if i < n}
+
+    def runs(delays):
+        def target(i: int, ctx) -> str:
+            time.sleep(delays[i])       # simulated work, not synchronisation
+            if i in asks:
+                return ctx.ask(f"label for {i}?")
+            return f"auto {i}"
+        return run_group(target, list(range(n)), max_concurrency=min(bound, n),
+                         max_items=n, bus=bus)
+
+    first, second = runs(latencies[0]), runs(latencies[1])
+    for outcome in (first, second):
+        if not asks:
+            assert outcome.status == "completed"
+            continue
+        assert outcome.status == "user_input_pending"
+        assert sorted(p.branch for p in outcome.pending_interactions) == sorted(asks)
+        assert outcome.finished == sorted(set(range(n)) - asks)
+        assert outcome.never_started == []
+    assert [p.id for p in first.pending_interactions] != [] or not asks
+    assert [(p.branch, p.prompt) for p in first.pending_interactions] == \
+        [(p.branch, p.prompt) for p in second.pending_interactions]
+
+
 # -- the scenario and the CLI --------------------------------------------------------------
 
 
