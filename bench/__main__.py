@@ -133,6 +133,19 @@ def _group(mod, quick: bool) -> list[Row]:
                             f"{mod.SLEEP_S * 1000:g} ms, bound {mod.SLEEP_BOUND}",
                             "efficiency", eff, f"ThreadPoolExecutor({mod.SLEEP_BOUND}).map",
                             sleep.get(threads), target=">= 0.95", met=median(eff) >= 0.95))
+        per_call = res.get("per_call", {})
+        if label in per_call and threads in per_call:
+            spent = [v * 1e6 for v in per_call[label]]
+            pool = [v * 1e6 for v in per_call[threads]]
+            rows.append(Row(f"(5) {label}, a warm call of {mod.N_PER_CALL} no-op items",
+                            "us per call", spent,
+                            f"ThreadPoolExecutor({mod.N_PER_CALL}) made per call", pool,
+                            target="<= ThreadPoolExecutor",
+                            met=median(spent) <= median(pool)))
+            if aio in per_call:
+                rows.append(Row(f"(5) {label}, a warm call of {mod.N_PER_CALL} no-op items",
+                                "us per call", spent, "asyncio.run(gather + Semaphore)",
+                                [v * 1e6 for v in per_call[aio]]))
     return rows
 
 

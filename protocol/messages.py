@@ -391,9 +391,9 @@ class GroupStart(Msg, frozen=True):
     used_ids: list[str] = []
     approvers: list[str] | None = None
     effects: list[tuple[int, str]] = []
-    #: Starts follow input order: one branch per lease (``Branch.in_order``), none queued
-    #: behind a running one, until ``concurrency`` branches are measured cheaper than
-    #: ``batch_below`` seconds each. False (older logs): guided leases from the first.
+    #: Starts follow input order: one branch per lease (``Branch.in_order``) until
+    #: ``concurrency`` branches are measured cheaper than ``batch_below`` seconds each.
+    #: False (older logs): guided leases from the first.
     ordered: bool = False
     batch_below: float = 0.0
     #: ``"all"``: an interaction blocks its own branch only; the group suspends once every

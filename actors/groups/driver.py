@@ -483,7 +483,7 @@ class _Actors:
                                   Collector(names.collector), self.on_crash)
         self.started.append(ref)
         # Every name routes before any work flows, in one round trip to the broker.
-        boxes = [_LeaseBox() for _ in names.workers]
+        boxes = host.boxes = [_LeaseBox() for _ in names.workers]
         routes = [(names.driver, self.inbox.put), (names.collector, teller(bus, ref))] + [
             (name, _worker_deliver(bus, host, box, name, names.collector))
             for name, box in zip(names.workers, boxes)]

@@ -47,22 +47,34 @@ class _StartOrder:
         self.low = low
         return low >= need
 
-    def wait(self, j: int, give_up: Callable[[], bool]) -> bool:
+    def wait(self, j: int, give_up: Callable[[], bool],
+             steal: Callable[[int], bool] | None = None) -> bool:
         """Wait for branch ``j``'s turn; False if ``give_up()`` became true first (the group
-        is stopping or pausing: the branches it waits for may never start)."""
+        is stopping or pausing: the branches it waits for may never start).
+
+        ``steal(need)`` runs, on this thread, a lease that holds a branch below ``need``
+        and waits in another worker's box (queued behind a long branch), and says
+        whether it found one: the branch this worker waits for is then not stuck."""
         need = self.need(j)
         if self.low >= need or self.reached(need):
             return True
-        with self.cond:
-            self.waiting += 1
-            try:
-                while not self.reached(need):
+        while True:
+            if steal is not None and steal(need):
+                if self.reached(need):
+                    return True
+                continue
+            with self.cond:
+                self.waiting += 1
+                try:
+                    if self.reached(need):
+                        return True
                     if give_up():
                         return False
-                    self.cond.wait(0.05)   # bounded: give_up is looked at again
-            finally:
-                self.waiting -= 1
-        return True
+                    self.cond.wait(0.05)   # bounded: steal and give_up are looked at again
+                finally:
+                    self.waiting -= 1
+            if self.reached(need):
+                return True
 
     def mark(self, j: int) -> None:
         self.started[j] = 1
@@ -99,6 +111,9 @@ class _Host:
         self.nested = nested
         #: Starts in input order (a fresh group; a resumed one replays a few branches).
         self.order = order
+        #: Every worker's lease box (set by the driver once they exist): a worker waiting
+        #: for its turn takes an in-order lease another worker has not started.
+        self.boxes: list = []
         #: The check and conversion of a branch's value to the declared output type R
         #: (None: ``returns=object``), raising a TypeError that names the branch.
         self.convert = convert

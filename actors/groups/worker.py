@@ -48,6 +48,14 @@ class _LeaseBox:
         with self.lock:
             return self.queued.pop(lease_id, None)
 
+    def steal(self, need: int) -> Branch | None:
+        """An in-order lease not started, holding a branch below ``need``, taken out."""
+        with self.lock:
+            for lease_id, lease in self.queued.items():
+                if lease.in_order and lease.indices[0] < need:
+                    return self.queued.pop(lease_id)
+        return None
+
     def next(self) -> Branch | None:
         """The oldest lease not started, taken out of the box, or None."""
         with self.lock:
@@ -222,7 +230,7 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
         try:
             for pos, index in enumerate(indices):
                 # Before taking a live-branch slot: a worker waiting for its turn holds none.
-                if order is not None and not order.wait(index, give_up):
+                if order is not None and not order.wait(index, give_up, self._steal):
                     return answer(unstarted=indices[pos:])
                 if live:
                     if not _enter_all(live, lambda: host.cancelled or host.holding):
@@ -291,6 +299,18 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
             return answer(unstarted=[])
         finally:
             _ambient.host = previous
+
+    def _steal(self, need: int) -> bool:
+        """Run, here, a lease that holds a branch below ``need`` and waits in another
+        worker's box (that worker is busy with a long branch): see _StartOrder.wait."""
+        for box in self.host.boxes:
+            if box is self.box:
+                continue
+            lease = box.steal(need)
+            if lease is not None:
+                self._run(lease)   # answered under its own lease id, as its owner would
+                return True
+        return False
 
     def _answer(self, lease: Branch, done, values, cancelled, effects, waiting, *, unstarted,
                 t0, failed=None, suspended=None) -> None:

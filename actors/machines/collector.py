@@ -13,8 +13,8 @@ interactions waiting for an answer, the first error. What it decides:
   ``ceil(queued / (chunk_factor * concurrency))``): a cheap target costs a handful of
   messages per worker, a slow one still balances at the tail;
 - with ``GroupStart.ordered``, starts follow input order: one branch per lease, marked
-  ``in_order``, and no lease queued behind a running one, until ``concurrency`` branches
-  are measured cheaper than ``batch_below`` seconds each (then guided leases as above).
+  ``in_order``, until ``concurrency`` branches are measured cheaper than ``batch_below``
+  seconds each (then guided leases as above).
   The workers hold each ``in_order`` start to the order: branch ``j`` starts once every
   branch up to ``j - bound`` has (:class:`actors.groups.host._StartOrder`);
 - on the first error: no new lease, ``Cancel`` to every lease out, then wait for them
@@ -386,10 +386,11 @@ class Collector:
         pool = self.pool
         counts = [len(self.by_worker[w]) for w in pool]
         # Queue leases behind running ones only once every planned worker is ready:
-        # the first workers up must not hoard what the next ones would start at once;
-        # and, in input order, only once branches are measured cheap.
+        # the first workers up must not hoard what the next ones would start at once.
+        # (An in-order lease queued behind a long branch is not stuck there: a worker
+        # whose next start waits for it takes it, see actors.groups.host._StartOrder.)
         batching = self.batching
-        cap = self.slots if len(pool) == len(self.planned) and batching else 1
+        cap = self.slots if len(pool) == len(self.planned) else 1
         while self.queue and counts:
             fewest = min(counts)
             if fewest >= cap:
