@@ -1456,3 +1456,62 @@ def test_a_lease_queued_behind_a_long_branch_is_taken_by_the_worker_waiting_for_
     assert outcome.results == list(range(8))
     starts = [i for kind, i in outcome.trace if kind == "start"]
     assert starts[:2] in ([0, 1], [1, 0]) and sorted(starts) == list(range(8))
+
+
+# -- typed results (issue 17) ----------------------------------------------------------------
+
+
+class Verdict(msgspec.Struct):
+    ticket: int
+    label: str
+
+
+def test_a_target_without_a_declared_output_type_is_refused_before_the_first_call():
+    calls = []
+
+    def untyped(i):
+        calls.append(i)
+        return i
+
+    with pytest.raises(ConfigError) as info:
+        parallel(untyped, [1, 2], max_concurrency=1, max_items=2)
+    assert "declares no output type" in str(info.value)
+    assert "-> R" in str(info.value) and "returns=R" in str(info.value)
+    assert "returns=object" in str(info.value) and calls == []
+    assert parallel(untyped, [1, 2], max_concurrency=1, max_items=2, returns=object) == [1, 2]
+
+
+def test_each_value_is_converted_to_r_and_one_that_is_not_an_r_fails_its_branch():
+    def judge(i: int) -> Verdict:
+        if i == 2:
+            return {"ticket": i}                      # no label: not a Verdict
+        return {"ticket": i, "label": "ok"}
+
+    assert parallel(judge, [0, 1], max_concurrency=2, max_items=2) == [
+        Verdict(ticket=0, label="ok"), Verdict(ticket=1, label="ok")]
+    with pytest.raises(GroupFailed) as info:
+        parallel(judge, [0, 1, 2], max_concurrency=1, max_items=3)
+    text = str(info.value.error)
+    assert info.value.failed == [2] and "branch 2 returned dict" in text
+    assert "Verdict" in text and "label" in text
+
+    async def fetch(i: int) -> float:                 # an async def's annotation is R
+        return i
+    assert parallel(fetch, [1, 2], max_concurrency=2, max_items=2) == [1.0, 2.0]
+
+
+def test_a_resumed_group_returns_the_results_it_had_finished_before_the_pause_as_r(tmp_path):
+    def judge(i: int, ctx) -> Verdict:
+        label = ctx.ask(f"label {i}?") if i == 1 else "auto"
+        return Verdict(ticket=i, label=label)
+
+    paused = run_group(judge, [0, 1, 2], max_concurrency=1, max_items=3,
+                       checkpoint=tmp_path / "v.ckpt")
+    assert paused.partial == {0: Verdict(ticket=0, label="auto"),
+                              2: Verdict(ticket=2, label="auto")}
+    assert load_checkpoint(tmp_path / "v.ckpt").returns == f"{__name__}:Verdict"
+    (p,) = paused.pending_interactions
+    done = resume_group(paused.checkpoint, target=judge, user_inputs={p.id: "manual"})
+    assert done.results == [Verdict(ticket=0, label="auto"),
+                            Verdict(ticket=1, label="manual"),
+                            Verdict(ticket=2, label="auto")]
