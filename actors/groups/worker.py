@@ -38,6 +38,9 @@ class _LeaseBox:
         self.ref: pykka.ActorRef | None = None
         self.stop = False          # a Stop came before the worker's thread ran
         self.finished = 0          # branches run to a value (written by the worker only)
+        #: The worker is running its leases (so a lease still queued waits behind one it
+        #: runs): only then may another worker take one (see GroupWorker._steal).
+        self.running = False
 
     def put(self, lease: Branch) -> None:
         with self.lock:
@@ -49,8 +52,12 @@ class _LeaseBox:
             return self.queued.pop(lease_id, None)
 
     def steal(self, need: int) -> Branch | None:
-        """An in-order lease not started, holding a branch below ``need``, taken out."""
+        """An in-order lease queued behind one this box's worker runs, holding a branch
+        below ``need``, taken out (a worker not running yet starts its first lease soon:
+        nothing is taken from it)."""
         with self.lock:
+            if not self.running:
+                return None
             for lease_id, lease in self.queued.items():
                 if lease.in_order and lease.indices[0] < need:
                     return self.queued.pop(lease_id)
@@ -170,10 +177,14 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
 
     def _drain(self) -> None:
         box = self.box
-        lease = box.next()
-        while lease is not None:   # a revoked lease is not in the box any more
-            self._run(lease)
+        box.running = True
+        try:
             lease = box.next()
+            while lease is not None:   # a revoked lease is not in the box any more
+                self._run(lease)
+                lease = box.next()
+        finally:
+            box.running = False
 
     def on_receive(self, message) -> None:
         if message is _WAKE:
