@@ -312,12 +312,11 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
             _ambient.host = previous
 
     def _steal(self, need: int) -> bool:
-        """Run, here, a lease that holds a branch below ``need`` and waits in another
-        worker's box (that worker is busy with a long branch): see _StartOrder.wait."""
-        for box in self.host.boxes:
-            if box is self.box:
-                continue
-            lease = box.steal(need)
+        """Run, here, a lease that holds a branch below ``need`` and waits in a worker's
+        box behind a branch that worker runs (perhaps a long one): see
+        _StartOrder.wait."""
+        for box in self.host.boxes:   # its own box too: a lease that came back behind
+            lease = box.steal(need)       # the one it runs must not wait on it
             if lease is not None:
                 self._run(lease)   # answered under its own lease id, as its owner would
                 return True
