@@ -42,5 +42,11 @@ def run(rendered: str, task: Task) -> str:
     return CATEGORIES[(int(task.id[1:]) + sum(lengths)) % 4]
 
 
+def run_alone(rendered: str, task: Task) -> str:
+    """What ``run`` returns, without the group: the same outputs, so the same scores,
+    proposals and calls, but for the branches."""
+    return CATEGORIES[(int(task.id[1:]) + sum(len(c) for c in CATEGORIES)) % 4]
+
+
 def propose(rendered: str, task: Task, output: str, score: float) -> str | None:
     return None

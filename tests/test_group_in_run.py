@@ -42,10 +42,13 @@ def test_a_group_in_a_rollout_runs_in_the_runs_log_and_counts_against_its_calls(
     log = tmp_path / "run.evolog"
     result = evolve(**_kwargs(log=str(log), max_calls=10_000))
     assert result.error is None
-    # Every call of run fanned out through parallel() once: 1 call for run, 4 for its
-    # branches, in the rollouts' calls and in the held-out scoring's alike.
-    assert result.calls >= 5 * result.rollouts and result.calls % 5 == 0
-    assert result.stats["scoring_calls"] > 0 and result.stats["scoring_calls"] % 5 == 0
+    # Every call of run fanned out through parallel() once: its 4 branches are counted
+    # on top of what the same run makes without the group, for rollouts and held-out
+    # scoring alike.
+    alone = evolve(**_kwargs(run=domain.run_alone, max_calls=10_000))
+    assert (result.rollouts, result.rendered) == (alone.rollouts, alone.rendered)
+    assert result.calls == alone.calls + 4 * result.rollouts
+    assert result.stats["scoring_calls"] > alone.stats["scoring_calls"]
     starts = [m for _, m in _group_messages(log) if isinstance(m, GroupStart)]
     assert len(starts) >= result.rollouts          # rollouts, plus held-out scoring
     report = replay_log(str(log))
@@ -120,3 +123,19 @@ def test_kill_9_then_evobus_resume_does_not_redo_the_branches_a_group_had_finish
 
 def env_path() -> str:
     return os.environ.get("PYTHONPATH", "")
+
+
+def test_a_group_awaited_with_parallel_async_in_an_async_run_is_part_of_the_run(tmp_path):
+    from actors import parallel_async
+
+    async def run(rendered: str, task) -> str:
+        sizes = await parallel_async(domain.score_words, domain.CATEGORIES,
+                                     max_concurrency=2, max_items=4)
+        return domain.CATEGORIES[(int(task.id[1:]) + sum(sizes)) % 4]   # as domain.run
+
+    log = tmp_path / "run.evolog"
+    result = evolve(**_kwargs(run=run, log=str(log), max_calls=10_000))
+    alone = evolve(**_kwargs(run=domain.run_alone, max_calls=10_000))
+    assert result.error is None
+    assert result.calls == alone.calls + 4 * result.rollouts   # the branches were counted
+    assert replay_log(str(log)).ok

@@ -130,11 +130,11 @@ class WorkerCore:
                 may_propose: bool) -> RolloutResult:
         """:meth:`_one` as a call of the run: the groups run/propose start on this thread
         run on the run's runtime, and their branch starts count with the rollout's calls."""
-        call, previous = scope.enter(self.scope, f"{lease_id}/{task.id}")
+        call, token = scope.enter(self.scope, f"{lease_id}/{task.id}")
         try:
             result = self._one(task, rendered, state, version, may_propose)
         finally:
-            scope.leave(previous)
+            scope.leave(token)
         if result.calls > 1:   # propose ran: a call of the run too
             self.scope.add(result.calls - 1)
         if call.calls:

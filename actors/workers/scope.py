@@ -2,8 +2,8 @@
 propose or agent (or inside a branch of one) needs to run as part of that run.
 
 A :class:`RunScope` is made once per run by evolve() and shared by its thread workers;
-each worker sets the :class:`CallScope` of the call it is making on its own thread
-(:func:`calling`). A group started on that thread (``actors.groups``) finds it with
+each worker sets the :class:`CallScope` of the call it is making (:func:`enter`,
+:func:`leave`). A group started on that thread (``actors.groups``) finds it with
 :func:`current` and then runs on the run's runtime (its messages in the run's log),
 charges its branch starts to the run's ``max_calls``, and reports them with the
 rollout (``RolloutResult.calls``), which is how the run's Planner counts them.
@@ -11,12 +11,16 @@ rollout (``RolloutResult.calls``), which is how the run's Planner counts them.
 
 from __future__ import annotations
 
-import contextlib
+import contextvars
 import hashlib
 import threading
-from typing import Any, Iterator
+from typing import Any
 
-_local = threading.local()
+#: The call this code runs in. A context variable rather than a thread-local, so that
+#: code the call hands to another thread with the context copied (``asyncio.to_thread``,
+#: as ``parallel_async`` does) or runs on an event loop still belongs to the call.
+_call: contextvars.ContextVar["CallScope | None"] = contextvars.ContextVar(
+    "evobus_call", default=None)
 
 
 class RunScope:
@@ -66,31 +70,16 @@ class CallScope:
 
 
 def current() -> CallScope | None:
-    return getattr(_local, "call", None)
+    return _call.get()
 
 
-def enter(run: RunScope, key: str) -> tuple[CallScope, CallScope | None]:
-    """Start call ``key`` on this thread (counted in the run's calls): the new scope and
-    the one to restore with :func:`leave`."""
+def enter(run: RunScope, key: str) -> tuple[CallScope, contextvars.Token]:
+    """Start call ``key`` here (counted in the run's calls): the new scope and the token
+    that :func:`leave` restores the one before with."""
     run.add(1)
-    previous = getattr(_local, "call", None)
-    scope = _local.call = CallScope(run, key)
-    return scope, previous
+    scope = CallScope(run, key)
+    return scope, _call.set(scope)
 
 
-def leave(previous: CallScope | None) -> None:
-    _local.call = previous
-
-
-@contextlib.contextmanager
-def calling(run: RunScope | None, key: str) -> Iterator[CallScope | None]:
-    """Make ``key`` the call of this thread while the block runs."""
-    if run is None:
-        yield None
-        return
-    previous = getattr(_local, "call", None)
-    scope = _local.call = CallScope(run, key)
-    try:
-        yield scope
-    finally:
-        _local.call = previous
+def leave(token: contextvars.Token) -> None:
+    _call.reset(token)
