@@ -20,6 +20,23 @@ class ConfigError(EvobusError, ValueError):
     """A caller's mistake found before (or at) the first rollout; the message names the fix."""
 
 
+class RetryLater(EvobusError):
+    """Raise it from run, propose or an agent's method to say "not now, try again later"
+    (a 429, a 503, a quota window): the worker calls again with jittered exponential
+    backoff, waiting at least ``retry_after`` seconds when given, until the deadline
+    (docs/budgets.md). The retried call counts once in ``max_calls``; its attempts and
+    the seconds it waited are reported with the rollout. When the deadline passes, the
+    call fails with :class:`Throttled` (a failed rollout: evidence, not a crash)."""
+
+    def __init__(self, message: str = "retry later", *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Throttled(EvobusError):
+    """A call was still told to retry later when its deadline passed."""
+
+
 class RunFailed(EvobusError):
     """The runtime itself failed (an actor crashed, the bus died); carries the cause."""
 

@@ -49,18 +49,34 @@ class Diff(msgspec.Struct, frozen=True):
     ops: dict[str, str]
 
 
+class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What one call to run or propose (``phase``) reported through ``actors.usage``,
+    summed per ``model``: tokens, the cost when the agent priced it itself, the HTTP
+    attempts it took and the seconds it waited throttled (docs/budgets.md)."""
+
+    phase: str = "run"
+    model: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float | None = None
+    attempts: int = 0
+    throttled: float = 0.0
+
+
 class RolloutResult(msgspec.Struct, frozen=True, omit_defaults=True):
     """One task rolled out by a worker.
 
     ``score`` is None when the backend failed (``error`` says how); ``diff`` is the
     proposal the worker derived from the rollout, if any. ``calls`` counts backend
-    calls (run + propose) for the ``max_calls`` budget."""
+    calls (run + propose) for the ``max_calls`` budget; ``usage`` is what those calls
+    reported (empty when they reported nothing)."""
 
     task_id: str
     score: float | None = None
     diff: Diff | None = None
     error: str | None = None
     calls: int = 0
+    usage: list[Usage] = []
 
 
 class Ref(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):

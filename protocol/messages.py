@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from protocol.domain import Diff, Ref, RolloutResult, Task
+from protocol.domain import Diff, Ref, RolloutResult, Task, Usage
 
 
 class Msg(msgspec.Struct, frozen=True, kw_only=True, tag=True, omit_defaults=True):
@@ -50,6 +50,24 @@ class Start(Msg, frozen=True):
     staleness: str = "guarded"
     sections: dict[str, int] | None = None
     lease_size: int | None = None
+    max_tokens: int | None = None
+    max_cost: float | None = None
+    #: model -> (price of 1M input tokens, price of 1M output tokens), for ``max_cost``.
+    prices: dict[str, tuple[float, float]] = {}
+    #: Calls one rollout task may make (run, then propose): what a lease reserves.
+    calls_per_task: int = 2
+
+
+class Budget(Msg, frozen=True):
+    """Planner -> Scheduler, before anything is dispatched, only when a budget on calls,
+    tokens or cost is set: the Scheduler reserves calls before it dispatches a lease and
+    starts nothing once a budget is spent (docs/budgets.md)."""
+
+    max_calls: int | None = None
+    max_tokens: int | None = None
+    max_cost: float | None = None
+    prices: dict[str, tuple[float, float]] = {}
+    calls_per_task: int = 2
 
 
 class Open(Msg, frozen=True):
@@ -150,6 +168,10 @@ class Settled(Msg, frozen=True):
     fatal: str | None = None
     section: int | None = None
     stage: int = 0
+    #: The budget (``max_calls``, ``max_tokens``, ``max_cost``) that kept some of this
+    #: lease's tasks (``skipped``) from starting.
+    exhausted: str | None = None
+    skipped: int = 0
 
 
 class SettledBatch(Msg, frozen=True):
@@ -184,6 +206,9 @@ class EvalDone(Msg, frozen=True):
     score: float
     scores: dict[str, float] = {}
     errors: int = 0
+    #: A budget was spent before this scoring could start: ``score`` means nothing and
+    #: the candidate is not committed (counted as ``unscored-at-budget``).
+    unscored: str | None = None
 
 
 class Commit(Msg, frozen=True):
@@ -586,7 +611,7 @@ class Refused(Msg, frozen=True):
 
 
 Message = (
-    Start | Open | Baseline | Tick | Finish | Shutdown | Lease | LeaseBatch | LeaseDone
+    Start | Budget | Open | Baseline | Tick | Finish | Shutdown | Lease | LeaseBatch | LeaseDone
     | Settled | SettledBatch | Barrier | EvalRequest | EvalDone | Commit | RoundClosed
     | Progress | RunDone
     | Hello | Heartbeat | Cancel | Stop | NeedWork | Merged | Refresh | Drain | Flush
@@ -596,10 +621,10 @@ Message = (
 )
 
 __all__ = [
-    "Msg", "Message", "Start", "Open", "Baseline", "Tick", "Finish", "Shutdown", "Lease",
+    "Msg", "Message", "Start", "Budget", "Open", "Baseline", "Tick", "Finish", "Shutdown", "Lease",
     "LeaseBatch", "LeaseDone", "Settled", "SettledBatch", "Barrier", "EvalRequest", "EvalDone", "Commit",
     "RoundClosed", "RoundRecord", "Progress", "RunDone", "Hello", "Heartbeat", "Cancel", "Stop", "NeedWork", "Merged", "Refresh", "Drain", "Flush",
-    "Diff", "RolloutResult",
+    "Diff", "RolloutResult", "Usage",
     "JournalEntry", "PendingInteraction", "Suspension", "GroupStart", "Branch", "BranchDone",
     "BranchFailed", "Interaction", "Hold", "UserInputs", "GroupCancel", "GroupResult",
     "GroupSuspended", "Revoke",

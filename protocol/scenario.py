@@ -100,6 +100,10 @@ _ELSEWHERE_ONLY = ("bind", "wait_seconds", "allow", "heartbeat", "deadline", "ma
 class Budgets(_Section, frozen=True):
     max_rollouts: Annotated[int, msgspec.Meta(ge=1)] | None = None
     max_calls: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    max_cost: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    prices: dict[str, tuple[Annotated[float, msgspec.Meta(ge=0)],
+                            Annotated[float, msgspec.Meta(ge=0)]]] = {}
     max_seconds: Annotated[float, msgspec.Meta(gt=0)] | None = None
     target_reward: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
     patience: Annotated[int, msgspec.Meta(ge=1)] | None = None
@@ -197,10 +201,10 @@ def parse_scenario(data: bytes | str, source: str = "<scenario>") -> Scenario:
     if scenario.mode == "async" and d is not None:
         b = scenario.budgets
         if all(v is None for v in (b.max_rollouts, b.max_calls, b.max_seconds,
-                                   b.target_reward, b.patience)):
+                                   b.target_reward, b.patience, b.max_tokens, b.max_cost)):
             raise ScenarioError(f"{source}: at `$.budgets`: expected a stop condition for "
                                 "mode = \"async\", found none; fix: set max_rollouts, "
-                                "max_calls, max_seconds, target_reward or patience under "
+                                "max_calls, max_tokens, max_cost, max_seconds, target_reward or patience under "
                                 "[budgets] (async mode has no rounds and no default time limit)")
         if "rounds" in raw:
             warnings.warn(f"{source}: `rounds` has no meaning in async mode and is ignored; "

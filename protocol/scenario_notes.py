@@ -87,9 +87,15 @@ NOTES = {
     "Workers.env": "Names of environment variables workers need (names only, never "
                    "values).",
     "Budgets.max_rollouts": "Stop after this many rollouts.",
-    "Budgets.max_calls": "Stop after this many backend calls (solve + propose) on train "
-                         "tasks; held-out scoring is not counted (the result's "
-                         "`stats['scoring_calls']` says what it spent).",
+    "Budgets.max_calls": "At most this many calls to solve/propose in all: rollouts, "
+                         "proposals and held-out scoring; a call starts only if the "
+                         "budget allows it ([budgets.md](budgets.md)).",
+    "Budgets.max_tokens": "At most this many tokens, as the agent reports them; the "
+                          "calls in flight when it is spent may pass it.",
+    "Budgets.max_cost": "At most this much cost (your currency), from reported usage "
+                        "and `prices`.",
+    "Budgets.prices": "Model name -> [input, output] price of 1M tokens, for "
+                      "`max_cost`.",
     "Budgets.max_seconds": "Stop after this much wall time.",
     "Budgets.target_reward": "Stop once the held-out reward reaches this.",
     "Budgets.patience": "Stop after this many rounds in a row without a commit.",

@@ -123,10 +123,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             "final_reward": result.final_reward, "initial_reward": result.initial_reward,
             "version": result.version, "rollouts": result.rollouts, "calls": result.calls,
             "elapsed": result.elapsed, "outcomes": result.outcomes(), "error": result.error,
-            "log": result.log_path, "state": result.state, "bus": result.bus}))
+            "log": result.log_path, "state": result.state, "bus": result.bus,
+            "budget": result.budget}))
     else:
         progress.summary(result, default_log=getattr(args, "default_log", False))
     code = 1 if result.error and result.rollouts == 0 else 0
+    if result.stop_reason == "backend_failing":  # the run stopped itself: say why, non-zero
+        _err(f"{args.scenario}: stopped: {result.error}")
+        code = 1
     if scenario.groups:  # a domain and [[groups]]: the groups run after evolve
 
         with interrupt_guard():

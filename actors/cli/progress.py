@@ -339,6 +339,7 @@ class RunProgress(_Lines):
         usage = getattr(result, "usage", None)
         if usage:
             lines.append("tokens: " + ", ".join(f"{k} {v:,}" for k, v in dict(usage).items()))
+        lines += budget_lines(getattr(result, "budget", None) or {})
         if result.error:
             lines.append(f"backend errors: {result.error}")
         if result.log_path:
@@ -516,3 +517,36 @@ def interrupt_guard(stream: TextIO | None = None) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def budget_lines(budget: dict) -> list[str]:
+    """What the run used against its budgets, by kind: ``calls 144 of 150 (rollout 60,
+    proposal 26, scoring 58)``, the same for tokens and cost when anything was used or a
+    limit set, and the HTTP attempts and seconds throttled when reported."""
+    if not budget:
+        return []
+    parts = []
+    for what in ("calls", "tokens", "cost"):
+        row = budget.get(what) or {}
+        total, limit = row.get("total", 0), row.get("limit")
+        if not total and limit is None:
+            continue
+        fmt = (lambda v: f"{v:,.4f}") if what == "cost" else (lambda v: f"{v:,}")
+        used = fmt(total) + (f" of {fmt(limit)}" if limit is not None else "")
+        kinds = ", ".join(f"{k} {fmt(row.get(k, 0))}" for k in ("rollout", "proposal", "scoring"))
+        over = f", over by {fmt(row['over'])}" if row.get("over") else ""
+        parts.append(f"{what} {used} ({kinds}{over})")
+    lines = ["budget: " + "; ".join(parts)] if parts else []
+    extra = []
+    if budget.get("spent"):
+        extra.append(f"{budget['spent']} spent with {budget.get('in_flight_when_spent') or 0} "
+                     f"call(s) in flight; {budget.get('refused_leases', 0)} lease(s) never "
+                     "started")
+    if budget.get("attempts"):
+        extra.append(f"{budget['attempts']:,} HTTP attempts, "
+                     f"{budget.get('throttled_seconds', 0):.1f} s throttled")
+    if budget.get("unpriced_models"):
+        extra.append(f"no price for {', '.join(budget['unpriced_models'])} (cost not counted)")
+    if extra:
+        lines.append("budget: " + "; ".join(extra))
+    return lines

@@ -380,6 +380,8 @@ class Merger:
         if pending is None:
             return []
         tag, scores, key = pending
+        if msg.unscored is not None:  # (the baseline: 0.0, not remembered as its score)
+            return self._unscored() if tag != "baseline" else self._scored(tag, 0.0)
         scores[key] = msg.score   # the only place a table grows
         if msg.scores and scores is self._scores(None):
             self._detail[key] = dict(msg.scores)
@@ -388,6 +390,19 @@ class Merger:
         if len(scores) > self.cache_states:
             self._over_cap.append(scores)
         return self._scored(tag, msg.score)
+
+    def _unscored(self) -> list[Out]:
+        """A budget was spent before a candidate of this merge could be scored: nothing
+        more of it is decided; its undecided diffs are ``unscored-at-budget`` and the
+        scores still in flight for it are dropped when they come back."""
+        m = self.merge
+        if m is None:
+            return []
+        self.by_eval.clear()  # every eval in flight belongs to this merge
+        undecided = {"variants": len(m.free) + sum(len(g) for g in m.groups),
+                     "verify": len(m.verify) + len(m.fused)}.get(m.stage, len(m.fused))
+        self._count(m.outcomes, "unscored-at-budget", undecided)
+        return self._close(committed=False)
 
     def _scored(self, tag: str, score: float) -> list[Out]:
         if tag == "baseline":

@@ -15,7 +15,7 @@ import logging
 import random
 
 from actors.addresses import DRIVER, MERGER, SCHEDULER, Out
-from protocol import (Baseline, Drain, Finish, Lease, LeaseBatch, Message, NeedWork, Open,
+from protocol import (Baseline, Budget, Drain, Finish, Lease, LeaseBatch, Message, NeedWork, Open,
                       Progress, RoundClosed, RoundRecord, Settled, SettledBatch, Shutdown,
                       Start, Tick,
                       WorkUnit)
@@ -23,7 +23,11 @@ from protocol import (Baseline, Drain, Finish, Lease, LeaseBatch, Message, NeedW
 log = logging.getLogger(__name__)
 
 
-#: Budgets whose exhaustion means "the work is done": the last proposals are merged.
+#: The backend is failing (stop reason ``backend_failing``) once this many rollout
+#: leases per worker in a row, in settling order, had every rollout fail: 3 rounds of a
+#: synchronous DataParallel run, 3 x n_workers leases in async mode. One rollout that
+#: works resets the count: a flaky backend is evidence, not a stop.
+FAILING_LEASES_PER_WORKER = 3
 
 
 def split_tasks(task_ids: list[str], held_out_frac: float, seed: int) -> tuple[list[str], list[str]]:
@@ -52,6 +56,8 @@ class Planner:
         self.calls = 0
         self.backend_errors = 0
         self.first_error: str | None = None
+        self.failing = 0          # rollout leases in a row with every rollout failed
+        self.exhausted: str | None = None  # a budget the Scheduler found spent
         self.elapsed = 0.0
         self.history: list[RoundRecord] = []
         self.without_commit = 0
@@ -102,7 +108,13 @@ class Planner:
     def _on_start(self, msg: Start) -> list[Out]:
         self.start = msg
         self.train, self.heldout = split_tasks(msg.task_ids, msg.held_out_frac, msg.seed)
-        return [(MERGER, Open(heldout_ids=self.heldout, initial_state=msg.initial_state,
+        out: list[Out] = []
+        if msg.max_calls is not None or msg.max_tokens is not None or msg.max_cost is not None:
+            # Before the baseline's scoring is asked for: it counts too.
+            out.append((SCHEDULER, Budget(max_calls=msg.max_calls, max_tokens=msg.max_tokens,
+                                          max_cost=msg.max_cost, prices=dict(msg.prices),
+                                          calls_per_task=msg.calls_per_task)))
+        return out + [(MERGER, Open(heldout_ids=self.heldout, initial_state=msg.initial_state,
                               sections=msg.sections))]
 
     def _budget_left(self) -> int | None:
@@ -153,6 +165,11 @@ class Planner:
         if msg.fatal and not self.finished:
             self.fatal = msg.fatal
             return self._finish("error")
+        if msg.exhausted and self.exhausted is None:
+            self.exhausted = msg.exhausted
+        if msg.scores:
+            all_failed = len(msg.errors) == len(msg.scores)
+            self.failing = self.failing + 1 if all_failed else 0
         self.settled.append(msg)
         if not self.asynchronous:
             return []
@@ -161,11 +178,18 @@ class Planner:
         s = self.start
         if self.stopping:
             return []
+        if self._backend_failing():
+            return self._stop("backend_failing")
         if s.max_rollouts is not None and self.rollouts >= s.max_rollouts:
             return self._stop("max_rollouts")
         if s.max_calls is not None and self.calls >= s.max_calls:
             return self._stop("max_calls")
+        if self.exhausted:
+            return self._stop(self.exhausted)
         return []
+
+    def _backend_failing(self) -> bool:
+        return self.failing >= FAILING_LEASES_PER_WORKER * self.start.n_workers
 
     def _learn(self) -> None:
         """Feed settled rollouts to ``observe`` and the sampler. Synchronous mode does it
@@ -216,12 +240,16 @@ class Planner:
 
     def _reason(self, msg: RoundClosed) -> str | None:
         s = self.start
+        if self._backend_failing():
+            return "backend_failing"
         if s.target_reward is not None and msg.heldout_reward >= s.target_reward:
             return "target_reward"
         if s.max_rollouts is not None and self.rollouts >= s.max_rollouts:
             return "max_rollouts"
         if s.max_calls is not None and self.calls >= s.max_calls:
             return "max_calls"
+        if self.exhausted:
+            return self.exhausted
         if s.max_seconds is not None and self.elapsed >= s.max_seconds:
             return "max_seconds"
         if s.patience is not None and self.without_commit >= s.patience:
@@ -237,14 +265,19 @@ class Planner:
         if self.stopping:
             return []
         self.stopping = reason
-        # Out of time: do not spend more of it merging; any other stop merges what the
-        # completed rollouts proposed before returning.
-        return [(SCHEDULER, Drain(reason=reason, merge=reason != "max_seconds"))]
+        # Out of time, or a backend that fails every call: do not spend more of either
+        # merging; any other stop merges what the completed rollouts proposed.
+        return [(SCHEDULER, Drain(reason=reason,
+                                  merge=reason not in ("max_seconds", "backend_failing")))]
 
     def _finish(self, reason: str) -> list[Out]:
         self.finished = True
         error = None
-        if self.backend_errors:
+        if reason == "backend_failing":
+            error = (f"the backend is failing: the last {self.failing} rollout lease(s) "
+                     f"failed in every rollout ({self.backend_errors} failed rollout(s) in "
+                     f"all); first error: {self.first_error}")
+        elif self.backend_errors:
             error = (f"{self.backend_errors} rollout(s) failed in the backend; first: "
                      f"{self.first_error}")
         return [(MERGER, Finish(stop_reason=reason, error=error, fatal=self.fatal,

@@ -13,6 +13,10 @@ registrations and credits, and the round barrier. A pure state machine.
   act: before a round's ``Barrier``, before ``NeedWork``, when nothing is left running,
   before a drain ends. A fatal settlement goes at once; a ``LeaseBatch`` with
   ``report_each`` asks for a ``Settled`` per lease (a budget checked per lease).
+- Budgets (``Budget``, from the Planner): a rollout lease reserves its calls before it
+  is dispatched and is cut to what ``max_calls`` allows; a lease no budget allows is
+  settled unrun (``Settled.exhausted``), a scoring request no budget allows is answered
+  ``EvalDone(unscored=...)`` (actors/machines/budget.py).
 
 Asynchronous mode (``asynchronous=True``) has no barrier: when the queue runs dry and a
 worker has room (a free slot, or room to queue a lease) the Planner is asked for a wave
@@ -33,8 +37,9 @@ from dataclasses import dataclass, field
 import msgspec
 
 from actors.addresses import MERGER, PLANNER, Out
-from protocol import (Barrier, Commit, Drain, EvalDone, EvalRequest, Flush, Heartbeat, Hello,
-                      Lease, LeaseBatch, LeaseDone, Merged, Message, NeedWork, Refresh,
+from actors.machines.budget import Ledger
+from protocol import (Barrier, Budget, Commit, Drain, EvalDone, EvalRequest, Flush,
+                      Heartbeat, Hello, Lease, LeaseBatch, LeaseDone, Merged, Message, NeedWork, Refresh,
                       RolloutResult, Settled, SettledBatch, Shutdown, Stop, Tick)
 
 log = logging.getLogger(__name__)
@@ -88,8 +93,12 @@ class Scheduler:
         self.merge_on_flush = True
         self.cancelled = 0
         # Backend calls spent scoring (held-out gates, re-verifications): not in the
-        # Planner's ``calls`` nor its max_calls budget, reported in the result's stats.
+        # Planner's ``calls``; the ledger counts them against max_calls.
         self.eval_calls = 0
+        # Every call used, by kind, and the calls reserved by leases in flight: the
+        # budgets on calls, tokens and cost (actors/machines/budget.py).
+        self.ledger = Ledger()
+        self.exhausted: dict[str, tuple[str, int]] = {}  # lease id -> (budget, tasks cut)
         self.worker_version: dict[str, int] = {}
         self.elapsed = 0.0
         self.starved_seconds = 0.0
@@ -121,6 +130,9 @@ class Scheduler:
                 return self._rejoin(msg) + self._on_hello(msg)
             case Heartbeat(worker=name):
                 return self._on_heartbeat(name)
+            case Budget():
+                self.ledger.limits = msg
+                return []
             case LeaseBatch():
                 return self._on_batch(msg)
             case EvalRequest():
@@ -253,6 +265,9 @@ class Scheduler:
         n = max(1, min(len(msg.task_ids), len(self.workers) or 1, self.max_concurrency))
         chunks = [msg.task_ids[i::n] for i in range(n)]
         chunks = [c for c in chunks if c]
+        refused = self.ledger.admit_eval(msg.eval_id, len(msg.task_ids)) if chunks else None
+        if refused is not None:  # no scoring call starts once a budget is spent
+            return [(MERGER, EvalDone(eval_id=msg.eval_id, score=0.0, unscored=refused))]
         self.evals[msg.eval_id] = _Eval(n_chunks=len(chunks))
         if not chunks:
             del self.evals[msg.eval_id]
@@ -279,11 +294,25 @@ class Scheduler:
             self._release(self.workers[holder], msg.lease_id)
             self.running -= 1
         del self.leases[msg.lease_id]
+        fatal = self._account(lease, msg)
+        if fatal is not None and msg.fatal is None:
+            msg = msgspec.structs.replace(msg, fatal=fatal)
         if lease.kind == "eval":
             out = self._on_eval_chunk(lease, msg)
         else:
             out = self._on_rollout_done(lease, msg)
         return out + self._dispatch()
+
+    def _account(self, lease: Lease, msg: LeaseDone) -> str | None:
+        """Count the lease's usage in the ledger and release what it reserved (an eval
+        chunk's reservation is its request's, released with its last chunk)."""
+        if lease.kind == "rollout":
+            return self.ledger.settle(lease, msg.results)
+        eval_id = lease.lease_id.rsplit(".", 1)[0]
+        agg = self.evals.get(eval_id)
+        last = agg is None or agg.done + 1 >= agg.n_chunks
+        return self.ledger.settle(lease, msg.results,
+                                  reservation=eval_id if last else "")
 
     def _on_rollout_done(self, lease: Lease, msg: LeaseDone) -> list[Out]:
         scores: list[tuple[str, float | None]] = []
@@ -296,12 +325,13 @@ class Scheduler:
                 errors.append(f"{r.task_id}: {r.error}")
             if r.diff is not None:
                 proposals += 1
+        exhausted, skipped = self.exhausted.pop(lease.lease_id, (None, 0))
         self.unreported.append(Settled(
             lease_id=lease.lease_id, round=lease.round, unit=lease.unit, scores=scores,
             calls=calls, errors=errors, fatal=msg.fatal, section=lease.section,
-            stage=lease.stage))
+            stage=lease.stage, exhausted=exhausted, skipped=skipped))
         out: list[Out] = []
-        if msg.fatal or (self.asynchronous and self.report_each):
+        if msg.fatal or exhausted or (self.asynchronous and self.report_each):
             out += self._report()  # the Planner acts on this one now
         if proposals:
             out.append((MERGER, msg))
@@ -390,6 +420,15 @@ class Scheduler:
             if rollout and self.asynchronous and self.unmerged > self.backlog_bound:
                 self.held_back += 1
                 break  # backpressure: the merger is behind; evals still jump the queue
+            if rollout and self.ledger.limits is not None:
+                admitted, cut, spent = self.ledger.admit(lease)
+                if admitted is None:  # a budget is spent: this lease never starts
+                    queue.popleft()
+                    out += self._refuse(lease, spent)
+                    continue
+                if cut:
+                    self.exhausted[lease.lease_id] = (spent, cut)
+                    lease = self.leases[lease.lease_id] = queue[0] = admitted
             queue.popleft()
             # Affinity: logical unit i prefers the i-th registered worker.
             preferred = order[lease.unit % len(order)] if rollout else None
@@ -428,6 +467,16 @@ class Scheduler:
         elif self.asynchronous and self.unreported and not self.running:
             out += self._report()  # nothing left running: nothing else would report them
         return out
+
+    def _refuse(self, lease: Lease, spent: str) -> list[Out]:
+        """Settle a lease a budget keeps from starting: a rollout lease as settled with
+        nothing run (the Planner stops on ``exhausted``); an eval lease is never refused
+        here (its request reserved every chunk)."""
+        del self.leases[lease.lease_id]
+        done = LeaseDone(lease_id=lease.lease_id, worker=self.name, round=lease.round,
+                         kind=lease.kind, unit=lease.unit, section=lease.section)
+        self.exhausted[lease.lease_id] = (spent, len(lease.task_ids))
+        return self._on_rollout_done(lease, done)
 
     def _room(self) -> bool:
         """Could a rollout lease be handed out now (to start, or to queue at a worker)?"""

@@ -24,8 +24,9 @@ from actors.errors import ConfigError
 from actors.machines.merger import STALENESS, Merger
 from actors.policies.parallelism import DataParallel
 from actors.policies.pipeline import PipelineParallel
-from actors.machines.planner import Planner
+from actors.machines.planner import Planner, split_tasks
 from actors.machines.scheduler import Scheduler
+from actors.usage import reports_usage
 from actors.workers.core import SOLVED, WorkerCore
 from actors.workers.scope import RunScope
 from protocol import Progress, RoundRecord, RunDone, Start, Task, Tick, Hello, Refused
@@ -62,6 +63,13 @@ class EvolveResult:
     #: Token usage of the agent, when it keeps one (``agent.usage.as_dict()``, e.g.
     #: actors.openai_agent.OpenAIAgent); None otherwise.
     usage: dict[str, int] | None = None
+    #: Every call of the run against its budgets (docs/budgets.md): ``calls``,
+    #: ``tokens`` and ``cost``, each by kind (rollout, proposal, scoring) with its
+    #: ``total``, ``limit`` and ``over``; ``attempts`` and ``throttled_seconds`` (HTTP
+    #: attempts and seconds waited, as reported), ``spent`` (the first budget found
+    #: spent), ``in_flight_when_spent`` (calls reserved then), ``refused_leases``.
+    #: ``calls`` above counts train calls only (rollout + proposal).
+    budget: dict[str, Any] = field(default_factory=dict)
     _outcomes: dict[str, int] = field(default_factory=dict, repr=False)
 
     def outcomes(self) -> dict[str, int]:
@@ -134,7 +142,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            max_concurrency: int | None = None, held_out_frac: float = 0.4, seed: int = 0,
            log: str | None = None, max_rollouts: int | None = None,
            max_seconds: float | None = None, max_calls: int | None = None,
-           target_reward: float | None = None, patience: int | None = None,
+           max_tokens: int | None = None, max_cost: float | None = None,
+           prices: dict[str, Any] | None = None, target_reward: float | None = None, patience: int | None = None,
            initial_state: dict[str, str] | None = None, solved_threshold: float = SOLVED,
            asynchronous: bool = False, async_ratio: int | None = None,
            staleness: str | None = None, stall_merges: int | None = None,
@@ -164,13 +173,17 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
 
     ``rounds`` (default 15) counts synchronous rounds; in asynchronous mode it has no
     meaning (a warning says so if it is passed) and the run stops on a budget:
-    ``max_rollouts``, ``max_calls``, ``max_seconds``, ``target_reward`` or ``patience``.
-    ``async_ratio`` (default 3), ``staleness`` (default "guarded") and ``stall_merges``
+    ``max_rollouts``, ``max_calls``, ``max_tokens``, ``max_cost``, ``max_seconds``,
+    ``target_reward`` or ``patience``. ``max_calls`` counts every call to run/propose
+    (rollouts, proposals, held-out scoring); ``max_tokens`` and ``max_cost`` count what
+    the calls report (``prices``: model -> (input, output) per 1M tokens), see
+    docs/budgets.md. ``async_ratio`` (default 3), ``staleness`` (default "guarded") and ``stall_merges``
     (default 3) shape asynchronous mode only (docs/async.md); passed to a synchronous
     run, a warning names them.
     """
     modes = _check_modes(asynchronous, rounds, async_ratio, staleness, stall_merges,
-                         (max_rollouts, max_calls, max_seconds, target_reward, patience))
+                         (max_rollouts, max_calls, max_seconds, target_reward, patience,
+                          max_tokens, max_cost))
     # The Merger's optional acceptance rules (docs/concepts.md), only those switched on.
     modes = dataclasses.replace(modes, gate={
         name: True for name, on in (("screen", screen), ("attribute", attribute),
@@ -178,6 +191,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     _check_numbers(solved_threshold, lease_size)
     tasks = _validate(tasks, reward, agent, run, propose, n_workers, modes.rounds,
                       held_out_frac, max_concurrency)
+    prices = _check_budgets(max_calls, max_tokens, max_cost, prices, agent, run, propose,
+                            len(split_tasks([t.id for t in tasks], held_out_frac, seed)[1]))
     _warn_if_inside_a_loop("evolve", "evolve_async")
     # The default is the scenario files' default (protocol.scenario.Scenario.strategy).
     strategy = strategy if strategy is not None else AppendRules()
@@ -205,7 +220,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                   max_rollouts=max_rollouts, max_calls=max_calls, max_seconds=max_seconds,
                   target_reward=target_reward, patience=patience, sections=sections,
                   asynchronous=asynchronous, async_ratio=modes.async_ratio,
-                  staleness=modes.staleness, lease_size=lease_size)
+                  staleness=modes.staleness, lease_size=lease_size, max_tokens=max_tokens,
+                  max_cost=max_cost, prices=prices)
     tracker = as_tracking(tracking)
     if tracker is not None:   # before any rollout: a missing extra is a ConfigError now
         tracker.start(_tracked_params(locals(), plan_with, strategy), render=strategy.render,
@@ -247,6 +263,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                                         on_round)
         bus_stats, stats = _counters(rt, done, remote)
         given_up = rt.machines[SCHEDULER].given_up
+        budget = rt.machines[SCHEDULER].ledger.summary()
     if done.fatal:
         raise ConfigError(done.fatal)
     history = [_with_elapsed(r, elapsed_by_round.get(r.round, r.elapsed)) for r in done.history]
@@ -257,7 +274,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                           history=history, rollouts=done.rollouts, calls=done.calls,
                           error=done.error, log_path=log, elapsed=time.monotonic() - t0,
                           bus=bus_stats, stats=stats, usage=_usage_of(agent),
-                          _outcomes=outcomes)
+                          budget=budget, _outcomes=outcomes)
     if tracker is not None:
         tracker.end(result, usage=result.usage)
     return result
@@ -303,8 +320,8 @@ def _check_modes(asynchronous: bool, rounds, async_ratio, staleness, stall_merge
                       "target_reward or patience", RuntimeWarning, stacklevel=3)
     if all(b is None for b in stops):
         raise ConfigError("evolve(asynchronous=True) needs a stop condition: pass "
-                          "max_rollouts, max_calls, max_seconds, target_reward or "
-                          "patience (there is no default time limit)")
+                          "max_rollouts, max_calls, max_tokens, max_cost, max_seconds, "
+                          "target_reward or patience (there is no default time limit)")
     if not isinstance(modes.async_ratio, int) or modes.async_ratio < 1:
         raise ConfigError(f"async_ratio must be an integer >= 1, got {modes.async_ratio!r}")
     if modes.staleness not in STALENESS:
@@ -325,6 +342,38 @@ def _check_numbers(solved_threshold, lease_size) -> None:
     if lease_size is not None and (not isinstance(lease_size, int) or lease_size < 1):
         raise ConfigError(f"lease_size must be an integer >= 1 (tasks per lease), got "
                           f"{lease_size!r}; None sends each worker's share as one lease")
+
+
+def _check_budgets(max_calls, max_tokens, max_cost, prices, agent, run, propose,
+                   n_heldout: int) -> dict[str, tuple[float, float]]:
+    """Refuse budgets that cannot mean what they say; return the prices, checked."""
+    for name, value, kind in (("max_tokens", max_tokens, int), ("max_cost", max_cost, float)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, kind))
+                                  or value <= 0):
+            raise ConfigError(f"{name} must be a positive number, got {value!r}")
+    if max_calls is not None and max_calls <= n_heldout:
+        raise ConfigError(f"max_calls={max_calls} cannot pay for the run: scoring version 0 "
+                          f"on the {n_heldout} held-out task(s) takes {n_heldout} calls "
+                          "before the first rollout; raise max_calls well above "
+                          f"{n_heldout} (every merge scores on the held-out tasks again)")
+    for name, value in (("max_tokens", max_tokens), ("max_cost", max_cost)):
+        if value is not None and not reports_usage(agent, run, propose):
+            who = type(agent).__name__ if agent is not None else "run/propose"
+            raise ConfigError(f"{name}={value!r} but {who} does not report token usage "
+                              "(no reports_usage = True): the budget could not be enforced. "
+                              "Report each model call with actors.usage.report(...) and set "
+                              "reports_usage = True (OpenAIAgent does), or drop "
+                              f"{name}")
+    checked: dict[str, tuple[float, float]] = {}
+    for model, price in (prices or {}).items():
+        if not (isinstance(price, (list, tuple)) and len(price) == 2 and all(
+                isinstance(p, (int, float)) and not isinstance(p, bool) and p >= 0
+                for p in price)):
+            raise ConfigError(f"prices[{model!r}] = {price!r}: give (input, output), the "
+                              "price of 1M input tokens and of 1M output tokens, e.g. "
+                              f"{{{model!r}: (0.15, 0.60)}}")
+        checked[str(model)] = (float(price[0]), float(price[1]))
+    return checked
 
 
 def _log_meta(seed: int, run_id: str, log_meta, plan_with, task_sampler, modes: _Modes,

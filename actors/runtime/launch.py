@@ -103,6 +103,8 @@ def evolve_kwargs(scenario: sc.Scenario, source: str = "") -> dict[str, Any]:
                                             run_name=t.run_name or scenario.name)
     b = scenario.budgets
     kwargs.update(max_rollouts=b.max_rollouts, max_calls=b.max_calls,
+                  max_tokens=b.max_tokens, max_cost=b.max_cost,
+                  prices={k: tuple(v) for k, v in b.prices.items()} or None,
                   max_seconds=b.max_seconds, target_reward=b.target_reward,
                   patience=b.patience)
     return kwargs

@@ -14,7 +14,9 @@ from typing import Any, Callable
 
 import msgspec
 
-from actors.errors import describe
+from actors.errors import RetryLater, describe
+from actors.throttle import Backoff
+from actors.usage import metered, report
 from actors.workers import scope
 from actors.workers.scope import RunScope
 from protocol import Commit, Lease, LeaseDone, RolloutResult, Task
@@ -85,6 +87,9 @@ class WorkerCore:
         self.settle = Awaiter()   # async run / propose / reward (one core per thread)
         #: The run, for parallel groups started inside run/propose (actors.workers.scope).
         self.scope = scope
+        # A call that raises RetryLater is called again (docs/budgets.md): 1 s doubling to
+        # 30 s, jittered, for 2 minutes at most; then it fails as Throttled.
+        self.backoff = Backoff(initial=1.0, maximum=30.0, deadline=120.0)
 
     def close(self) -> None:
         """The worker is done: close the event loop async code ran on, if any."""
@@ -142,25 +147,39 @@ class WorkerCore:
         return result
 
     def _one(self, task: Task, rendered: str, state, version: int, may_propose: bool):
-        try:
-            output = self.run(rendered, task)
-            if output.__class__ is not str and hasattr(output, "__await__"):   # async run
-                output = self.settle(output)
-        except Exception as exc:  # a flaky backend is evidence: reported in the result
-            return RolloutResult(task_id=task.id, error=describe(exc), calls=1)
+        output, usage, exc = metered("run", self._retried, self.run, (rendered, task))
+        if exc is not None:  # a flaky backend is evidence: reported in the result
+            return RolloutResult(task_id=task.id, error=describe(exc), calls=1, usage=usage)
         score = self.reward(task, output)
         if score.__class__ is not float:   # an int, or an async reward's coroutine
             score = self.settle(score)
         score = check_reward(score, task)
         if not may_propose or score >= self.solved:
-            return RolloutResult(task_id=task.id, score=score, calls=1)
-        try:
-            text = self.settle(self.propose(rendered, task, output, score))
-        except Exception as exc:  # reported with the rollout; the score still counts
+            return RolloutResult(task_id=task.id, score=score, calls=1, usage=usage)
+        text, more, exc = metered("propose", self._retried, self.propose,
+                                  (rendered, task, output, score))
+        usage = usage + more if more else usage
+        if exc is not None:  # reported with the rollout; the score still counts
             return RolloutResult(task_id=task.id, score=score, error="propose: " + describe(exc),
-                                 calls=2)
+                                 calls=2, usage=usage)
         if text is not None and not isinstance(text, str):
             raise ValueError(f"propose(task={task.id!r}, ...) returned "
                              f"{type(text).__name__}; it must return a str or None")
         diff = self.strategy.to_diff(state, text, self.name, version) if text else None
-        return RolloutResult(task_id=task.id, score=score, diff=diff, calls=2)
+        return RolloutResult(task_id=task.id, score=score, diff=diff, calls=2, usage=usage)
+
+    def _retried(self, fn: Callable, args: tuple):
+        """One call to run or propose (an awaitable it returns is awaited), called again
+        while it raises RetryLater; the attempts and the seconds waited are reported."""
+        try:
+            return self._once(fn, args)
+        except RetryLater as exc:
+            value, attempts, slept = self.backoff.call(lambda: self._once(fn, args), first=exc)
+            report(attempts=attempts, throttled=slept)
+            return value
+
+    def _once(self, fn: Callable, args: tuple):
+        value = fn(*args)
+        if value.__class__ is not str and hasattr(value, "__await__"):   # async code
+            value = self.settle(value)
+        return value

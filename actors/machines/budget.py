@@ -1,0 +1,189 @@
+"""The ledger of calls, tokens and cost: what the run used, by kind (``rollout``: run
+calls on train tasks, ``proposal``: propose calls, ``scoring``: held-out scoring and
+re-verification), and the calls that leases in flight have reserved. Pure: the
+Scheduler feeds it the leases it dispatches and the results that come back.
+
+The budgets (docs/budgets.md) hold before a call starts: a lease reserves its calls
+(``calls_per_task`` a rollout task, one a scoring task) before it is dispatched and is
+cut to what ``max_calls`` still allows; nothing is dispatched once the calls used and
+reserved reach ``max_calls``, or the tokens or the cost used reach ``max_tokens`` or
+``max_cost``. Tokens and cost are known only when a call ends, so those two budgets
+can be passed by what the calls in flight use; ``in_flight_when_spent`` says how many
+calls were reserved when a budget was first found spent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from protocol import Budget, Lease, RolloutResult, Usage
+
+KINDS = ("rollout", "proposal", "scoring")
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.limits: Budget | None = None
+        self.calls = dict.fromkeys(KINDS, 0)
+        self.tokens = dict.fromkeys(KINDS, 0)
+        self.cost = dict.fromkeys(KINDS, 0.0)
+        self.attempts = 0
+        self.throttled = 0.0
+        self.unpriced: set[str] = set()
+        self.reserved: dict[str, int] = {}
+        self.reserved_total = 0
+        self.spent: str | None = None
+        self.in_flight_when_spent: int | None = None
+        self.refused_leases = 0
+
+    # -- limits ---------------------------------------------------------------------------
+
+    def which_spent(self) -> str | None:
+        """The first budget with nothing left (calls used and reserved count), or None."""
+        b = self.limits
+        if b is None:
+            return None
+        reason = None
+        if b.max_calls is not None and sum(self.calls.values()) + self.reserved_total \
+                >= b.max_calls:
+            reason = "max_calls"
+        elif b.max_tokens is not None and sum(self.tokens.values()) >= b.max_tokens:
+            reason = "max_tokens"
+        elif b.max_cost is not None and sum(self.cost.values()) >= b.max_cost:
+            reason = "max_cost"
+        if reason is not None and self.spent is None:
+            self.spent, self.in_flight_when_spent = reason, self.reserved_total
+        return reason
+
+    def admit(self, lease: Lease) -> tuple[Lease | None, int, str | None]:
+        """Reserve ``lease``'s calls before it is dispatched: (the lease to send, cut to
+        what ``max_calls`` allows, or None; the tasks left out; the budget that cut it).
+        A lease sent before (a re-dispatch) keeps its reservation."""
+        b = self.limits
+        if b is None or lease.lease_id in self.reserved:
+            return lease, 0, None
+        n = len(lease.task_ids)
+        reason = self.which_spent()
+        fit = 0 if reason else n
+        per = b.calls_per_task if lease.kind == "rollout" else 1
+        if not reason and b.max_calls is not None:
+            room = b.max_calls - sum(self.calls.values()) - self.reserved_total
+            fit = min(n, max(0, room // per))
+            reason = "max_calls" if fit < n else None
+        if fit == 0:
+            self.refused_leases += 1
+            return None, n, reason
+        if fit < n:
+            lease = msgspec.structs.replace(lease, task_ids=list(lease.task_ids[:fit]))
+        self._reserve(lease.lease_id, per * fit)
+        return lease, n - fit, reason
+
+    def admit_eval(self, eval_id: str, n_tasks: int) -> str | None:
+        """Reserve a whole scoring request (``n_tasks`` calls) at once, or say which budget
+        refuses it: a candidate is scored on every held-out task or not at all."""
+        if self.limits is None:
+            return None
+        reason = self.which_spent()
+        b = self.limits
+        if reason is None and b.max_calls is not None and (
+                sum(self.calls.values()) + self.reserved_total + n_tasks > b.max_calls):
+            reason = "max_calls"
+        if reason is not None:
+            return reason
+        self._reserve(eval_id, n_tasks)
+        return None
+
+    def _reserve(self, key: str, n: int) -> None:
+        self.reserved[key] = n
+        self.reserved_total += n
+
+    def release(self, key: str) -> None:
+        self.reserved_total -= self.reserved.pop(key, 0)
+
+    # -- usage ----------------------------------------------------------------------------
+
+    def settle(self, lease: Lease, results: Iterable[RolloutResult], *,
+               reservation: str | None = None) -> str | None:
+        """Count what a lease's calls used; release its reservation (``reservation``: the
+        key it was made under, by default the lease id). Returns a fatal error when a
+        token or cost budget is set and a call did not say what it used (or used a model
+        with no price)."""
+        self.release(reservation or lease.lease_id)
+        scoring = lease.kind != "rollout"
+        for r in results:
+            if r.calls:
+                if scoring:
+                    self.calls["scoring"] += r.calls
+                else:
+                    self.calls["rollout"] += 1
+                    self.calls["proposal"] += r.calls - 1
+            for u in r.usage:
+                self._count(u, "scoring" if scoring else
+                            "proposal" if u.phase == "propose" else "rollout")
+            if self.limits is not None and (self.limits.max_tokens is not None
+                                            or self.limits.max_cost is not None):
+                fatal = self._check_reported(r, scoring)
+                if fatal:
+                    return fatal
+        return None
+
+    def _count(self, u: Usage, kind: str) -> None:
+        tokens = u.input_tokens + u.output_tokens
+        self.tokens[kind] += tokens
+        self.attempts += u.attempts
+        self.throttled += u.throttled
+        cost = u.cost
+        if cost is None and tokens:
+            price = (self.limits.prices if self.limits is not None else {}).get(u.model)
+            if price is None:
+                self.unpriced.add(u.model)
+                return
+            cost = (u.input_tokens * price[0] + u.output_tokens * price[1]) / 1e6
+        if cost:
+            self.cost[kind] += cost
+
+    def _check_reported(self, r: RolloutResult, scoring: bool) -> str | None:
+        b = self.limits
+        name = "max_tokens" if b.max_tokens is not None else "max_cost"
+        ran = [("run", r.score is not None)]
+        if r.calls >= 2:
+            ran.append(("propose", not (r.error or "").startswith("propose: ")))
+        for phase, ok in ran:
+            seen = [u for u in r.usage if u.phase == phase
+                    and (u.input_tokens or u.output_tokens or u.cost is not None)]
+            if ok and not seen:
+                call = "a scoring call" if scoring else f"{phase}()"
+                return (f"{name} is set but {call} on task {r.task_id!r} reported no usage: "
+                        "the agent must report each model call with actors.usage.report("
+                        "model=..., input_tokens=..., output_tokens=...) (OpenAIAgent "
+                        f"does), or drop {name}")
+            if b.max_cost is not None:
+                for u in seen:
+                    if u.cost is None and u.model not in b.prices:
+                        return (f"max_cost is set but model {u.model!r} has no price: pass "
+                                f"prices={{{u.model!r}: (input, output)}} per 1M tokens "
+                                "(evolve(prices=...), [budgets] prices in the scenario, or "
+                                "the agent's prices argument)")
+        return None
+
+    # -- the report -----------------------------------------------------------------------
+
+    def summary(self) -> dict:
+        """What was used against each budget, by kind (the result's ``budget``)."""
+        b = self.limits or Budget()
+        out: dict = {}
+        for what, used, limit in (("calls", self.calls, b.max_calls),
+                                  ("tokens", self.tokens, b.max_tokens),
+                                  ("cost", self.cost, b.max_cost)):
+            total = sum(used.values())
+            row = {**{k: (round(v, 6) if what == "cost" else v) for k, v in used.items()},
+                   "total": round(total, 6) if what == "cost" else total, "limit": limit}
+            if limit is not None:
+                row["over"] = round(max(0, total - limit), 6)
+            out[what] = row
+        out.update(attempts=self.attempts, throttled_seconds=round(self.throttled, 3),
+                   spent=self.spent, in_flight_when_spent=self.in_flight_when_spent,
+                   refused_leases=self.refused_leases, unpriced_models=sorted(self.unpriced))
+        return out

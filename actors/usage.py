@@ -1,0 +1,73 @@
+"""How a call reports what it used, for the token and cost budgets (docs/budgets.md).
+
+The worker opens a meter around each call it makes to run or propose (an agent's
+``solve``/``propose``); code running inside that call, on its thread or in a coroutine
+awaited by it, reports with :func:`report`. What was reported travels in the rollout's
+result (``protocol.Usage``, one per model and phase) to the Scheduler, which counts it
+against ``max_tokens`` and ``max_cost``. :class:`actors.openai_agent.OpenAIAgent`
+reports every request; an agent of your own calls :func:`report` once per model call
+and declares ``reports_usage = True`` (a token or cost budget refuses an agent that
+does not).
+
+A thread the call starts itself does not inherit the meter (contextvars are per
+thread): report from the call's own thread, or copy the context
+(``contextvars.copy_context().run``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any, Callable
+
+from protocol import Usage
+
+__all__ = ["report", "metered", "reports_usage"]
+
+_METER: contextvars.ContextVar[dict[str, list] | None] = contextvars.ContextVar(
+    "evobus_usage_meter", default=None)
+
+
+def report(*, model: str = "", input_tokens: int = 0, output_tokens: int = 0,
+           cost: float | None = None, attempts: int = 0, throttled: float = 0.0) -> None:
+    """Add one model call's usage to the call being metered (outside one: nothing).
+
+    ``cost``: what the call cost in your currency, if the agent prices it itself (else the
+    run's ``prices`` price ``model``); ``attempts``: HTTP attempts it took (retries
+    included); ``throttled``: seconds it waited on a 429/503 or a rate limiter."""
+    meter = _METER.get()
+    if meter is None:
+        return
+    entry = meter.setdefault(model, [0, 0, None, 0, 0.0])
+    entry[0] += int(input_tokens)
+    entry[1] += int(output_tokens)
+    if cost is not None:
+        entry[2] = (entry[2] or 0.0) + float(cost)
+    entry[3] += int(attempts)
+    entry[4] += float(throttled)
+
+
+def metered(phase: str, fn: Callable[..., Any], *args: Any) -> tuple[Any, list[Usage], BaseException | None]:
+    """Call ``fn(*args)`` with a fresh meter: (its value or None, what it reported, the
+    exception it raised or None). The exception is returned, not raised, so that what a
+    failed call reported is kept too; the caller decides what it means."""
+    meter: dict[str, list] = {}
+    token = _METER.set(meter)
+    try:
+        value, error = fn(*args), None
+    except Exception as exc:  # returned to the caller, which records it with the result
+        value, error = None, exc
+    finally:
+        _METER.reset(token)
+    return value, [Usage(phase=phase, model=model, input_tokens=e[0], output_tokens=e[1],
+                         cost=e[2], attempts=e[3], throttled=round(e[4], 6))
+                   for model, e in meter.items()], error
+
+
+def reports_usage(*things: Any) -> bool:
+    """Whether any of ``things`` (an agent, a run or propose function, a bound method's
+    object) declares ``reports_usage = True``."""
+    for thing in things:
+        for candidate in (thing, getattr(thing, "__self__", None)):
+            if candidate is not None and getattr(candidate, "reports_usage", False) is True:
+                return True
+    return False
