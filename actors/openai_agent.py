@@ -12,11 +12,20 @@ environment variable that holds it)::
 ``solve`` sends the artifact as the system message and the task's prompt as the user
 message; ``propose`` shows the model the artifact, the task, the answer and its
 reward and asks for one edit (``edit_format`` says what an edit looks like for your
-artifact strategy). Requests that fail with 429 or a 5xx status, time out or cannot
-connect are retried with exponential backoff (``Retry-After`` is honoured, capped);
-other errors (400, 401, 404) fail at once, with the status and the server's words.
-A failure that survives its retries is raised, and the worker records it as a failed
-rollout (evidence, not a crash). Token usage accumulates in :attr:`OpenAIAgent.usage`.
+artifact strategy).
+
+Throttling is handled, not failed (docs/budgets.md): a 429 or a 503 is retried with
+jittered exponential backoff, waiting at least what ``Retry-After`` (seconds or an HTTP
+date) or ``retry-after-ms`` asks, until ``retry_deadline`` seconds have passed; other
+5xx answers and timeouts are retried ``max_retries`` times; an endpoint that refuses
+the connection (nothing listens there) and other errors (400, 401, 404) fail at once,
+with the status and the server's words. ``max_concurrent`` and ``requests_per_minute``
+keep this process under the endpoint's limits: one limiter per endpoint, shared by
+every worker thread of the process. A failure is raised, and the worker records it
+as a failed rollout (evidence, not a crash). Each call reports its tokens, cost
+(``prices``), HTTP attempts and seconds throttled through :func:`actors.usage.report`
+(the run's token and cost budgets count them); they also accumulate in
+:attr:`OpenAIAgent.usage`.
 
 Needs the ``llm`` extra: ``pip install "evobus[llm]"``.
 """
@@ -25,13 +34,14 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from actors.errors import ConfigError, EvobusError
+from actors.errors import ConfigError, EvobusError, RetryLater, Throttled
+from actors.throttle import Backoff, limiter_for, parse_retry_after
+from actors.usage import report
 
 __all__ = ["LLMError", "OpenAIAgent", "Usage"]
 
@@ -69,6 +79,7 @@ class Usage:
     requests: int = 0
     retries: int = 0
     failures: int = 0
+    throttled_seconds: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, usage: dict[str, Any] | None) -> None:
@@ -81,19 +92,28 @@ class Usage:
             self.completion_tokens += c
             self.total_tokens += int(usage.get("total_tokens") or (p + c))
 
-    def count(self, what: str) -> None:
+    def count(self, what: str, n: float = 1) -> None:
         with self._lock:
-            setattr(self, what, getattr(self, what) + 1)
+            setattr(self, what, getattr(self, what) + n)
 
     def as_dict(self) -> dict[str, int]:
         with self._lock:
             return {"prompt_tokens": self.prompt_tokens,
                     "completion_tokens": self.completion_tokens,
                     "total_tokens": self.total_tokens, "requests": self.requests,
-                    "retries": self.retries, "failures": self.failures}
+                    "retries": self.retries, "failures": self.failures,
+                    "throttled_seconds": round(self.throttled_seconds, 3)}
 
 
-_RETRY_STATUS = frozenset({429, 500, 502, 503, 504}) | frozenset(range(505, 600))
+#: Answers that mean "not now": retried until ``retry_deadline``.
+_RETRY_LATER = frozenset({429, 503})
+#: Other server errors: retried ``max_retries`` times.
+_TRANSIENT_STATUS = frozenset(range(500, 600)) - _RETRY_LATER
+
+
+class _Transient(Exception):
+    """One attempt failed in a way worth another try (a timeout, a 5xx); never escapes
+    :meth:`OpenAIAgent.chat`."""
 _HINTS = {
     401: "the key was refused: check that ${env} holds a valid key for this endpoint",
     403: "the key may not use this model or endpoint: check its permissions",
@@ -102,6 +122,9 @@ _HINTS = {
 
 
 class OpenAIAgent:
+    #: Every call reports its usage (actors.usage): token and cost budgets may be set.
+    reports_usage = True
+
     """An agent (``solve`` + ``propose``) backed by a chat-completions endpoint.
 
     Every argument is JSON-friendly, so a scenario can pass them as ``kwargs``:
@@ -110,8 +133,13 @@ class OpenAIAgent:
     - ``base_url``: the API root, e.g. ``http://127.0.0.1:8000/v1``.
     - ``api_key_env``: the NAME of the environment variable holding the key ("" for an
       endpoint that needs none). Never the key itself.
-    - ``timeout`` (seconds per attempt), ``connect_timeout``, ``max_retries``,
-      ``backoff`` (first delay, doubled each retry, with jitter), ``max_backoff``.
+    - ``timeout`` (seconds per HTTP attempt: a call that stalls fails then and is
+      retried), ``connect_timeout``, ``max_retries`` (for timeouts and 5xx other than
+      503), ``backoff`` (first delay, doubled each retry, with jitter),
+      ``max_backoff``, ``retry_deadline`` (seconds a call keeps retrying 429/503).
+    - ``max_concurrent``, ``requests_per_minute``: this process's limits for the
+      endpoint (shared by every agent of the process with the same endpoint and limits).
+    - ``prices``: ``{model: [input, output]}`` per 1M tokens: each call reports its cost.
     - ``temperature``, ``max_tokens``, ``seed`` (sent to the endpoint, and seeds the
       jitter), ``extra_body`` (merged into every request, e.g. ``{top_p = 0.9}``).
     - ``solve_system``, ``solve_user``, ``propose_system``, ``propose_user``: prompt
@@ -122,7 +150,10 @@ class OpenAIAgent:
     def __init__(self, model: str, *, base_url: str = "https://api.openai.com/v1",
                  api_key_env: str = "OPENAI_API_KEY", timeout: float = 60.0,
                  connect_timeout: float = 10.0, max_retries: int = 4, backoff: float = 1.0,
-                 max_backoff: float = 30.0, temperature: float | None = 0.0,
+                 max_backoff: float = 30.0, retry_deadline: float = 120.0,
+                 max_concurrent: int | None = None,
+                 requests_per_minute: float | None = None,
+                 prices: dict[str, Any] | None = None, temperature: float | None = 0.0,
                  max_tokens: int | None = None, seed: int | None = None,
                  extra_body: dict[str, Any] | None = None,
                  solve_system: str = SOLVE_SYSTEM, solve_user: str = SOLVE_USER,
@@ -152,6 +183,7 @@ class OpenAIAgent:
                     name in ("timeout", "connect_timeout") and value == 0):
                 raise ConfigError(f"OpenAIAgent: {name} must be a positive number of "
                                   f"seconds, got {value!r}")
+        _check_limits(retry_deadline, max_concurrent, requests_per_minute, prices, model)
         if not isinstance(max_retries, int) or max_retries < 0:
             raise ConfigError(f"OpenAIAgent: max_retries must be an integer >= 0, got "
                               f"{max_retries!r}")
@@ -169,7 +201,6 @@ class OpenAIAgent:
         self.base_url = base_url.rstrip("/")
         self.url = f"{self.base_url}/chat/completions"
         self.max_retries = max_retries
-        self.backoff = float(backoff)
         self.max_backoff = float(max_backoff)
         self.timeout = float(timeout)
         self.temperature = temperature
@@ -188,8 +219,11 @@ class OpenAIAgent:
                                   "{artifact}, {prompt}, {output}, {reward}, {edit_format}, "
                                   "and write {{ }} for a literal brace") from None
         self.usage = Usage()
-        self._sleep = sleep
-        self._rng = random.Random(seed)
+        self.prices = {k: (float(v[0]), float(v[1])) for k, v in (prices or {}).items()}
+        self.limiter = limiter_for(self.url, max_concurrent, requests_per_minute)
+        self.backoff = Backoff(initial=float(backoff), maximum=self.max_backoff,
+                               deadline=float(retry_deadline), max_retries=max_retries,
+                               transient=(_Transient,), seed=seed, sleep=sleep)
         headers = {"Content-Type": "application/json"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
@@ -223,8 +257,9 @@ class OpenAIAgent:
     # -- the request ---------------------------------------------------------------------
 
     def chat(self, messages: list[dict[str, str]]) -> str:
-        """One chat completion: the reply's text. Retries 429/5xx/timeouts/connection
-        errors up to ``max_retries`` times; raises :class:`LLMError` when it gives up."""
+        """One chat completion: the reply's text. Retries 429/503 until
+        ``retry_deadline``, timeouts and other 5xx ``max_retries`` times; raises
+        :class:`LLMError` when it gives up. Reports the call's usage (actors.usage)."""
         body: dict[str, Any] = {"model": self.model, "messages": messages}
         if self.temperature is not None:
             body["temperature"] = self.temperature
@@ -233,53 +268,82 @@ class OpenAIAgent:
         if self.seed is not None:
             body["seed"] = self.seed
         body.update(self.extra_body)
-        httpx = self._httpx
-        last = ""
-        for attempt in range(self.max_retries + 1):
-            retry_after = None
-            try:
-                response = self._client.post(self.url, json=body)
-            except httpx.TimeoutException:
-                last = f"no answer within {self.timeout:g} s (timeout)"
-            except httpx.TransportError as exc:
-                last = f"cannot reach {self.base_url}: {type(exc).__name__}: {exc}"
-            else:
-                status = response.status_code
-                if status == 200:
-                    return self._content(response)
-                detail = _excerpt(response)
-                if status not in _RETRY_STATUS:
-                    self.usage.count("failures")
-                    hint = _HINTS.get(status, "the request was refused: see the server's "
-                                              "message").replace("{env}", self.api_key_env
-                                                                 or "the key variable")
-                    raise LLMError(f"{self.url} answered {status}: {detail}; {hint}")
-                last = f"{self.url} answered {status}: {detail}"
-                retry_after = _retry_after(response)
-            if attempt == self.max_retries:
-                break
-            delay = min(self.max_backoff, self.backoff * 2 ** attempt)
-            delay *= 0.5 + 0.5 * self._rng.random()  # jitter: workers do not retry in step
-            if retry_after is not None:
-                delay = min(self.max_backoff, max(delay, retry_after))
-            self.usage.count("retries")
-            log.info("chat completion failed (%s); retry %d of %d in %.2f s", last,
-                     attempt + 1, self.max_retries, delay)
-            self._sleep(delay)
-        self.usage.count("failures")
-        raise LLMError(f"gave up after {self.max_retries + 1} attempt(s): {last}")
+        stats: dict[str, float] = {}
+        waited = [0.0]
+        usage: dict[str, Any] = {}
+        try:
+            text, _, _ = self.backoff.call(lambda: self._attempt(body, waited, usage),
+                                           stats=stats)
+            return text
+        except _Transient as exc:
+            self.usage.count("failures")
+            raise LLMError(f"gave up after {int(stats.get('attempts', 1))} attempt(s): "
+                           f"{exc}") from None
+        except (Throttled, LLMError) as exc:
+            self.usage.count("failures")
+            if isinstance(exc, Throttled):
+                raise LLMError(f"{self.url}: {exc}") from None
+            raise
+        finally:
+            attempts = int(stats.get("attempts", 1))
+            throttled = stats.get("slept", 0.0) + waited[0]
+            self.usage.count("retries", max(0, attempts - 1))
+            self.usage.count("throttled_seconds", throttled)
+            self._report(usage, attempts, throttled)
 
-    def _content(self, response) -> str:
+    def _attempt(self, body: dict[str, Any], waited: list[float], usage: dict) -> str:
+        """One HTTP attempt, inside the endpoint's limiter."""
+        httpx = self._httpx
+        limiter = self.limiter
+        try:
+            if limiter is not None:
+                with limiter:
+                    waited[0] += limiter.local.waited
+                    response = self._client.post(self.url, json=body)
+            else:
+                response = self._client.post(self.url, json=body)
+        except httpx.TimeoutException:
+            raise _Transient(f"no answer within {self.timeout:g} s (timeout)") from None
+        except httpx.ConnectError as exc:
+            raise LLMError(f"cannot reach {self.base_url}: nothing accepts connections "
+                           f"there ({type(exc).__name__}: {exc}); check base_url and that "
+                           "the server is up") from None
+        except httpx.TransportError as exc:
+            raise _Transient(f"cannot reach {self.base_url}: {type(exc).__name__}: "
+                             f"{exc}") from None
+        status = response.status_code
+        if status == 200:
+            return self._content(response, usage)
+        detail = _excerpt(response)
+        if status in _RETRY_LATER:
+            raise RetryLater(f"{self.url} answered {status}: {detail}",
+                             retry_after=parse_retry_after(response.headers))
+        if status in _TRANSIENT_STATUS:
+            raise _Transient(f"{self.url} answered {status}: {detail}")
+        hint = _HINTS.get(status, "the request was refused: see the server's "
+                                  "message").replace("{env}", self.api_key_env
+                                                     or "the key variable")
+        raise LLMError(f"{self.url} answered {status}: {detail}; {hint}")
+
+    def _report(self, usage: dict, attempts: int, throttled: float) -> None:
+        p = int(usage.get("prompt_tokens") or 0)
+        c = int(usage.get("completion_tokens") or 0)
+        price = self.prices.get(self.model)
+        cost = (p * price[0] + c * price[1]) / 1e6 if price is not None else None
+        report(model=self.model, input_tokens=p, output_tokens=c, cost=cost,
+               attempts=attempts, throttled=throttled)
+
+    def _content(self, response, usage: dict) -> str:
         try:
             data = response.json()
             content = data["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError):
-            self.usage.count("failures")
             raise LLMError(f"{self.url} answered 200 but not with a chat completion: "
                            f"{_excerpt(response)}") from None
-        self.usage.add(data.get("usage") if isinstance(data, dict) else None)
+        reported = data.get("usage") if isinstance(data, dict) else None
+        self.usage.add(reported)
+        usage.update(reported or {})
         if content is None:
-            self.usage.count("failures")
             raise LLMError(f"{self.url}: the reply has no text content (finish_reason "
                            f"{data['choices'][0].get('finish_reason')!r})")
         return str(content)
@@ -296,11 +360,21 @@ def _excerpt(response, limit: int = 200) -> str:
     return (text[: limit - 3] + "...") if len(text) > limit else (text or "<empty body>")
 
 
-def _retry_after(response) -> float | None:
-    value = response.headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:  # an HTTP date: not worth parsing, use the backoff
-        return None
+def _check_limits(retry_deadline, max_concurrent, requests_per_minute, prices, model) -> None:
+    if not isinstance(retry_deadline, (int, float)) or retry_deadline <= 0:
+        raise ConfigError(f"OpenAIAgent: retry_deadline must be a positive number of "
+                          f"seconds, got {retry_deadline!r}")
+    if max_concurrent is not None and (not isinstance(max_concurrent, int)
+                                       or max_concurrent < 1):
+        raise ConfigError(f"OpenAIAgent: max_concurrent must be an integer >= 1 (requests "
+                          f"at once from this process), got {max_concurrent!r}")
+    if requests_per_minute is not None and (not isinstance(requests_per_minute, (int, float))
+                                            or requests_per_minute <= 0):
+        raise ConfigError(f"OpenAIAgent: requests_per_minute must be a positive number, "
+                          f"got {requests_per_minute!r}")
+    for name, price in (prices or {}).items():
+        if not (isinstance(price, (list, tuple)) and len(price) == 2
+                and all(isinstance(v, (int, float)) and v >= 0 for v in price)):
+            raise ConfigError(f"OpenAIAgent: prices[{name!r}] = {price!r}: give [input, "
+                              f"output], the price of 1M tokens each, e.g. prices = "
+                              f"{{{model!r} = [0.15, 0.6]}}")

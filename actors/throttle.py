@@ -52,10 +52,11 @@ class Backoff:
         self.rng = random.Random(seed)
         self.lock = threading.Lock()  # one Random for every thread that shares this
 
-    def call(self, fn: Callable[[], Any], first: BaseException | None = None
-             ) -> tuple[Any, int, float]:
+    def call(self, fn: Callable[[], Any], first: BaseException | None = None,
+             stats: dict[str, float] | None = None) -> tuple[Any, int, float]:
         """``fn()`` until it succeeds. ``first``: the error of an attempt already made
-        (the caller tried once on its fast path)."""
+        (the caller tried once on its fast path); ``stats`` gets ``attempts`` and
+        ``slept`` whether the call succeeds or not."""
         slept = [0.0]
         transient_seen = [0]
 
@@ -95,6 +96,9 @@ class Backoff:
             raise Throttled(f"still told to retry later after {attempts[0]} attempt(s) over "
                             f"{slept[0]:.1f} s of waiting (deadline {self.deadline:g} s): "
                             f"{exc}") from exc
+        finally:
+            if stats is not None:
+                stats.update(attempts=attempts[0], slept=slept[0])
         return value, attempts[0], slept[0]
 
 

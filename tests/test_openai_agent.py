@@ -136,7 +136,7 @@ def test_token_usage_accumulates_across_requests(server, key):
     agent.solve("x", TASK)
     assert agent.usage.as_dict() == {"prompt_tokens": 17, "completion_tokens": 7,
                                      "total_tokens": 24, "requests": 2, "retries": 0,
-                                     "failures": 0}
+                                     "failures": 0, "throttled_seconds": 0.0}
 
 
 def test_a_429_is_retried_honouring_retry_after(server, key):
@@ -201,7 +201,7 @@ def test_other_4xx_fail_at_once_naming_status_and_fix(server, key, status, hint)
     assert key not in text
 
 
-def test_an_unreachable_endpoint_is_retried_then_reported(key):
+def test_an_endpoint_that_refuses_connections_fails_at_once(key):
     agent = OpenAIAgent(model="m", base_url="http://127.0.0.1:9/v1", api_key_env=KEY_ENV,
                         max_retries=1, sleep=lambda s: None, connect_timeout=1)
     with pytest.raises(LLMError, match="cannot reach http://127.0.0.1:9/v1"):

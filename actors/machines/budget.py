@@ -32,52 +32,81 @@ class Ledger:
         self.attempts = 0
         self.throttled = 0.0
         self.unpriced: set[str] = set()
-        self.reserved: dict[str, int] = {}
+        #: What each lease (or scoring request) in flight reserved: (calls, expected
+        #: tokens, expected cost); and the sums.
+        self.reserved: dict[str, tuple[int, float, float]] = {}
         self.reserved_total = 0
+        self.reserved_tokens = 0.0
+        self.reserved_cost = 0.0
         self.spent: str | None = None
         self.in_flight_when_spent: int | None = None
         self.refused_leases = 0
 
     # -- limits ---------------------------------------------------------------------------
 
-    def which_spent(self) -> str | None:
-        """The first budget with nothing left (calls used and reserved count), or None."""
-        b = self.limits
-        if b is None:
+    def _per_task(self, used: dict[str, float], rollout: bool) -> float | None:
+        """Expected tokens (or cost) of one task: the average per call so far of each
+        kind of call the task makes (run and propose for a rollout task, one scoring
+        call otherwise), falling back to the average of every call; None before any."""
+        total = sum(self.calls.values())
+        if not total:
             return None
-        reason = None
-        if b.max_calls is not None and sum(self.calls.values()) + self.reserved_total \
-                >= b.max_calls:
-            reason = "max_calls"
-        elif b.max_tokens is not None and sum(self.tokens.values()) >= b.max_tokens:
-            reason = "max_tokens"
-        elif b.max_cost is not None and sum(self.cost.values()) >= b.max_cost:
-            reason = "max_cost"
-        if reason is not None and self.spent is None:
-            self.spent, self.in_flight_when_spent = reason, self.reserved_total
-        return reason
+        fallback = sum(used.values()) / total
+
+        def mean(kind: str) -> float:
+            n = self.calls[kind]
+            return used[kind] / n if n else fallback
+
+        return mean("rollout") + mean("proposal") if rollout else mean("scoring")
+
+    def fit(self, rollout: bool, n: int) -> tuple[int, str | None]:
+        """How many of ``n`` tasks the budgets allow to start now, and the budget that
+        allows fewer than ``n`` (None when all fit)."""
+        b = self.limits
+        fit, which = n, None
+        if b is None:
+            return fit, which
+        if b.max_calls is not None:
+            per = b.calls_per_task if rollout else 1
+            room = (b.max_calls - sum(self.calls.values()) - self.reserved_total) // per
+            if room < fit:
+                fit, which = max(0, room), "max_calls"
+        for name, limit, used, reserved in (
+                ("max_tokens", b.max_tokens, self.tokens, self.reserved_tokens),
+                ("max_cost", b.max_cost, self.cost, self.reserved_cost)):
+            if limit is None:
+                continue
+            left = limit - sum(used.values()) - reserved
+            if sum(used.values()) >= limit:
+                return 0, name
+            each = self._per_task(used, rollout)
+            if each:  # else nothing is known yet: the first request goes
+                room = int(max(0.0, left) // each)
+                if room < fit:
+                    fit, which = room, name
+        return fit, which
+
+    def _note_spent(self, which: str | None) -> None:
+        if which is not None and self.spent is None:
+            self.spent, self.in_flight_when_spent = which, self.reserved_total
 
     def admit(self, lease: Lease) -> tuple[Lease | None, int, str | None]:
         """Reserve ``lease``'s calls before it is dispatched: (the lease to send, cut to
-        what ``max_calls`` allows, or None; the tasks left out; the budget that cut it).
+        what the budgets allow, or None; the tasks left out; the budget that cut it).
         A lease sent before (a re-dispatch) keeps its reservation."""
         b = self.limits
         if b is None or lease.lease_id in self.reserved:
             return lease, 0, None
         n = len(lease.task_ids)
-        reason = self.which_spent()
-        fit = 0 if reason else n
-        per = b.calls_per_task if lease.kind == "rollout" else 1
-        if not reason and b.max_calls is not None:
-            room = b.max_calls - sum(self.calls.values()) - self.reserved_total
-            fit = min(n, max(0, room // per))
-            reason = "max_calls" if fit < n else None
+        rollout = lease.kind == "rollout"
+        fit, reason = self.fit(rollout, n)
+        self._note_spent(reason)
         if fit == 0:
             self.refused_leases += 1
             return None, n, reason
         if fit < n:
             lease = msgspec.structs.replace(lease, task_ids=list(lease.task_ids[:fit]))
-        self._reserve(lease.lease_id, per * fit)
+        self._reserve(lease.lease_id, rollout, fit)
         return lease, n - fit, reason
 
     def admit_eval(self, eval_id: str, n_tasks: int) -> str | None:
@@ -85,22 +114,27 @@ class Ledger:
         refuses it: a candidate is scored on every held-out task or not at all."""
         if self.limits is None:
             return None
-        reason = self.which_spent()
-        b = self.limits
-        if reason is None and b.max_calls is not None and (
-                sum(self.calls.values()) + self.reserved_total + n_tasks > b.max_calls):
-            reason = "max_calls"
-        if reason is not None:
-            return reason
-        self._reserve(eval_id, n_tasks)
+        fit, which = self.fit(False, n_tasks)
+        if fit < n_tasks:
+            self._note_spent(which)
+            return which
+        self._reserve(eval_id, False, n_tasks)
         return None
 
-    def _reserve(self, key: str, n: int) -> None:
-        self.reserved[key] = n
-        self.reserved_total += n
+    def _reserve(self, key: str, rollout: bool, tasks: int) -> None:
+        calls = tasks * (self.limits.calls_per_task if rollout else 1)
+        tokens = (self._per_task(self.tokens, rollout) or 0.0) * tasks
+        cost = (self._per_task(self.cost, rollout) or 0.0) * tasks
+        self.reserved[key] = (calls, tokens, cost)
+        self.reserved_total += calls
+        self.reserved_tokens += tokens
+        self.reserved_cost += cost
 
     def release(self, key: str) -> None:
-        self.reserved_total -= self.reserved.pop(key, 0)
+        calls, tokens, cost = self.reserved.pop(key, (0, 0.0, 0.0))
+        self.reserved_total -= calls
+        self.reserved_tokens -= tokens
+        self.reserved_cost -= cost
 
     # -- usage ----------------------------------------------------------------------------
 
@@ -127,7 +161,20 @@ class Ledger:
                 fatal = self._check_reported(r, scoring)
                 if fatal:
                     return fatal
+        self._note_passed(sum(r.calls for r in results))
         return None
+
+    def _note_passed(self, calls: int) -> None:
+        """A token or cost budget passed by this lease's end: the calls in flight then
+        were this lease's and those still reserved."""
+        b = self.limits
+        if b is None or self.spent is not None:
+            return
+        for name, limit, used in (("max_tokens", b.max_tokens, self.tokens),
+                                  ("max_cost", b.max_cost, self.cost)):
+            if limit is not None and sum(used.values()) >= limit:
+                self.spent, self.in_flight_when_spent = name, self.reserved_total + calls
+                return
 
     def _count(self, u: Usage, kind: str) -> None:
         tokens = u.input_tokens + u.output_tokens
