@@ -21,17 +21,19 @@ __all__ = ["Backoff", "Limiter", "limiter_for", "parse_retry_after"]
 
 class _Jittered(tenacity.wait.wait_base):
     """``initial * 2**n`` (capped at ``maximum``) times a factor in [0.5, 1): workers that
-    were throttled together do not come back together. At least ``retry_after``."""
+    were throttled together do not come back together. A backend that said when to
+    come back (``retry_after``) is taken at its word: that long, no more, no less."""
 
     def __init__(self, initial: float, maximum: float, rng: random.Random) -> None:
         self.initial, self.maximum, self.rng = initial, maximum, rng
 
     def __call__(self, state: tenacity.RetryCallState) -> float:
-        delay = min(self.maximum, self.initial * 2 ** (state.attempt_number - 1))
-        delay *= 0.5 + 0.5 * self.rng.random()
         exc = state.outcome.exception() if state.outcome is not None else None
         after = getattr(exc, "retry_after", None)
-        return max(delay, after) if after is not None else delay
+        if after is not None:
+            return after
+        delay = min(self.maximum, self.initial * 2 ** (state.attempt_number - 1))
+        return delay * (0.5 + 0.5 * self.rng.random())
 
 
 class Backoff:

@@ -22,8 +22,8 @@ What it does to each ``POST /v1/chat/completions``, in this order:
 
 Draws come from one ``random.Random(seed)`` in arrival order. ``counts`` holds
 ``requests``, ``ok``, ``rate_limited`` (over ``rps``), ``throttled``, ``errors``,
-``stalls``, ``prompt_tokens`` and ``completion_tokens`` (of the answers sent), and
-``peak_concurrent`` (requests being handled at once). ``stop()`` ends any stall at once.
+``stalls``, ``prompt_tokens`` and ``completion_tokens`` (of the answers sent),
+``max_call_tokens`` (the most one answer used), and ``peak_concurrent`` (requests being handled at once). ``stop()`` ends any stall at once.
 """
 
 from __future__ import annotations
@@ -138,6 +138,8 @@ class SimulatedEndpoint:
             self.counts["ok"] += 1
             self.counts["prompt_tokens"] += prompt
             self.counts["completion_tokens"] += completion
+            self.counts["max_call_tokens"] = max(self.counts["max_call_tokens"],
+                                                 prompt + completion)
         return {"id": f"sim-{self.counts['ok']}", "object": "chat.completion",
                 "model": body.get("model", self.model),
                 "choices": [{"index": 0, "finish_reason": "stop",

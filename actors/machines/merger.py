@@ -205,6 +205,7 @@ class _Merge:
     recheck: tuple | None = None
     confirm_state: dict[str, str] = field(default_factory=dict)
     confirm_key: frozenset = frozenset()
+    unscored: bool = False   # a budget refused some of its scoring (see _unscored)
 
 
 class Merger:
@@ -381,7 +382,7 @@ class Merger:
             return []
         tag, scores, key = pending
         if msg.unscored is not None:  # (the baseline: 0.0, not remembered as its score)
-            return self._unscored() if tag != "baseline" else self._scored(tag, 0.0)
+            return self._unscored(tag) if tag != "baseline" else self._scored(tag, 0.0)
         scores[key] = msg.score   # the only place a table grows
         if msg.scores and scores is self._scores(None):
             self._detail[key] = dict(msg.scores)
@@ -391,14 +392,19 @@ class Merger:
             self._over_cap.append(scores)
         return self._scored(tag, msg.score)
 
-    def _unscored(self) -> list[Out]:
+    def _unscored(self, tag) -> list[Out]:
         """A budget was spent before a candidate of this merge could be scored: nothing
-        more of it is decided; its undecided diffs are ``unscored-at-budget`` and the
-        scores still in flight for it are dropped when they come back."""
+        more of it is decided. Once the scores already asked for are back (their calls
+        are counted), its undecided diffs are ``unscored-at-budget``."""
         m = self.merge
         if m is None:
             return []
-        self.by_eval.clear()  # every eval in flight belongs to this merge
+        m.unscored = True
+        m.waiting.discard(tag)
+        return [] if m.waiting else self._close_unscored()
+
+    def _close_unscored(self) -> list[Out]:
+        m = self.merge
         undecided = {"variants": len(m.free) + sum(len(g) for g in m.groups),
                      "verify": len(m.verify) + len(m.fused)}.get(m.stage, len(m.fused))
         self._count(m.outcomes, "unscored-at-budget", undecided)
@@ -415,7 +421,7 @@ class Merger:
         m.waiting.discard(tag)
         if m.waiting:
             return []
-        return self._advance()
+        return self._close_unscored() if m.unscored else self._advance()
 
     # -- one round's merge -------------------------------------------------------------
 
