@@ -37,6 +37,17 @@ class Throttled(EvobusError):
     """A call was still told to retry later when its deadline passed."""
 
 
+class BackendFailing(EvobusError):
+    """The run halted: the backend failed every rollout of its last ``3 x n_workers``
+    leases (docs/budgets.md). ``error`` names the first error; the log (``log_path``)
+    is closed and resumable: fix the backend, then ``evobus resume`` it."""
+
+    def __init__(self, error: str, log_path: str | None = None) -> None:
+        super().__init__(error)
+        self.error = error
+        self.log_path = log_path
+
+
 class RunFailed(EvobusError):
     """The runtime itself failed (an actor crashed, the bus died); carries the cause."""
 

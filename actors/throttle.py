@@ -106,8 +106,9 @@ class Backoff:
 
 class Limiter:
     """At most ``max_concurrent`` requests at once and ``per_minute`` a minute, spaced
-    evenly (no bursts: an endpoint that counts over a sliding second sees the same rate
-    in every second). ``with limiter:`` waits its turn; :attr:`waited` sums the seconds
+    evenly: a turn nobody took can be taken late, but only the one just missed (a burst
+    of two at most, so an endpoint that counts over a sliding second sees the same rate
+    in every second, plus one). ``with limiter:`` waits its turn; :attr:`waited` sums the seconds
     every thread waited."""
 
     def __init__(self, max_concurrent: int | None = None, per_minute: float | None = None) -> None:
@@ -126,10 +127,11 @@ class Limiter:
         if self._interval:
             with self._lock:
                 now = time.monotonic()
-                turn = max(now, self._next)
+                turn = max(now - self._interval, self._next)
                 self._next = turn + self._interval
             if turn > now:
                 time.sleep(turn - now)
+            # (turn < now: the missed turn, taken at once)
         waited = time.monotonic() - t0
         self.local.waited = waited
         with self._lock:

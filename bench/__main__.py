@@ -42,6 +42,7 @@ SECTIONS = [
     ("replay", "bench.replay", "(7) replay speed"),
     ("memory", "bench.memory", "(8) peak memory"),
     ("overhead", "bench.overhead", "overhead vs ThreadPoolExecutor"),
+    ("throttle", "bench.throttle", "(9) rate-limited endpoint"),
 ]
 
 

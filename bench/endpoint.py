@@ -23,7 +23,9 @@ What it does to each ``POST /v1/chat/completions``, in this order:
 Draws come from one ``random.Random(seed)`` in arrival order. ``counts`` holds
 ``requests``, ``ok``, ``rate_limited`` (over ``rps``), ``throttled``, ``errors``,
 ``stalls``, ``prompt_tokens`` and ``completion_tokens`` (of the answers sent),
-``max_call_tokens`` (the most one answer used), and ``peak_concurrent`` (requests being handled at once). ``stop()`` ends any stall at once.
+``max_call_tokens`` (the most one answer used), and ``peak_concurrent``
+(requests being handled at once); ``ok_times`` holds the clock (``time.monotonic()``)
+of each 200 sent. ``stop()`` ends any stall at once.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class SimulatedEndpoint:
         self.throttle, self.errors, self.stalls = throttle, errors, stalls
         self.stall_seconds, self.seed, self.reply, self.model = stall_seconds, seed, reply, model
         self.counts: dict[str, int] = collections.Counter()
+        self.ok_times: list[float] = []   # time.monotonic() of each 200 sent
         self._rng = random.Random(seed)
         self._accepted: collections.deque[float] = collections.deque()
         self._lock = threading.Lock()
@@ -72,8 +75,10 @@ class SimulatedEndpoint:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def start(self) -> "SimulatedEndpoint":
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+    def start(self, port: int = 0) -> "SimulatedEndpoint":
+        """Listen on 127.0.0.1:``port`` (0: a free port)."""
+        self._stopping.clear()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
         self._httpd.daemon_threads = True
         self._httpd.request_queue_size = 128
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,),
@@ -140,6 +145,7 @@ class SimulatedEndpoint:
             self.counts["completion_tokens"] += completion
             self.counts["max_call_tokens"] = max(self.counts["max_call_tokens"],
                                                  prompt + completion)
+            self.ok_times.append(time.monotonic())
         return {"id": f"sim-{self.counts['ok']}", "object": "chat.completion",
                 "model": body.get("model", self.model),
                 "choices": [{"index": 0, "finish_reason": "stop",

@@ -103,6 +103,19 @@ class Finish(Msg, frozen=True):
     history: list["RoundRecord"] = []
 
 
+class Halted(Msg, frozen=True):
+    """Planner -> Driver: the backend fails every rollout (``reason``
+    ``backend_failing``): the run halts without finishing, so its log stays resumable;
+    ``evobus resume`` sends ``Unhalt`` and it goes on."""
+
+    reason: str
+    error: str = ""
+
+
+class Unhalt(Msg, frozen=True):
+    """Driver -> Planner, first thing on resuming a halted run: plan again."""
+
+
 class Shutdown(Msg, frozen=True):
     """Planner -> Scheduler (-> workers): the run is over; stop taking work."""
 
@@ -611,7 +624,7 @@ class Refused(Msg, frozen=True):
 
 
 Message = (
-    Start | Budget | Open | Baseline | Tick | Finish | Shutdown | Lease | LeaseBatch | LeaseDone
+    Start | Budget | Open | Baseline | Tick | Finish | Halted | Unhalt | Shutdown | Lease | LeaseBatch | LeaseDone
     | Settled | SettledBatch | Barrier | EvalRequest | EvalDone | Commit | RoundClosed
     | Progress | RunDone
     | Hello | Heartbeat | Cancel | Stop | NeedWork | Merged | Refresh | Drain | Flush
@@ -621,7 +634,7 @@ Message = (
 )
 
 __all__ = [
-    "Msg", "Message", "Start", "Budget", "Open", "Baseline", "Tick", "Finish", "Shutdown", "Lease",
+    "Msg", "Message", "Start", "Budget", "Open", "Baseline", "Tick", "Finish", "Halted", "Unhalt", "Shutdown", "Lease",
     "LeaseBatch", "LeaseDone", "Settled", "SettledBatch", "Barrier", "EvalRequest", "EvalDone", "Commit",
     "RoundClosed", "RoundRecord", "Progress", "RunDone", "Hello", "Heartbeat", "Cancel", "Stop", "NeedWork", "Merged", "Refresh", "Drain", "Flush",
     "Diff", "RolloutResult", "Usage",

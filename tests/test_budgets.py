@@ -407,10 +407,38 @@ def test_a_dead_endpoint_stops_the_run_non_zero_within_seconds_naming_it(tmp_pat
     out, elapsed = _evobus_run(tmp_path, text)
     assert out.returncode == 1, out.stderr[-2000:]
     assert elapsed < 30, elapsed
-    assert "the backend is failing" in out.stderr and f"127.0.0.1:{port}" in out.stderr
-    summary = json.loads(out.stdout)
-    assert summary["stop_reason"] == "backend_failing"
-    assert (tmp_path / "run.evolog").exists()
+    assert "halted: the backend is failing" in out.stderr
+    assert f"127.0.0.1:{port}" in out.stderr and "ConnectError" in out.stderr
+    log = tmp_path / "run.evolog"
+    assert f"evobus resume {log}" in out.stderr
+
+
+def test_a_halted_run_resumes_once_the_backend_answers(tmp_path, calls_file):
+    """Sync and the same log: halted against a closed port, then `evobus resume` with an
+    endpoint listening on that very port finishes the run."""
+    with SimulatedEndpoint(latency=0.001, seed=4, reply=bd.router_reply) as ep:
+        port = int(ep.url.rsplit(":", 1)[1].split("/")[0])
+        ep.stop()   # the port is closed now: nothing listens there
+        text = scenario(f"http://127.0.0.1:{port}/v1", "local = 2", PARALLEL["DataParallel"],
+                        "sync", "max_calls = 400")
+        out, _ = _evobus_run(tmp_path, text)
+        assert out.returncode == 1 and "halted" in out.stderr, out.stderr[-2000:]
+    back = SimulatedEndpoint(latency=0.001, seed=4, reply=bd.router_reply)
+    back.start(port=port)
+    try:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        resumed = subprocess.run([sys.executable, "-m", "actors.cli", "resume",
+                                  str(tmp_path / "run.evolog"), "--json"], cwd=ROOT, env=env,
+                                 capture_output=True, text=True, timeout=90)
+    finally:
+        back.stop()
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    summary = json.loads(resumed.stdout)
+    assert summary["stop_reason"] == "max_calls" and summary["error"] is not None
+    assert back.counts["ok"] > 0
+    replay = subprocess.run([sys.executable, "-m", "actors.cli", "replay", summary["log"]],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=90)
+    assert replay.returncode == 0, replay.stdout[-2000:] + replay.stderr[-2000:]
 
 
 def test_a_throttling_endpoint_finishes_with_no_rollout_failed_by_throttling(tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from actors.cli.groups import check_groups, run_groups
 from actors.cli.progress import RunProgress, exit_code, interrupt_guard
-from actors.errors import ConfigError
+from actors.errors import BackendFailing, ConfigError
 from actors.runtime.checks import scenario_problems
 from actors.runtime.launch import run_scenario
 from actors.version import PACKAGE_VERSION
@@ -108,6 +108,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                                   overwrite=args.overwrite)
     except ConfigError as exc:
         return _err(f"{args.scenario}: {exc}")
+    except BackendFailing as exc:  # the run halted itself; its log is closed, resumable
+        progress.stop()
+        where = (f"; once the backend answers, resume it with: evobus resume {exc.log_path}"
+                 if exc.log_path else " (no log was written, so it cannot be resumed)")
+        _err(f"{args.scenario}: halted: {exc.error}{where}")
+        return 1
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: actors and log closed
         how = "interrupted" if exit_code(exc) == 130 else f"stopped by {exc}"
         print(f"evobus: {progress.interrupted(log_path, how)}", file=sys.stderr)
@@ -128,9 +134,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         progress.summary(result, default_log=getattr(args, "default_log", False))
     code = 1 if result.error and result.rollouts == 0 else 0
-    if result.stop_reason == "backend_failing":  # the run stopped itself: say why, non-zero
-        _err(f"{args.scenario}: stopped: {result.error}")
-        code = 1
     if scenario.groups:  # a domain and [[groups]]: the groups run after evolve
 
         with interrupt_guard():

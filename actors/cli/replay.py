@@ -14,7 +14,7 @@ from typing import Any, Iterable
 from actors.errors import ResumeRefused
 from actors.groups.checkpoint import load_checkpoint
 from actors.replay.verify import replay_many
-from actors.errors import ConfigError, RunFailed
+from actors.errors import BackendFailing, ConfigError, RunFailed
 from actors.replay.resume import ResumePoint, next_log_path, resume_scenario_log
 from actors.cli.progress import exit_code, interrupt_guard
 from bus.log import LogCorrupt
@@ -165,6 +165,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
         with interrupt_guard():
             result = resume_scenario_log(point, log=new_log, on_progress=progress,
                                          log_fsync=args.fsync)
+    except BackendFailing as exc:  # halted again: the log of this resume is resumable too
+        _err(f"{args.log}: halted: {exc.error}; once the backend answers, resume it "
+             f"with: evobus resume {exc.log_path}")
+        return 1
     except (ConfigError, RunFailed) as exc:
         return _err(str(exc))
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: actors and log closed

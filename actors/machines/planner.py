@@ -15,7 +15,7 @@ import logging
 import random
 
 from actors.addresses import DRIVER, MERGER, SCHEDULER, Out
-from protocol import (Baseline, Budget, Drain, Finish, Lease, LeaseBatch, Message, NeedWork, Open,
+from protocol import (Baseline, Budget, Drain, Finish, Halted, Unhalt, Lease, LeaseBatch, Message, NeedWork, Open,
                       Progress, RoundClosed, RoundRecord, Settled, SettledBatch, Shutdown,
                       Start, Tick,
                       WorkUnit)
@@ -66,6 +66,7 @@ class Planner:
         self.stopping: str | None = None
         self.fatal: str | None = None
         self.finished = False
+        self.halted = False       # backend_failing: no plan until Unhalt (a resume)
 
     @property
     def asynchronous(self) -> bool:
@@ -90,8 +91,10 @@ class Planner:
                 return out
             case RoundClosed():
                 return self._on_round_closed(msg)
+            case Unhalt():
+                return self._unhalt()
             case NeedWork():
-                if self.stopping or self.finished or self.round < 0:
+                if self.stopping or self.finished or self.halted or self.round < 0:
                     return []  # not open yet (the baseline plans wave 0), or stopping
                 return self._plan_next()
             case Tick(elapsed=elapsed):
@@ -171,7 +174,7 @@ class Planner:
             all_failed = len(msg.errors) == len(msg.scores)
             self.failing = self.failing + 1 if all_failed else 0
         self.settled.append(msg)
-        if not self.asynchronous:
+        if not self.asynchronous or self.halted:
             return []
         # Async: learn from each rollout as it arrives (the log fixes that order).
         self._learn()
@@ -179,7 +182,7 @@ class Planner:
         if self.stopping:
             return []
         if self._backend_failing():
-            return self._stop("backend_failing")
+            return self._halt()
         if s.max_rollouts is not None and self.rollouts >= s.max_rollouts:
             return self._stop("max_rollouts")
         if s.max_calls is not None and self.calls >= s.max_calls:
@@ -187,6 +190,25 @@ class Planner:
         if self.exhausted:
             return self._stop(self.exhausted)
         return []
+
+    def _halt(self) -> list[Out]:
+        """The backend fails every rollout: plan nothing more and tell the driver, which
+        stops the run as Ctrl-C would (the log stays resumable; leases in flight are
+        re-issued by a resume)."""
+        self.halted = True
+        error = (f"the backend is failing: the last {self.failing} rollout lease(s) "
+                 f"failed in every rollout ({self.backend_errors} failed rollout(s) in "
+                 f"all); first error: {self.first_error}")
+        return [(DRIVER, Halted(reason="backend_failing", error=error))]
+
+    def _unhalt(self) -> list[Out]:
+        """A resumed halted run: count failures afresh and plan (the next round, or a
+        wave for the ask the halt left unanswered)."""
+        if not self.halted:
+            return []
+        self.halted = False
+        self.failing = 0
+        return self._plan_next()
 
     def _backend_failing(self) -> bool:
         return self.failing >= FAILING_LEASES_PER_WORKER * self.start.n_workers
@@ -212,7 +234,7 @@ class Planner:
         self.settled.clear()
 
     def _on_round_closed(self, msg: RoundClosed) -> list[Out]:
-        if self.finished:
+        if self.finished or self.halted:
             return []
         self._learn()
         out: list[Out] = []
@@ -230,10 +252,14 @@ class Planner:
             if msg.final:
                 return out + self._finish(self.stopping or "drained")
             reason = None if self.stopping else self._reason(msg)
+            if reason == "backend_failing":
+                return out + self._halt()
             return out + (self._stop(reason) if reason else [])
         reason = self._reason(msg)
         if reason is None and self.round + 1 >= self.start.rounds:
             reason = "rounds"
+        if reason == "backend_failing":
+            return out + self._halt()
         if reason is not None:
             return out + self._finish(reason)
         return out + self._plan_next()
@@ -265,19 +291,14 @@ class Planner:
         if self.stopping:
             return []
         self.stopping = reason
-        # Out of time, or a backend that fails every call: do not spend more of either
-        # merging; any other stop merges what the completed rollouts proposed.
-        return [(SCHEDULER, Drain(reason=reason,
-                                  merge=reason not in ("max_seconds", "backend_failing")))]
+        # Out of time: do not spend more of it merging; any other stop merges what the
+        # completed rollouts proposed before returning.
+        return [(SCHEDULER, Drain(reason=reason, merge=reason != "max_seconds"))]
 
     def _finish(self, reason: str) -> list[Out]:
         self.finished = True
         error = None
-        if reason == "backend_failing":
-            error = (f"the backend is failing: the last {self.failing} rollout lease(s) "
-                     f"failed in every rollout ({self.backend_errors} failed rollout(s) in "
-                     f"all); first error: {self.first_error}")
-        elif self.backend_errors:
+        if self.backend_errors:
             error = (f"{self.backend_errors} rollout(s) failed in the backend; first: "
                      f"{self.first_error}")
         return [(MERGER, Finish(stop_reason=reason, error=error, fatal=self.fatal,

@@ -20,7 +20,7 @@ import msgspec
 from actors.addresses import MERGER, PLANNER, SCHEDULER, worker_name
 from actors.artifacts import AppendRules, declared_keys, normaliser
 from actors.version import PACKAGE_VERSION
-from actors.errors import ConfigError
+from actors.errors import BackendFailing, ConfigError
 from actors.machines.merger import STALENESS, Merger
 from actors.policies.parallelism import DataParallel
 from actors.policies.pipeline import PipelineParallel
@@ -29,7 +29,8 @@ from actors.machines.scheduler import Scheduler
 from actors.usage import reports_usage
 from actors.workers.core import SOLVED, WorkerCore
 from actors.workers.scope import RunScope
-from protocol import Progress, RoundRecord, RunDone, Start, Task, Tick, Hello, Refused
+from protocol import (Halted, Hello, Progress, Refused, RoundRecord, RunDone, Start, Task,
+                      Tick, Unhalt)
 from actors.runtime.clock import Ticker
 from actors.runtime.runtime import Runtime, make_log_directory
 from actors.runtime import pools as coordinator
@@ -257,10 +258,14 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
             rt.send(PLANNER, start)
         else:  # no Start: begin() re-sends what the crashed run never delivered
             resume_from.begin()
+        if resume_from is not None and rt.machines[PLANNER].halted:
+            rt.send(PLANNER, Unhalt())  # the backend is back (we hope): plan again
         on_round = None if tracker is None else (lambda p: tracker.on_round(
             p.record, rollouts=p.rollouts, calls=p.calls, usage=_usage_of(agent)))
         done, elapsed_by_round = _drive(rt, t0, max_seconds, asynchronous, remote, on_progress,
                                         on_round)
+        if isinstance(done, Halted):  # leaving the with-block closes the actors and the log
+            raise BackendFailing(done.error, log)
         bus_stats, stats = _counters(rt, done, remote)
         given_up = rt.machines[SCHEDULER].given_up
         budget = rt.machines[SCHEDULER].ledger.summary()
@@ -431,7 +436,7 @@ def _drive(rt: Runtime, t0: float, max_seconds, asynchronous: bool, remote,
                     on_progress(msgspec.structs.replace(
                         record, elapsed=round(elapsed_by_round[record.round], 6),
                         workers_alive=alive))
-            case RunDone() as done:
+            case RunDone() | Halted() as done:
                 return done, elapsed_by_round
             case Hello() | Refused() if remote:  # late joiners, refusals
                 remote.note(delivery.msg)
