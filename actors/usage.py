@@ -28,7 +28,8 @@ _METER: contextvars.ContextVar[dict[str, list] | None] = contextvars.ContextVar(
 
 
 def report(*, model: str = "", input_tokens: int = 0, output_tokens: int = 0,
-           cost: float | None = None, attempts: int = 0, throttled: float = 0.0) -> None:
+           cost: float | None = None, attempts: int = 0, throttled: float = 0.0,
+           calls: int = 0) -> None:
     """Add one model call's usage to the call being metered (outside one: nothing).
 
     ``cost``: what the call cost in your currency, if the agent prices it itself (else the
@@ -37,13 +38,14 @@ def report(*, model: str = "", input_tokens: int = 0, output_tokens: int = 0,
     meter = _METER.get()
     if meter is None:
         return
-    entry = meter.setdefault(model, [0, 0, None, 0, 0.0])
+    entry = meter.setdefault(model, [0, 0, None, 0, 0.0, 0])
     entry[0] += int(input_tokens)
     entry[1] += int(output_tokens)
     if cost is not None:
         entry[2] = (entry[2] or 0.0) + float(cost)
     entry[3] += int(attempts)
     entry[4] += float(throttled)
+    entry[5] += int(calls)
 
 
 def metered(phase: str, fn: Callable[..., Any], *args: Any) -> tuple[Any, list[Usage], BaseException | None]:
@@ -59,7 +61,7 @@ def metered(phase: str, fn: Callable[..., Any], *args: Any) -> tuple[Any, list[U
     finally:
         _METER.reset(token)
     return value, [Usage(phase=phase, model=model, input_tokens=e[0], output_tokens=e[1],
-                         cost=e[2], attempts=e[3], throttled=round(e[4], 6))
+                         cost=e[2], attempts=e[3], throttled=round(e[4], 6), calls=e[5])
                    for model, e in meter.items()], error
 
 

@@ -61,6 +61,9 @@ class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
     cost: float | None = None
     attempts: int = 0
     throttled: float = 0.0
+    #: Calls made on the run's behalf inside this one (a parallel group's branches run
+    #: from a rollout): they count in ``max_calls`` beside the call itself.
+    calls: int = 0
 
 
 class RolloutResult(msgspec.Struct, frozen=True, omit_defaults=True):

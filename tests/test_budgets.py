@@ -177,14 +177,18 @@ def _round(p: Planner, r: int, failing: list[bool]):
     return p.handle(RoundClosed(round=r, version=0, committed=False, heldout_reward=0.0))
 
 
-def test_three_rounds_of_failed_rollouts_stop_the_run_with_its_own_reason():
+def test_three_rounds_of_failed_rollouts_halt_the_run_until_a_resume_unhalts_it():
     p = _planner()
     for r in range(2):
         assert (SCHEDULER, "LeaseBatch") in kinds(_round(p, r, [True, True]))
     out = _round(p, 2, [True, True])
-    finish = next(m for to, m in out if to == MERGER)
-    assert finish.stop_reason == "backend_failing"
-    assert "the backend is failing" in finish.error and "ConnectError at http://x" in finish.error
+    halted = next(m for to, m in out if to == DRIVER and type(m).__name__ == "Halted")
+    assert halted.reason == "backend_failing" and p.halted and not p.finished
+    assert "the backend is failing" in halted.error and "ConnectError at http://x" in halted.error
+    assert (SCHEDULER, "LeaseBatch") not in kinds(out)     # nothing more is planned
+    # A resume sends Unhalt: the Planner plans the next round, counting failures afresh.
+    out = p.handle(__import__("protocol").Unhalt())
+    assert kinds(out) == [(SCHEDULER, "LeaseBatch")] and p.failing == 0
 
 
 def test_a_flaky_backend_is_evidence_and_the_run_goes_on():
@@ -453,3 +457,12 @@ def test_a_throttling_endpoint_finishes_with_no_rollout_failed_by_throttling(tmp
     assert ep.counts["throttled"] > 0.25 * ep.counts["requests"]      # about a third
     assert summary["budget"]["attempts"] == ep.counts["requests"]     # every attempt reported
     assert summary["budget"]["calls"]["total"] == ep.counts["ok"] <= 400
+
+
+def test_calls_reported_from_inside_a_call_count_in_max_calls():
+    s = scheduler(Budget(max_calls=100))
+    s.handle(LeaseBatch(round=0, leases=[rollout("r0.u0", ["a"])]))
+    result = RolloutResult(task_id="a", score=0.5, calls=1,
+                           usage=[Usage(phase="run", calls=7)])   # a group's 7 branches
+    s.handle(LeaseDone(lease_id="r0.u0", worker="w0", round=0, results=[result]))
+    assert s.ledger.summary()["calls"]["rollout"] == 8

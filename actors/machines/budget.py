@@ -177,6 +177,9 @@ class Ledger:
                 return
 
     def _count(self, u: Usage, kind: str) -> None:
+        # Calls made inside this one (a group's branches): counted, never reserved ahead
+        # (the hook the groups on the run's runtime report through; see budgets.md).
+        self.calls[kind] += u.calls
         tokens = u.input_tokens + u.output_tokens
         self.tokens[kind] += tokens
         self.attempts += u.attempts
