@@ -10,7 +10,8 @@ General layout (each room imports only from the rooms listed after it):
 - workers/   the worker loop (WorkerCore), the thread and remote workers, naming code
 - machines/  the pure control machines (planner, scheduler, merger, collector, registry)
 - policies/  pure strategies they consult (parallelism, pipeline, sampling)
-- artifacts, errors, addresses, version, openai_agent, testing: shared leaves
+- artifacts, errors, addresses, version, openai_agent, testing, usage, throttle:
+  shared leaves
 
 The public names below are loaded on first use, so importing one pure machine
 (``actors.machines.collector``) does not start pykka or ZeroMQ.
@@ -23,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 _WHERE = {
     "actors.artifacts": ["AppendRules", "ArtifactStrategy", "KeyedRules", "SingleSlot"],
-    "actors.errors": ["BranchCancelled", "BudgetExhausted", "ConfigError", "EvobusError",
-                      "GroupFailed", "GroupPaused", "ParallelConfigError", "ResumeRefused",
-                      "RunFailed", "SectionViolation"],
+    "actors.errors": ["BackendFailing", "BranchCancelled", "BudgetExhausted", "ConfigError",
+                      "EvobusError", "GroupFailed", "GroupPaused", "ParallelConfigError",
+                      "ResumeRefused", "RetryLater", "RunFailed", "SectionViolation",
+                      "Throttled"],
     "actors.policies.parallelism": ["ClusterParallel", "DataParallel", "ParallelStrategy",
                                     "TensorParallel", "TensorParallelMerge",
                                     "assign_key_sections", "section_of", "shard_round_robin"],
@@ -67,9 +69,10 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what a type checker and an IDE see: the same names, eagerly
     from actors.artifacts import AppendRules, ArtifactStrategy, KeyedRules, SingleSlot
-    from actors.errors import (BranchCancelled, BudgetExhausted, ConfigError, EvobusError,
-                               GroupFailed, GroupPaused, ParallelConfigError,
-                               ResumeRefused, RunFailed, SectionViolation)
+    from actors.errors import (BackendFailing, BranchCancelled, BudgetExhausted,
+                               ConfigError, EvobusError, GroupFailed, GroupPaused,
+                               ParallelConfigError, ResumeRefused, RetryLater, RunFailed,
+                               SectionViolation, Throttled)
     from actors.groups import (BranchContext, Budgets, GroupOutcome, GroupProgress,
                                HostLimits, Store, parallel, parallel_async, resume_group,
                                run_group)

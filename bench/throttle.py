@@ -3,7 +3,7 @@
 bench.endpoint.SimulatedEndpoint accepts ``R`` requests in any sliding second (the rest
 get 429 + Retry-After) and answers after a lognormal latency; 16 workers run an async
 evolve() through actors.openai_agent.OpenAIAgent with the process-wide limiter set just
-under R (``requests_per_minute = 0.97 * 60 * R``, ``max_concurrent = 16``). Figures:
+under R (``requests_per_minute = 0.99 * 60 * R``, ``max_concurrent = 16``). Figures:
 successful calls per second sustained (the middle 80% of the run, from the endpoint's
 own clock of the answers it sent) as a fraction of R, and 429s as a share of every
 attempt the endpoint received. Targets (issue 15): >= 0.95 R, <= 2% 429s.
@@ -51,7 +51,7 @@ def reward(task: Task, output: str) -> float:
 
 
 def agent(url: str, limited: bool) -> OpenAIAgent:
-    limits = dict(requests_per_minute=0.97 * 60 * RPS, max_concurrent=N_WORKERS) \
+    limits = dict(requests_per_minute=0.99 * 60 * RPS, max_concurrent=N_WORKERS) \
         if limited else {}
     return OpenAIAgent(model="sim", base_url=url, api_key_env="", backoff=0.05,
                        max_backoff=1.0, retry_deadline=60.0, timeout=10.0, **limits)
