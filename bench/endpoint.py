@@ -31,6 +31,7 @@ of each 200 sent. ``stop()`` ends any stall at once.
 from __future__ import annotations
 
 import collections
+import importlib
 import json
 import math
 import random
@@ -55,13 +56,16 @@ class SimulatedEndpoint:
     def __init__(self, *, rps: float | None = None, latency: float = 0.0, sigma: float = 0.0,
                  throttle: float = 0.0, errors: float = 0.0, stalls: float = 0.0,
                  stall_seconds: float = 30.0, seed: int = 0,
-                 reply: Callable[[dict[str, Any]], str] = default_reply,
+                 reply: Callable[[dict[str, Any]], str] | str = default_reply,
                  model: str = "sim") -> None:
         for name, value in (("throttle", throttle), ("errors", errors), ("stalls", stalls)):
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"SimulatedEndpoint({name}={value!r}): a fraction in [0, 1]")
         self.rps, self.latency, self.sigma = rps, latency, sigma
         self.throttle, self.errors, self.stalls = throttle, errors, stalls
+        if isinstance(reply, str):  # "module:function" (an endpoint in its own process)
+            module, _, name = reply.partition(":")
+            reply = getattr(importlib.import_module(module), name)
         self.stall_seconds, self.seed, self.reply, self.model = stall_seconds, seed, reply, model
         self.counts: dict[str, int] = collections.Counter()
         self.ok_times: list[float] = []   # time.monotonic() of each 200 sent
@@ -222,3 +226,58 @@ def _handler(ep: SimulatedEndpoint) -> type[BaseHTTPRequestHandler]:
                 pass
 
     return Handler
+
+
+# -- in a process of its own (the benchmark: no GIL shared with the client) -------------
+
+
+class EndpointProcess:
+    """:class:`SimulatedEndpoint` in a child process (``python -m bench.endpoint``), as a
+    real provider would be: its threads share no interpreter lock with the client under
+    test. ``counts`` and ``ok_times`` are read back when it stops (times are seconds
+    since the child started serving)."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+        self.counts: dict[str, int] = {}
+        self.ok_times: list[float] = []
+        self.url = ""
+        self._proc = None
+
+    def __enter__(self) -> "EndpointProcess":
+        import subprocess
+        import sys
+
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.endpoint", json.dumps(self.options)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.url = self._proc.stdout.readline().strip()
+        if not self.url.startswith("http://"):
+            self._proc.kill()
+            raise RuntimeError(f"bench.endpoint did not start: {self.url!r}")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        out, _ = self._proc.communicate(input="", timeout=30)  # EOF on stdin: stop
+        report = json.loads(out.strip().splitlines()[-1])
+        self.counts, self.ok_times = report["counts"], report["ok_times"]
+
+
+def _serve(options: str) -> None:
+    """``python -m bench.endpoint '{"rps": 40, ...}'``: print the URL, serve until stdin
+    closes, then print what was received as one JSON line."""
+    import sys
+
+    ep = SimulatedEndpoint(**json.loads(options)).start()
+    t0 = time.monotonic()
+    print(ep.url, flush=True)
+    sys.stdin.read()
+    ep.stop()
+    print(json.dumps({"counts": dict(ep.counts),
+                      "ok_times": [t - t0 for t in ep.ok_times]}), flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    _serve(sys.argv[1] if len(sys.argv) > 1 else "{}")

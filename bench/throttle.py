@@ -1,6 +1,7 @@
 """Workload (9): a rate-limited model endpoint. ``python -m bench.throttle``
 
-bench.endpoint.SimulatedEndpoint accepts ``R`` requests in any sliding second (the rest
+bench.endpoint.SimulatedEndpoint (in a process of its own, as a provider is) accepts
+``R`` requests in any sliding second (the rest
 get 429 + Retry-After) and answers after a lognormal latency; 16 workers run an async
 evolve() through actors.openai_agent.OpenAIAgent with the process-wide limiter set just
 under R (``requests_per_minute = 0.99 * 60 * R``, ``max_concurrent = 16``). Figures:
@@ -23,7 +24,7 @@ from actors import AppendRules, Task, evolve
 from actors.openai_agent import OpenAIAgent
 from bench import agentdescent_side as ad
 from bench.common import Row, figure, median, table
-from bench.endpoint import SimulatedEndpoint
+from bench.endpoint import EndpointProcess
 
 N_WORKERS = 16
 RPS = 40
@@ -57,7 +58,7 @@ def agent(url: str, limited: bool) -> OpenAIAgent:
                        max_backoff=1.0, retry_deadline=60.0, timeout=10.0, **limits)
 
 
-def sustained(ep: SimulatedEndpoint) -> tuple[float, float]:
+def sustained(ep) -> tuple[float, float]:
     """(successful calls/s over the middle 80% of the run, 429s / attempts)."""
     times = sorted(ep.ok_times)
     if len(times) < 10:
@@ -66,13 +67,14 @@ def sustained(ep: SimulatedEndpoint) -> tuple[float, float]:
     lo, hi = times[0] + 0.1 * span, times[-1] - 0.1 * span
     ok = sum(1 for t in times if lo <= t <= hi)
     c = ep.counts
-    return ok / (hi - lo), (c["rate_limited"] + c["throttled"]) / max(1, c["requests"])
+    limited = c.get("rate_limited", 0) + c.get("throttled", 0)
+    return ok / (hi - lo), limited / max(1, c.get("requests", 0))
 
 
 def one(seconds: float, *, lib: str = "evobus", limited: bool = True,
         seed: int = 0) -> tuple[float, float]:
-    with SimulatedEndpoint(rps=RPS, latency=LATENCY, sigma=SIGMA, seed=seed,
-                           reply=reply) as ep:
+    with EndpointProcess(rps=RPS, latency=LATENCY, sigma=SIGMA, seed=seed,
+                         reply="bench.throttle:reply") as ep:
         a = agent(ep.url, limited)
         if lib == "evobus":
             evolve(tasks(), reward, agent=a, strategy=AppendRules(), n_workers=N_WORKERS,
@@ -85,7 +87,7 @@ def one(seconds: float, *, lib: str = "evobus", limited: bool = True,
                             strategy=lib_.AppendRules(), n_workers=N_WORKERS,
                             asynchronous=True, max_seconds=seconds, seed=seed)
         a.close()
-        return sustained(ep)
+    return sustained(ep)
 
 
 def suite(quick: bool = False) -> list[Row]:
