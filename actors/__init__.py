@@ -42,14 +42,16 @@ _WHERE = {
 }
 _MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
 
-__all__ = ["AppendRules", "ArtifactStrategy", "BranchCancelled", "BranchContext",
+__all__ = ["AppendRules", "ArtifactStrategy", "BackendFailing", "BranchCancelled",
+           "BranchContext",
            "BudgetExhausted", "Budgets", "ClusterParallel", "ConfigError", "DataParallel",
            "Diff", "DifficultyWeighted", "EvobusError", "EvolveResult", "GroupFailed",
            "GroupOutcome", "GroupPaused", "GroupProgress", "HostLimits", "KeyedRules",
            "ParallelConfigError", "ParallelStrategy", "PipelineChain", "PipelineParallel",
-           "Ref", "ResumeRefused", "RoundRobin", "RunFailed", "Runtime",
+           "Ref", "ResumeRefused", "RetryLater", "RoundRobin", "RunFailed", "Runtime",
            "SectionViolation", "SingleSlot", "StageRecord", "Store", "Task", "TaskSampler",
-           "TensorParallel", "TensorParallelMerge", "WorkUnit", "assign_key_sections",
+           "TensorParallel", "TensorParallelMerge", "Throttled", "WorkUnit",
+           "assign_key_sections",
            "evolve", "evolve_async", "parallel", "parallel_async", "resume_group",
            "run_group", "section_of", "shard_round_robin"]
 

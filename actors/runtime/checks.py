@@ -7,10 +7,12 @@ fix); the log's path must be free (a log is never overwritten) and its directory
 creatable; the parallelism strategy must fit the artifact's key space and the worker
 count; workers in other processes need a deadline longer than their heartbeat, an
 address and keys they can use; $EVOBUS_LOG_FSYNC must name a policy; a group's literal
-items must fit its max_items and its target must be callable. Nothing is called (no
+items must fit its max_items and its target must be callable; a token or cost budget
+needs an agent (or run/propose) that declares ``reports_usage``. Nothing is called (no
 tasks built, no agent constructed), so what depends on what the user's code returns
-(at least 4 tasks, unique task ids, every task routed to a section, the agent's own
-settings) is refused by ``run`` only.
+(at least 4 tasks, unique task ids, every task routed to a section, a ``max_calls``
+too small for the baseline's scoring of the held-out tasks, the agent's own settings)
+is refused by ``run`` only.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from msgspec import inspect as mi
 
 from actors.errors import ConfigError
 from actors.policies.parallelism import TensorParallel
-from actors.runtime.evolve import prepare_parallel
+from actors.runtime.evolve import prepare_parallel, usage_refusal
 from actors.runtime.launch import build_strategy, group_log_path, n_workers_of
 from actors.runtime.pools import workers_problems
 from actors.runtime.runtime import FSYNC_ENV, fsync_policy
+from actors.usage import reports_usage
 from protocol import Ref
 from protocol import scenario as sc
 from protocol.scenario_errors import _options
@@ -113,6 +116,8 @@ def scenario_problems(scenario: sc.Scenario, source: str = "", *, log: str | Non
     if scenario.domain is not None:
         found += _parallel(scenario, refs_ok=not problems)
         found += workers_problems(scenario.workers, insecure=insecure)
+        if not problems:
+            found += _budgets(scenario)
     if not problems:
         found += _groups(scenario)
     return problems + [f"{prefix}at `{where}`: {message}" for where, message in found]
@@ -188,6 +193,29 @@ def _parallel(scenario: sc.Scenario, *, refs_ok: bool) -> list[tuple[str, str]]:
     except ConfigError as exc:
         return [("$.parallel", str(exc))]
     return []
+
+
+def _budgets(scenario: sc.Scenario) -> list[tuple[str, str]]:
+    """A token or cost budget needs code that reports usage (``reports_usage = True`` on
+    the agent's class or the run/propose functions, read without calling them)."""
+    b, d = scenario.budgets, scenario.domain
+    for name, value in (("max_tokens", b.max_tokens), ("max_cost", b.max_cost)):
+        if value is None:
+            continue
+        named = [_attribute(x) for x in (d.agent, d.run, d.propose) if x is not None]
+        if not reports_usage(*named):
+            who = _name(d.agent).rpartition(":")[2] if d.agent is not None else "run/propose"
+            return [(f"$.budgets.{name}", usage_refusal(name, value, who))]
+    return []
+
+
+def _attribute(spec: Any) -> Any:
+    """The attribute a reference names, imported, never called."""
+    module, _, attr = _name(spec).partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def _groups(scenario: sc.Scenario) -> list[tuple[str, str]]:

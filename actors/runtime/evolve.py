@@ -349,6 +349,15 @@ def _check_numbers(solved_threshold, lease_size) -> None:
                           f"{lease_size!r}; None sends each worker's share as one lease")
 
 
+def usage_refusal(name: str, value: Any, who: str) -> str:
+    """Why a token or cost budget is refused for code that reports no usage (run's
+    refusal and validate's, word for word)."""
+    return (f"{name}={value!r} but {who} does not report token usage (no reports_usage = "
+            "True): the budget could not be enforced. Report each model call with "
+            "actors.usage.report(...) and set reports_usage = True (OpenAIAgent does), or "
+            f"drop {name}")
+
+
 def _check_budgets(max_calls, max_tokens, max_cost, prices, agent, run, propose,
                    n_heldout: int) -> dict[str, tuple[float, float]]:
     """Refuse budgets that cannot mean what they say; return the prices, checked."""
@@ -364,11 +373,7 @@ def _check_budgets(max_calls, max_tokens, max_cost, prices, agent, run, propose,
     for name, value in (("max_tokens", max_tokens), ("max_cost", max_cost)):
         if value is not None and not reports_usage(agent, run, propose):
             who = type(agent).__name__ if agent is not None else "run/propose"
-            raise ConfigError(f"{name}={value!r} but {who} does not report token usage "
-                              "(no reports_usage = True): the budget could not be enforced. "
-                              "Report each model call with actors.usage.report(...) and set "
-                              "reports_usage = True (OpenAIAgent does), or drop "
-                              f"{name}")
+            raise ConfigError(usage_refusal(name, value, who))
     checked: dict[str, tuple[float, float]] = {}
     for model, price in (prices or {}).items():
         if not (isinstance(price, (list, tuple)) and len(price) == 2 and all(
