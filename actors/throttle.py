@@ -22,7 +22,7 @@ __all__ = ["Backoff", "Limiter", "limiter_for", "parse_retry_after"]
 class _Jittered(tenacity.wait.wait_base):
     """``initial * 2**n`` (capped at ``maximum``) times a factor in [0.5, 1): workers that
     were throttled together do not come back together. A backend that said when to
-    come back (``retry_after``) is taken at its word: that long, no more, no less."""
+    come back (``retry_after`` > 0) is taken at its word: that long, no more, no less."""
 
     def __init__(self, initial: float, maximum: float, rng: random.Random) -> None:
         self.initial, self.maximum, self.rng = initial, maximum, rng
@@ -30,7 +30,7 @@ class _Jittered(tenacity.wait.wait_base):
     def __call__(self, state: tenacity.RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome is not None else None
         after = getattr(exc, "retry_after", None)
-        if after is not None:
+        if after:  # (0, "now", gets the backoff: a retry at once would hammer it)
             return after
         delay = min(self.maximum, self.initial * 2 ** (state.attempt_number - 1))
         return delay * (0.5 + 0.5 * self.rng.random())

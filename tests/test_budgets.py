@@ -345,7 +345,7 @@ def test_an_agent_that_says_retry_later_is_called_again_and_counted_once():
                 self.n += 1
                 busy = self.n % 2 == 1
             if busy:
-                raise RetryLater("quota window", retry_after=0.0)
+                raise RetryLater("quota window", retry_after=0.001)
             report(model="m", input_tokens=3, output_tokens=1)
             return super().solve(rendered, task)
 
@@ -466,3 +466,51 @@ def test_calls_reported_from_inside_a_call_count_in_max_calls():
                            usage=[Usage(phase="run", calls=7)])   # a group's 7 branches
     s.handle(LeaseDone(lease_id="r0.u0", worker="w0", round=0, results=[result]))
     assert s.ledger.summary()["calls"]["rollout"] == 8
+
+
+def test_an_agent_given_prices_reports_the_cost_of_each_call():
+    from actors.usage import metered
+
+    with SimulatedEndpoint(seed=5) as ep:
+        agent = OpenAIAgent(model="sim", base_url=ep.url, api_key_env="",
+                            prices={"sim": [2.0, 8.0]})
+        _, usage, error = metered("run", agent.solve, "be brief",
+                                  __import__("protocol").Task(id="t", prompt="one two three"))
+    assert error is None
+    (u,) = usage
+    assert (u.model, u.input_tokens, u.attempts) == ("sim", ep.counts["prompt_tokens"], 1)
+    assert u.cost == pytest.approx((u.input_tokens * 2.0 + u.output_tokens * 8.0) / 1e6)
+
+
+def test_stalls_and_server_errors_are_retried_until_every_call_succeeds():
+    """One thread, so the endpoint's seeded draws meet the requests in a fixed order."""
+    task = __import__("protocol").Task(id="t", prompt="where is my parcel")
+    with SimulatedEndpoint(stalls=0.3, stall_seconds=5, errors=0.2, seed=6) as ep:
+        agent = OpenAIAgent(model="sim", base_url=ep.url, api_key_env="", timeout=0.2,
+                            max_retries=20, backoff=0.01, max_backoff=0.02)
+        answers = [agent.solve("rules", task) for _ in range(10)]
+    assert answers == ["parcel my is where"] * 10
+    assert ep.counts["stalls"] > 0 and ep.counts["errors"] > 0
+    assert agent.usage.retries == ep.counts["requests"] - 10
+
+
+def test_a_call_still_throttled_at_its_deadline_fails_saying_so():
+    task = __import__("protocol").Task(id="t", prompt="hi")
+    with SimulatedEndpoint(throttle=1.0, seed=7) as ep:
+        agent = OpenAIAgent(model="sim", base_url=ep.url, api_key_env="",
+                            retry_deadline=0.3, backoff=0.01, max_backoff=0.05)
+        t0 = time.monotonic()
+        with pytest.raises(__import__("actors.openai_agent").openai_agent.LLMError,
+                           match=r"still told to retry later after \d+ attempt.*deadline 0.3 s"):
+            agent.solve("rules", task)
+    assert time.monotonic() - t0 < 5
+    assert 1 < ep.counts["throttled"] == ep.counts["requests"] < 30   # backed off, not hammered
+
+
+def test_a_flaky_endpoint_is_evidence_and_the_run_finishes(calls_file):
+    with SimulatedEndpoint(errors=0.4, latency=0.001, seed=8, reply=bd.router_reply) as ep:
+        text = scenario(ep.url, "local = 4", PARALLEL["DataParallel"], "sync",
+                        "max_calls = 300", agent="max_retries = 0\nbackoff = 0.01")
+        result = run_scenario(parse_scenario(text))
+    assert result.stop_reason == "max_calls"
+    assert result.outcomes().get("rollout-error", 0) > 0 and "500" in result.error
