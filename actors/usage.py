@@ -1,30 +1,30 @@
 """How a call reports what it used, for the token and cost budgets (docs/budgets.md).
 
-The worker opens a meter around each call it makes to run or propose (an agent's
-``solve``/``propose``); code running inside that call, on its thread or in a coroutine
-awaited by it, reports with :func:`report`. What was reported travels in the rollout's
+The worker keeps a meter for the calls it makes to run or propose (an agent's
+``solve``/``propose``) and takes what each call put in it; code running inside that
+call, on its thread or in a coroutine awaited by it, reports with :func:`report`. What was reported travels in the rollout's
 result (``protocol.Usage``, one per model and phase) to the Scheduler, which counts it
 against ``max_tokens`` and ``max_cost``. :class:`actors.openai_agent.OpenAIAgent`
 reports every request; an agent of your own calls :func:`report` once per model call
 and declares ``reports_usage = True`` (a token or cost budget refuses an agent that
 does not).
 
-A thread the call starts itself does not inherit the meter (contextvars are per
-thread): report from the call's own thread, or copy the context
-(``contextvars.copy_context().run``).
+A thread the call starts itself has no meter (the meter is per thread; a coroutine
+the call awaits runs on the call's thread and reports to it): report from the call's
+own thread.
 """
 
 from __future__ import annotations
 
-import contextvars
+import threading
 from typing import Any, Callable
 
 from protocol import Usage
 
-__all__ = ["report", "metered", "reports_usage"]
+__all__ = ["bind", "metered", "report", "reports_usage", "take"]
 
-_METER: contextvars.ContextVar[dict[str, list] | None] = contextvars.ContextVar(
-    "evobus_usage_meter", default=None)
+#: The meter of the call running on this thread (``meter``: model -> sums), if any.
+_LOCAL = threading.local()
 
 
 def report(*, model: str = "", input_tokens: int = 0, output_tokens: int = 0,
@@ -35,7 +35,7 @@ def report(*, model: str = "", input_tokens: int = 0, output_tokens: int = 0,
     ``cost``: what the call cost in your currency, if the agent prices it itself (else the
     run's ``prices`` price ``model``); ``attempts``: HTTP attempts it took (retries
     included); ``throttled``: seconds it waited on a 429/503 or a rate limiter."""
-    meter = _METER.get()
+    meter = getattr(_LOCAL, "meter", None)
     if meter is None:
         return
     entry = meter.setdefault(model, [0, 0, None, 0, 0.0, 0])
@@ -48,21 +48,39 @@ def report(*, model: str = "", input_tokens: int = 0, output_tokens: int = 0,
     entry[5] += int(calls)
 
 
-def metered(phase: str, fn: Callable[..., Any], *args: Any) -> tuple[Any, list[Usage], BaseException | None]:
+def bind(meter: dict[str, list]) -> None:
+    """Make ``meter`` the one :func:`report` adds to on this thread (a worker binds its
+    own once per lease, then takes what each call reported with :func:`take`)."""
+    _LOCAL.meter = meter
+
+
+def take(meter: dict[str, list], phase: str) -> list[Usage]:
+    """What was reported into ``meter`` since the last take, as ``Usage`` of ``phase``
+    (one per model); empties it."""
+    if not meter:
+        return []
+    out = [Usage(phase=phase, model=model, input_tokens=e[0], output_tokens=e[1],
+                 cost=e[2], attempts=e[3], throttled=round(e[4], 6), calls=e[5])
+           for model, e in meter.items()]
+    meter.clear()
+    return out
+
+
+def metered(phase: str, fn: Callable[..., Any], *args: Any
+            ) -> tuple[Any, list[Usage], BaseException | None]:
     """Call ``fn(*args)`` with a fresh meter: (its value or None, what it reported, the
     exception it raised or None). The exception is returned, not raised, so that what a
-    failed call reported is kept too; the caller decides what it means."""
+    failed call reported is kept too."""
+    outer = getattr(_LOCAL, "meter", None)
     meter: dict[str, list] = {}
-    token = _METER.set(meter)
+    bind(meter)
     try:
         value, error = fn(*args), None
-    except Exception as exc:  # returned to the caller, which records it with the result
+    except Exception as exc:  # returned to the caller, which decides what it means
         value, error = None, exc
     finally:
-        _METER.reset(token)
-    return value, [Usage(phase=phase, model=model, input_tokens=e[0], output_tokens=e[1],
-                         cost=e[2], attempts=e[3], throttled=round(e[4], 6), calls=e[5])
-                   for model, e in meter.items()], error
+        _LOCAL.meter = outer
+    return value, take(meter, phase), error
 
 
 def reports_usage(*things: Any) -> bool:

@@ -16,7 +16,7 @@ import msgspec
 
 from actors.errors import RetryLater, describe
 from actors.throttle import Backoff
-from actors.usage import metered, report
+from actors.usage import bind, report, take
 from actors.workers import scope
 from actors.workers.scope import RunScope
 from protocol import Commit, Lease, LeaseDone, RolloutResult, Task
@@ -90,6 +90,7 @@ class WorkerCore:
         # A call that raises RetryLater is called again (docs/budgets.md): 1 s doubling to
         # 30 s, jittered, for 2 minutes at most; then it fails as Throttled.
         self.backoff = Backoff(initial=1.0, maximum=30.0, deadline=120.0)
+        self.meter: dict[str, list] = {}  # what calls report (actors.usage), per call
 
     def close(self) -> None:
         """The worker is done: close the event loop async code ran on, if any."""
@@ -110,6 +111,7 @@ class WorkerCore:
             may_propose = self.propose is not None
         results: list[RolloutResult] = []
         fatal = None
+        bind(self.meter)  # on the thread that runs the lease: the calls report into it
         for task_id in lease.task_ids:
             if cancelled is not None and cancelled():
                 break
@@ -147,21 +149,31 @@ class WorkerCore:
         return result
 
     def _one(self, task: Task, rendered: str, state, version: int, may_propose: bool):
-        output, usage, exc = metered("run", self._retried, self.run, (rendered, task))
-        if exc is not None:  # a flaky backend is evidence: reported in the result
-            return RolloutResult(task_id=task.id, error=describe(exc), calls=1, usage=usage)
+        meter = self.meter
+        try:
+            try:  # the fast path, inline: most rollouts pass here and nowhere else
+                output = self.run(rendered, task)
+                if output.__class__ is not str and hasattr(output, "__await__"):
+                    output = self.settle(output)
+            except RetryLater as exc:
+                output = self._again(self.run, (rendered, task), exc)
+        except Exception as exc:  # a flaky backend is evidence: reported in the result
+            return RolloutResult(task_id=task.id, error=describe(exc), calls=1,
+                                 usage=take(meter, "run"))
+        usage = take(meter, "run") if meter else []
         score = self.reward(task, output)
         if score.__class__ is not float:   # an int, or an async reward's coroutine
             score = self.settle(score)
         score = check_reward(score, task)
         if not may_propose or score >= self.solved:
             return RolloutResult(task_id=task.id, score=score, calls=1, usage=usage)
-        text, more, exc = metered("propose", self._retried, self.propose,
-                                  (rendered, task, output, score))
-        usage = usage + more if more else usage
-        if exc is not None:  # reported with the rollout; the score still counts
+        try:
+            text = self._retried(self.propose, (rendered, task, output, score))
+        except Exception as exc:  # reported with the rollout; the score still counts
             return RolloutResult(task_id=task.id, score=score, error="propose: " + describe(exc),
-                                 calls=2, usage=usage)
+                                 calls=2, usage=usage + take(meter, "propose"))
+        if meter:
+            usage = usage + take(meter, "propose")
         if text is not None and not isinstance(text, str):
             raise ValueError(f"propose(task={task.id!r}, ...) returned "
                              f"{type(text).__name__}; it must return a str or None")
@@ -170,13 +182,18 @@ class WorkerCore:
 
     def _retried(self, fn: Callable, args: tuple):
         """One call to run or propose (an awaitable it returns is awaited), called again
-        while it raises RetryLater; the attempts and the seconds waited are reported."""
+        while it raises RetryLater."""
         try:
             return self._once(fn, args)
         except RetryLater as exc:
-            value, attempts, slept = self.backoff.call(lambda: self._once(fn, args), first=exc)
-            report(attempts=attempts, throttled=slept)
-            return value
+            return self._again(fn, args, exc)
+
+    def _again(self, fn: Callable, args: tuple, first: RetryLater):
+        """The call said "retry later": call it again with backoff until it answers or
+        the deadline passes (Throttled); the attempts and seconds waited are reported."""
+        value, attempts, slept = self.backoff.call(lambda: self._once(fn, args), first=first)
+        report(attempts=attempts, throttled=slept)
+        return value
 
     def _once(self, fn: Callable, args: tuple):
         value = fn(*args)
