@@ -108,10 +108,11 @@ class Limiter:
     """At most ``max_concurrent`` requests at once and ``per_minute`` a minute, spaced
     evenly: a turn nobody took can be taken late, but only the one just missed (a burst
     of two at most, so an endpoint that counts over a sliding second sees the same rate
-    in every second, plus one). ``with limiter:`` waits its turn; :attr:`waited` sums the seconds
-    every thread waited."""
+    in every second, plus one). ``with limiter:`` waits its turn; :attr:`waited` sums
+    the seconds every thread waited."""
 
-    def __init__(self, max_concurrent: int | None = None, per_minute: float | None = None) -> None:
+    def __init__(self, max_concurrent: int | None = None,
+                 per_minute: float | None = None) -> None:
         self.max_concurrent, self.per_minute = max_concurrent, per_minute
         self._slots = threading.BoundedSemaphore(max_concurrent) if max_concurrent else None
         self._interval = 60.0 / per_minute if per_minute else 0.0

@@ -2,9 +2,9 @@
 
 The worker keeps a meter for the calls it makes to run or propose (an agent's
 ``solve``/``propose``) and takes what each call put in it; code running inside that
-call, on its thread or in a coroutine awaited by it, reports with :func:`report`. What was reported travels in the rollout's
-result (``protocol.Usage``, one per model and phase) to the Scheduler, which counts it
-against ``max_tokens`` and ``max_cost``. :class:`actors.openai_agent.OpenAIAgent`
+call, on its thread or in a coroutine awaited by it, reports with :func:`report`. What
+was reported travels in the rollout's result (``protocol.Usage``, one per model and
+phase) to the Scheduler, which counts it against ``max_tokens`` and ``max_cost``. :class:`actors.openai_agent.OpenAIAgent`
 reports every request; an agent of your own calls :func:`report` once per model call
 and declares ``reports_usage = True`` (a token or cost budget refuses an agent that
 does not).
@@ -48,9 +48,10 @@ def report(*, model: str = "", input_tokens: int = 0, output_tokens: int = 0,
     entry[5] += int(calls)
 
 
-def bind(meter: dict[str, list]) -> None:
+def bind(meter: dict[str, list] | None) -> None:
     """Make ``meter`` the one :func:`report` adds to on this thread (a worker binds its
-    own once per lease, then takes what each call reported with :func:`take`)."""
+    own for each lease, takes what each call reported with :func:`take`, and unbinds it,
+    ``None``, when the lease ends)."""
     _LOCAL.meter = meter
 
 

@@ -15,10 +15,9 @@ import logging
 import random
 
 from actors.addresses import DRIVER, MERGER, SCHEDULER, Out
-from protocol import (Baseline, Budget, Drain, Finish, Halted, Unhalt, Lease, LeaseBatch, Message, NeedWork, Open,
-                      Progress, RoundClosed, RoundRecord, Settled, SettledBatch, Shutdown,
-                      Start, Tick,
-                      WorkUnit)
+from protocol import (Baseline, Budget, Drain, Finish, Halted, Lease, LeaseBatch, Message,
+                      NeedWork, Open, Progress, RoundClosed, RoundRecord, Settled,
+                      SettledBatch, Shutdown, Start, Tick, Unhalt, WorkUnit)
 
 log = logging.getLogger(__name__)
 

@@ -39,8 +39,9 @@ import msgspec
 from actors.addresses import MERGER, PLANNER, Out
 from actors.machines.budget import Ledger
 from protocol import (Barrier, Budget, Commit, Drain, EvalDone, EvalRequest, Flush,
-                      Heartbeat, Hello, Lease, LeaseBatch, LeaseDone, Merged, Message, NeedWork, Refresh,
-                      RolloutResult, Settled, SettledBatch, Shutdown, Stop, Tick)
+                      Heartbeat, Hello, Lease, LeaseBatch, LeaseDone, Merged, Message,
+                      NeedWork, Refresh, RolloutResult, Settled, SettledBatch, Shutdown,
+                      Stop, Tick)
 
 log = logging.getLogger(__name__)
 

@@ -129,6 +129,8 @@ class WorkerCore:
                 fatal = str(exc)
                 break
             results.append(result)
+        bind(None)  # what this thread runs next (a group's branch, say) is not this lease's
+        self.meter.clear()
         return LeaseDone(lease_id=lease.lease_id, worker=self.name, round=lease.round,
                          kind=lease.kind, unit=lease.unit, section=lease.section,
                          version=version, results=results, fatal=fatal)
