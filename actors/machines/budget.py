@@ -150,9 +150,10 @@ class Ledger:
             if r.calls:
                 if scoring:
                     self.calls["scoring"] += r.calls
-                else:
-                    self.calls["rollout"] += 1
-                    self.calls["proposal"] += r.calls - 1
+                else:  # run, at most one propose, then the calls of groups run inside
+                    proposal = min(1, r.calls - 1)
+                    self.calls["proposal"] += proposal
+                    self.calls["rollout"] += r.calls - proposal
             for u in r.usage:
                 self._count(u, "scoring" if scoring else
                             "proposal" if u.phase == "propose" else "rollout")
