@@ -185,10 +185,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     modes = _check_modes(asynchronous, rounds, async_ratio, staleness, stall_merges,
                          (max_rollouts, max_calls, max_seconds, target_reward, patience,
                           max_tokens, max_cost))
-    # The Merger's optional acceptance rules (docs/concepts.md), only those switched on.
-    modes = dataclasses.replace(modes, gate={
-        name: True for name, on in (("screen", screen), ("attribute", attribute),
-                                    ("retire", retire), ("recheck", recheck)) if on})
+    modes = dataclasses.replace(modes, gate=_gate(screen, attribute, retire, recheck))
     _check_numbers(solved_threshold, lease_size)
     tasks = _validate(tasks, reward, agent, run, propose, n_workers, modes.rounds,
                       held_out_frac, max_concurrency)
@@ -210,11 +207,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                               initial_state=state0, solved=solved_threshold,
                               package_version=PACKAGE_VERSION, refs=refs, insecure=insecure,
                               run_id=run_id)
-    meta = _log_meta(seed, run_id, log_meta, plan_with, task_sampler, modes, remote)
-    # How `evobus inspect --version` and the report render the artifact (built-ins only).
-    spec = strategy_spec(strategy)
-    if spec is not None:
-        meta.setdefault("strategy", json.dumps(spec))
+    meta = _log_meta(seed, run_id, log_meta, plan_with, task_sampler, modes, remote,
+                     strategy)
     start = Start(run_id=run_id, seed=seed, task_ids=task_ids, n_workers=n_workers,
                   rounds=modes.rounds, held_out_frac=held_out_frac,
                   max_concurrency=max_concurrency or n_workers, initial_state=state0,
@@ -223,35 +217,77 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                   asynchronous=asynchronous, async_ratio=modes.async_ratio,
                   staleness=modes.staleness, lease_size=lease_size, max_tokens=max_tokens,
                   max_cost=max_cost, prices=prices)
-    tracker = as_tracking(tracking)
-    if tracker is not None:   # before any rollout: a missing extra is a ConfigError now
-        tracker.start(_tracked_params(locals(), plan_with, strategy), render=strategy.render,
-                      initial_state=state0, tags={"evobus.run_id": run_id,
-                                                  "evobus.version": PACKAGE_VERSION})
+    tracker = _start_tracker(tracking, locals(), plan_with, strategy, state0, run_id)
     if log is not None:   # `log="runs/x.evolog"` works in a fresh directory, as the CLI does
         make_log_directory(log, "evolve(log=)")
-    # A resumed run's clock starts at the time its old logs cover (time budgets), and
-    # its log numbers its messages on from the old log's last one.
+    # A resumed run's clock starts at the time its old logs cover (time budgets).
     t0 = time.monotonic() - (resume_from.elapsed if resume_from is not None else 0.0)
+    topology = _Topology(tasks=tasks, reward=reward, run=run, propose=propose,
+                         strategy=strategy, solved=solved_threshold, state0=state0,
+                         n_workers=n_workers, remote=remote, modes=modes,
+                         run_id=str(meta["run_id"]))
+    ran = _run(topology, start, plan_with, task_sampler, resume_from, t0,
+               runtime=dict(bus=bus, log_path=log, log_meta=meta, fsync=log_fsync,
+                            log_overwrite=log_overwrite),
+               drive=dict(max_seconds=max_seconds, on_progress=on_progress,
+                          on_round=_on_round(tracker, agent)),
+               watch=_tee(getattr(on_progress, "watch", None),
+                          tracker.watch if tracker is not None else None))
+    if isinstance(ran.done, Halted):
+        raise BackendFailing(ran.done.error, log)
+    if ran.done.fatal:
+        raise ConfigError(ran.done.fatal)
+    result = _result(ran, strategy, log, t0, agent)
+    if tracker is not None:
+        tracker.end(result, usage=result.usage)
+    return result
+
+
+@dataclass(frozen=True)
+class _Topology:
+    """What the workers of a run are made of."""
+
+    tasks: list[Task]
+    reward: Callable
+    run: Callable
+    propose: Callable
+    strategy: Any
+    solved: float
+    state0: dict[str, str]
+    n_workers: int
+    remote: Any
+    modes: "_Modes"
+    #: The run's id as its log says (a resumed run keeps its chain's): group ids derive
+    #: from it, so a resumed run's groups find the branches they had finished.
+    run_id: str
+
+
+@dataclass
+class _Ran:
+    """What a run leaves once its topology has closed."""
+
+    done: Any
+    elapsed_by_round: dict[int, float]
+    bus_stats: dict[str, int] = field(default_factory=dict)
+    stats: dict[str, float] = field(default_factory=dict)
+    given_up: int = 0
+    budget: Any = None
+
+
+def _run(top: _Topology, start: Start, plan_with, task_sampler, resume_from, t0: float, *,
+         runtime: dict[str, Any], drive: dict[str, Any], watch) -> _Ran:
+    """Build the topology (bus, control machines, workers), start it (or resume it) and
+    drive it to its end; everything it started is closed when this returns."""
+    remote = top.remote
+    # A resumed run's log numbers its messages on from the old log's last one.
     first_seq = resume_from.last_seq + 1 if resume_from is not None else 1
-    with Runtime(bus=bus, log_path=log, log_meta=meta, fsync=log_fsync,
-                 log_overwrite=log_overwrite, peers=remote.ports if remote else (),
-                 first_seq=first_seq,
-                 watch=_tee(getattr(on_progress, "watch", None),
-                            tracker.watch if tracker is not None else None)) as rt:
-        _spawn_machines(rt, plan_with, task_sampler, start, modes, remote)
+    with Runtime(**runtime, peers=remote.ports if remote else (), first_seq=first_seq,
+                 watch=watch) as rt:
+        _spawn_machines(rt, plan_with, task_sampler, start, top.modes, remote)
         if resume_from is not None:
             # Before any message flows: replay the old log into the machines (no sending).
             resume_from.prepare(rt, rt.machines)
-        by_id = {t.id: t for t in tasks}
-        # Groups started inside run/propose run on this runtime, in this log, within
-        # max_calls; a resumed run's groups find what they had finished (workers.scope).
-        run_scope = RunScope(rt, str(meta["run_id"]), max_calls,
-                             resume_from.group_results() if resume_from is not None else None)
-        for i in range(remote.local if remote else n_workers):
-            rt.spawn_worker(WorkerCore(worker_name(i), by_id, reward, run, propose, strategy,
-                                       solved=solved_threshold, initial_state=state0,
-                                       scope=run_scope))
+        _spawn_workers(rt, top, start, resume_from)
         if remote:  # the registry, process workers, and a deadline for everyone
             remote.start(rt, t0)
         if resume_from is None:
@@ -260,29 +296,48 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
             resume_from.begin()
         if resume_from is not None and rt.machines[PLANNER].halted:
             rt.send(PLANNER, Unhalt())  # the backend is back (we hope): plan again
-        on_round = None if tracker is None else (lambda p: tracker.on_round(
-            p.record, rollouts=p.rollouts, calls=p.calls, usage=_usage_of(agent)))
-        done, elapsed_by_round = _drive(rt, t0, max_seconds, asynchronous, remote, on_progress,
-                                        on_round)
+        done, elapsed_by_round = _drive(rt, t0, drive["max_seconds"], start.asynchronous,
+                                        remote, drive["on_progress"], drive["on_round"])
         if isinstance(done, Halted):  # leaving the with-block closes the actors and the log
-            raise BackendFailing(done.error, log)
+            return _Ran(done, elapsed_by_round)
         bus_stats, stats = _counters(rt, done, remote)
-        given_up = rt.machines[SCHEDULER].given_up
-        budget = rt.machines[SCHEDULER].ledger.summary()
-    if done.fatal:
-        raise ConfigError(done.fatal)
-    history = [_with_elapsed(r, elapsed_by_round.get(r.round, r.elapsed)) for r in done.history]
-    outcomes = {**done.outcomes, **({"infrastructure-failure": given_up} if given_up else {})}
-    result = EvolveResult(rendered=strategy.render(done.state), state=dict(done.state),
-                          version=done.version, final_reward=done.final_reward,
-                          initial_reward=done.initial_reward, stop_reason=done.stop_reason,
-                          history=history, rollouts=done.rollouts, calls=done.calls,
-                          error=done.error, log_path=log, elapsed=time.monotonic() - t0,
-                          bus=bus_stats, stats=stats, usage=_usage_of(agent),
-                          budget=budget, _outcomes=outcomes)
-    if tracker is not None:
-        tracker.end(result, usage=result.usage)
-    return result
+        scheduler = rt.machines[SCHEDULER]
+        return _Ran(done, elapsed_by_round, bus_stats, stats, scheduler.given_up,
+                    scheduler.ledger.summary())
+
+
+def _spawn_workers(rt: Runtime, top: _Topology, start: Start, resume_from) -> None:
+    by_id = {t.id: t for t in top.tasks}
+    # Groups started inside run/propose run on this runtime, in this log, within
+    # max_calls; a resumed run's groups find what they had finished (workers.scope).
+    run_scope = RunScope(rt, top.run_id, start.max_calls,
+                         resume_from.group_results() if resume_from is not None else None)
+    for i in range(top.remote.local if top.remote else top.n_workers):
+        rt.spawn_worker(WorkerCore(worker_name(i), by_id, top.reward, top.run, top.propose,
+                                   top.strategy, solved=top.solved,
+                                   initial_state=top.state0, scope=run_scope))
+
+
+def _on_round(tracker, agent) -> Callable | None:
+    if tracker is None:
+        return None
+    return lambda p: tracker.on_round(p.record, rollouts=p.rollouts, calls=p.calls,
+                                      usage=_usage_of(agent))
+
+
+def _result(ran: _Ran, strategy, log, t0: float, agent) -> "EvolveResult":
+    done = ran.done
+    history = [_with_elapsed(r, ran.elapsed_by_round.get(r.round, r.elapsed))
+               for r in done.history]
+    outcomes = {**done.outcomes,
+                **({"infrastructure-failure": ran.given_up} if ran.given_up else {})}
+    return EvolveResult(rendered=strategy.render(done.state), state=dict(done.state),
+                        version=done.version, final_reward=done.final_reward,
+                        initial_reward=done.initial_reward, stop_reason=done.stop_reason,
+                        history=history, rollouts=done.rollouts, calls=done.calls,
+                        error=done.error, log_path=log, elapsed=time.monotonic() - t0,
+                        bus=ran.bus_stats, stats=ran.stats, usage=_usage_of(agent),
+                        budget=ran.budget, _outcomes=outcomes)
 
 
 @dataclass(frozen=True)
@@ -386,8 +441,26 @@ def _check_budgets(max_calls, max_tokens, max_cost, prices, agent, run, propose,
     return checked
 
 
+def _gate(screen: bool, attribute: bool, retire: bool, recheck: bool) -> dict[str, bool]:
+    """The Merger's optional acceptance rules (docs/concepts.md), those switched on."""
+    return {name: True for name, on in (("screen", screen), ("attribute", attribute),
+                                        ("retire", retire), ("recheck", recheck)) if on}
+
+
+def _start_tracker(tracking, params: dict[str, Any], plan_with, strategy,
+                   state0: dict[str, str], run_id: str):
+    """The MLflow tracker, started before any rollout (a missing extra is a ConfigError
+    now, not after the run), or None."""
+    tracker = as_tracking(tracking)
+    if tracker is not None:
+        tracker.start(_tracked_params(params, plan_with, strategy), render=strategy.render,
+                      initial_state=state0, tags={"evobus.run_id": run_id,
+                                                  "evobus.version": PACKAGE_VERSION})
+    return tracker
+
+
 def _log_meta(seed: int, run_id: str, log_meta, plan_with, task_sampler, modes: _Modes,
-              remote) -> dict[str, Any]:
+              remote, strategy) -> dict[str, Any]:
     """The log header's meta: what replay needs to rebuild the machines of a run
     started from Python (its planner's strategy and the constructor arguments that
     Start does not carry)."""
@@ -398,6 +471,10 @@ def _log_meta(seed: int, run_id: str, log_meta, plan_with, task_sampler, modes: 
          **({"scheduler": remote.scheduler_kwargs()} if remote else {})}).decode())
     if task_sampler is not None:
         meta.setdefault("task_sampler", repr(task_sampler))
+    # How `evobus inspect --version` and the report render the artifact (built-ins only).
+    spec = strategy_spec(strategy)
+    if spec is not None:
+        meta.setdefault("strategy", json.dumps(spec))
     return meta
 
 
