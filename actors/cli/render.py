@@ -156,58 +156,76 @@ def analyse(path: str | Path) -> RunAnalysis:
                     dropped_tail=sum(c.dropped_tail for c in chain),
                     segments=[str(c.path) for c in chain], learned=learned_from(chain),
                     render=renderer(meta))
-    open_spans: dict[str, LeaseSpan] = {}
-    dispatched: set[str] = set()
-    answered: set[str] = set()
-    first_seen: dict[str, float] = {}
-    workers: set[str] = set()
-    last_seen: dict[str, float] = {}
-    rollouts_by_round: Counter = Counter()
-    heldout: frozenset = frozenset()
-    heldout_evals: dict[str, bool] = {}
-    merges = 0
+    tally = _Tally(a)
     for rec in _timed(chain):
         try:
             msg = decode(rec.body)
         except ValueError:  # a newer or damaged body: counted and shown in the report
             a.undecodable += 1
             continue
+        tally.record(rec, msg)
+    tally.finish()
+    return a
+
+
+class _Tally:
+    """What :func:`analyse` keeps while it reads a chain's records in order."""
+
+    def __init__(self, a: RunAnalysis) -> None:
+        self.a = a
+        self.open_spans: dict[str, LeaseSpan] = {}
+        self.dispatched: set[str] = set()
+        self.answered: set[str] = set()
+        self.first_seen: dict[str, float] = {}
+        self.last_seen: dict[str, float] = {}
+        self.workers: set[str] = set()
+        self.rollouts_by_round: Counter = Counter()
+        self.heldout: frozenset = frozenset()
+        self.heldout_evals: dict[str, bool] = {}
+
+    def record(self, rec: Record, msg) -> None:
+        a = self.a
         kind = type(msg).__name__
         a.kinds[kind] += 1
         a.duration = max(a.duration, rec.t)
         for name in (rec.sender, rec.receiver):
-            first_seen.setdefault(name, rec.t)
-            last_seen[name] = rec.t
+            self.first_seen.setdefault(name, rec.t)
+            self.last_seen[name] = rec.t
         # A worker's own message (the Scheduler forwards LeaseDone to the Merger: that copy
         # names the worker in `worker`, not as its sender).
         from_worker = kind in _FROM_WORKER and getattr(msg, "worker", "") in ("", rec.sender)
         if from_worker:
-            workers.add(rec.sender)
+            self.workers.add(rec.sender)
         elif kind in _TO_WORKER:
-            workers.add(rec.receiver)
+            self.workers.add(rec.receiver)
+        self._message(kind, msg, rec.t)
         lease_id = getattr(msg, "lease_id", None)
+        if lease_id is not None:
+            self._lease(kind, msg, rec, lease_id, from_worker)
+
+    def _message(self, kind: str, msg, t: float) -> None:
+        a = self.a
         if kind == "Start":
             a.mode = "async" if getattr(msg, "asynchronous", False) else "sync"
         elif kind == "Baseline":
-            a.baseline = (rec.t, msg.heldout_reward)
+            a.baseline = (t, msg.heldout_reward)
         elif kind == "Open":
-            heldout = frozenset(msg.heldout_ids)
+            self.heldout = frozenset(msg.heldout_ids)
         elif kind == "EvalRequest":
             # Held-out scoring of a candidate, or (async) a re-verification on other tasks.
-            heldout_evals[msg.eval_id] = frozenset(msg.task_ids) == heldout
+            self.heldout_evals[msg.eval_id] = frozenset(msg.task_ids) == self.heldout
         elif kind == "EvalDone":
-            if heldout_evals.pop(msg.eval_id, True):
-                a.candidates.append((rec.t, msg.score))
+            if self.heldout_evals.pop(msg.eval_id, True):
+                a.candidates.append((t, msg.score))
             else:
                 a.other_evals += 1
         elif kind == "Settled":
-            rollouts_by_round[msg.round] += len(msg.scores)
+            self.rollouts_by_round[msg.round] += len(msg.scores)
         elif kind == "SettledBatch":
             for one in msg.settled:
-                rollouts_by_round[one.round] += len(one.scores)
+                self.rollouts_by_round[one.round] += len(one.scores)
         elif kind == "RoundClosed":
-            merges += 1
-            a.rounds.append(RoundRow(round=msg.round, t=rec.t, version=msg.version,
+            a.rounds.append(RoundRow(round=msg.round, t=t, version=msg.version,
                                      committed=msg.committed, heldout=msg.heldout_reward,
                                      proposals=msg.proposals, outcomes=dict(msg.outcomes)))
         elif kind in _GROUP_KINDS:
@@ -219,49 +237,57 @@ def analyse(path: str | Path) -> RunAnalysis:
             a.rollouts = msg.rollouts
             a.outcomes = dict(msg.outcomes)
             a.stats = dict(getattr(msg, "stats", {}) or {})
-        if lease_id is not None and kind in _TO_WORKER:
+
+    def _lease(self, kind: str, msg, rec: Record, lease_id: str, from_worker: bool) -> None:
+        """A lease's span on its worker's timeline: from dispatch to answer (a branch
+        that asks a person waits, holding it)."""
+        a, spans = self.a, self.open_spans
+        if kind in _TO_WORKER:
             lease_kind = getattr(msg, "kind", "branch") if kind == "Lease" else "branch"
             span = LeaseSpan(lease_id, rec.receiver, lease_kind, rec.t,
-                             redispatch=lease_id in dispatched)
+                             redispatch=lease_id in self.dispatched)
             a.redispatches += span.redispatch
-            dispatched.add(lease_id)
-            previous = open_spans.get(f"{rec.receiver}\0{lease_id}")
+            self.dispatched.add(lease_id)
+            previous = spans.get(f"{rec.receiver}\0{lease_id}")
             if previous is not None:  # the same worker got it again: close the old span
                 previous.end = rec.t
-            open_spans[f"{rec.receiver}\0{lease_id}"] = span
+            spans[f"{rec.receiver}\0{lease_id}"] = span
             a.spans.append(span)
-        elif lease_id is not None and from_worker and kind == "Interaction":
+        elif from_worker and kind == "Interaction":
             # The branch stopped to ask a person; the worker holds the lease, waiting.
             key = f"{rec.sender}\0{lease_id}"
-            span = open_spans.get(key)
+            span = spans.get(key)
             if span is not None:
                 span.end = rec.t
                 waiting = LeaseSpan(lease_id, rec.sender, "waiting", rec.t)
-                open_spans[key] = waiting
+                spans[key] = waiting
                 a.spans.append(waiting)
-        elif lease_id is not None and from_worker and kind in _LEASE_END:
-            span = open_spans.pop(f"{rec.sender}\0{lease_id}", None)
+        elif from_worker and kind in _LEASE_END:
+            span = spans.pop(f"{rec.sender}\0{lease_id}", None)
             if span is not None:
                 span.end = rec.t
-            if lease_id in answered:
+            if lease_id in self.answered:
                 a.late_answers += 1
-            answered.add(lease_id)
-    for span in open_spans.values():  # never answered (the run stopped): to the end
-        span.end = a.duration
-    for row in a.rounds:
-        row.rollouts = rollouts_by_round.get(row.round, 0)
-    if not a.outcomes:
-        total: Counter = Counter()
+            self.answered.add(lease_id)
+
+    def finish(self) -> None:
+        a = self.a
+        for span in self.open_spans.values():  # never answered (the run stopped): to the end
+            span.end = a.duration
         for row in a.rounds:
-            total.update(row.outcomes)
-        a.outcomes = dict(total)
-    a.workers = sorted(workers, key=_natural)
-    a.lifetimes = {w: (first_seen[w], max(last_seen[w], first_seen[w])) for w in a.workers}
-    if a.initial_reward is None and a.baseline is not None:
-        a.initial_reward = a.baseline[1]
-    if a.final_reward is None and a.rounds:
-        a.final_reward = a.rounds[-1].heldout
-    return a
+            row.rollouts = self.rollouts_by_round.get(row.round, 0)
+        if not a.outcomes:
+            total: Counter = Counter()
+            for row in a.rounds:
+                total.update(row.outcomes)
+            a.outcomes = dict(total)
+        a.workers = sorted(self.workers, key=_natural)
+        a.lifetimes = {w: (self.first_seen[w], max(self.last_seen[w], self.first_seen[w]))
+                       for w in a.workers}
+        if a.initial_reward is None and a.baseline is not None:
+            a.initial_reward = a.baseline[1]
+        if a.final_reward is None and a.rounds:
+            a.final_reward = a.rounds[-1].heldout
 
 
 def _timed(chain) -> Iterator[Record]:
@@ -542,10 +568,16 @@ def _img(pngs: dict[str, bytes], name: str, alt: str) -> str:
 
 def render_html(a: RunAnalysis, pngs: dict[str, bytes]) -> str:
     """The report page: everything inline (CSS, images), no script, no network."""
-    h = a.header
-    e = html.escape
     word = "merge" if a.mode == "async" else "round"
-    title = f"evobus run report: {h.scenario or Path(a.path).name}"
+    parts = (_head_html(a) + _warnings_html(a)
+             + (_learned_html(a) if a.evolves and a.learned is not None else [])
+             + _reward_html(a, pngs, word) + _groups_html(a) + _workers_html(a, pngs, word)
+             + _outcomes_html(a, pngs) + _stats_html(a) + _rounds_html(a, word)
+             + _footer_html(a))
+    return "\n".join(p for p in parts if p)
+
+
+def _cards_html(a: RunAnalysis, word: str) -> list[str]:
     reward = "-"
     if a.initial_reward is not None and a.final_reward is not None:
         reward = f"{a.initial_reward:.3f} → {a.final_reward:.3f}"
@@ -574,6 +606,15 @@ def render_html(a: RunAnalysis, pngs: dict[str, bytes]) -> str:
               "group status" if a.groups and not a.evolves else "stop reason",
               "" if a.complete else "warn"),
     ]
+    return cards
+
+
+def _head_html(a: RunAnalysis) -> list[str]:
+    h = a.header
+    e = html.escape
+    word = "merge" if a.mode == "async" else "round"
+    title = f"evobus run report: {h.scenario or Path(a.path).name}"
+    cards = _cards_html(a, word)
     parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8>"
              f"<meta name=viewport content='width=device-width,initial-scale=1'>"
              f"<title>{e(title)}</title><style>{_CSS}</style></head><body>",
@@ -582,6 +623,12 @@ def render_html(a: RunAnalysis, pngs: dict[str, bytes]) -> str:
              f"{h.seed} · started {e(h.started_at or '-')} · evobus {e(h.package_version or '?')}"
              f" · {a.records:,} messages · {a.mode} mode</p>",
              f"<div class=cards>{''.join(cards)}</div>"]
+    return parts
+
+
+def _warnings_html(a: RunAnalysis) -> list[str]:
+    e = html.escape
+    parts: list[str] = []
     warn = []
     if not a.complete:
         warn.append("The log ends before the run's result (interrupted or crashed): what is "
@@ -597,16 +644,24 @@ def render_html(a: RunAnalysis, pngs: dict[str, bytes]) -> str:
         parts.append(f"<p class=note>A resumed run: {len(a.segments)} logs, shown as one "
                      "run (" + " → ".join(f"<code>{e(p)}</code>" for p in a.segments)
                      + ").</p>")
-    if a.evolves and a.learned is not None:
-        parts += _learned_html(a)
-    if a.evolves:
-        parts += ["<h2>Held-out reward over time</h2>",
-                  "<p class=note>The head's held-out score after each "
-                  f"{word}; green: a new version was committed; grey dots: every candidate "
-                  "the merger scored on the held-out tasks"
-                  + (f" ({a.other_evals} re-verifications on a proposal's own task are not "
-                     "drawn)" if a.other_evals else "") + ".</p>",
-                  _img(pngs, "reward", "held-out reward over time")]
+    return parts
+
+
+def _reward_html(a: RunAnalysis, pngs: dict[str, bytes], word: str) -> list[str]:
+    if not a.evolves:
+        return []
+    return ["<h2>Held-out reward over time</h2>",
+              "<p class=note>The head's held-out score after each "
+              f"{word}; green: a new version was committed; grey dots: every candidate "
+              "the merger scored on the held-out tasks"
+              + (f" ({a.other_evals} re-verifications on a proposal's own task are not "
+                 "drawn)" if a.other_evals else "") + ".</p>",
+              _img(pngs, "reward", "held-out reward over time")]
+
+
+def _groups_html(a: RunAnalysis) -> list[str]:
+    e = html.escape
+    parts: list[str] = []
     if a.groups:
         parts.append("<h2>Parallel groups</h2><table><tr><th>group</th><th>items</th>"
                      "<th>at most at once</th><th>leases</th><th class=l>status</th>"
@@ -617,6 +672,12 @@ def render_html(a: RunAnalysis, pngs: dict[str, bytes]) -> str:
                          f"<td>{g['finished']}</td><td>{g['failed']}</td>"
                          f"<td>{g['waiting']}</td></tr>")
         parts.append("</table>")
+    return parts
+
+
+def _workers_html(a: RunAnalysis, pngs: dict[str, bytes], word: str) -> list[str]:
+    e = html.escape
+    parts: list[str] = []
     if a.mode == "async":
         starved = "no work for it: the wave ran dry, or backpressure held new leases back"
     elif a.evolves:
@@ -645,6 +706,12 @@ def render_html(a: RunAnalysis, pngs: dict[str, bytes]) -> str:
             f"<td>{_secs(t.get(k, 0.0))} ({100 * t.get(k, 0.0) / life:.0f}%)</td>"
             for k in ("busy", "starved", "idle")) + "</tr>")
     parts.append("</table>")
+    return parts
+
+
+def _outcomes_html(a: RunAnalysis, pngs: dict[str, bytes]) -> list[str]:
+    e = html.escape
+    parts: list[str] = []
     if a.evolves:
         parts += ["<h2>Outcomes</h2>",
                   "<p class=note>What became of every proposal: committed, or discarded as "
@@ -658,12 +725,24 @@ def render_html(a: RunAnalysis, pngs: dict[str, bytes]) -> str:
         for k, v in sorted(a.outcomes.items(), key=lambda kv: (-kv[1], kv[0])))
         + f"<tr><td>re-dispatched leases</td><td>{a.redispatches}</td></tr>"
         f"<tr><td>late answers dropped</td><td>{a.late_answers}</td></tr></table>")
+    return parts
+
+
+def _stats_html(a: RunAnalysis) -> list[str]:
+    e = html.escape
+    parts: list[str] = []
     if a.stats:
         parts.append("<h2>Run statistics</h2><table><tr><th class=l>statistic</th>"
                      "<th>value</th></tr>" + "".join(
                          f"<tr><td class=l>{e(STAT_NAMES.get(k, k))} <span class=note>"
                          f"({e(k)})</span></td><td>{_number(v)}</td></tr>"
                          for k, v in sorted(a.stats.items())) + "</table>")
+    return parts
+
+
+def _rounds_html(a: RunAnalysis, word: str) -> list[str]:
+    e = html.escape
+    parts: list[str] = []
     if a.rounds:
         parts.append(f"<h2>{word.capitalize()}s</h2><table><tr><th>{word}</th>"
                      "<th>closed at</th><th>version</th><th>committed</th><th>held-out</th>"
@@ -675,11 +754,17 @@ def render_html(a: RunAnalysis, pngs: dict[str, bytes]) -> str:
                          f"<td>{r.rollouts}</td><td>{r.proposals}</td>"
                          f"<td class=l>{e(outcomes)}</td></tr>")
         parts.append("</table>")
+    return parts
+
+
+def _footer_html(a: RunAnalysis) -> list[str]:
+    e = html.escape
+    parts: list[str] = []
     parts.append("<h2>Messages</h2><p class=note>" + e(", ".join(
         f"{k} {v:,}" for k, v in a.kinds.most_common())) + "</p>")
     parts.append(f"<p class=note>Made by <code>evobus report {e(a.path)}</code>. Inspect "
                  f"the messages with <code>evobus inspect {e(a.path)}</code>.</p></body></html>")
-    return "\n".join(p for p in parts if p)
+    return parts
 
 
 #: Run statistics (RunDone.stats, EvolveResult.stats) in plain words.
