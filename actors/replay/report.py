@@ -66,6 +66,7 @@ class ActorReport:
     inputs: int = 0
     matched: int = 0
     unrecorded: int = 0
+    refused: int = 0  # inputs its admit refused (a peer's message its role does not allow)
 
 
 @dataclass

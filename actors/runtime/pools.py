@@ -33,7 +33,7 @@ from typing import Any
 
 from actors.addresses import SCHEDULER, REGISTRY
 from actors.errors import ConfigError
-from protocol import Hello, Message, Refused, Spec, Stop, Task, Tick
+from protocol import Heartbeat, Hello, Join, LeaseDone, Message, Refused, Spec, Stop, Task, Tick
 from actors.workers.code import BUILTIN_ALLOW, build_spec, module_of, spec_refs
 from actors.machines.registry import Registry
 from actors.runtime.clock import Ticker
@@ -44,6 +44,14 @@ from actors.workers.remote import process_main
 
 
 log = logging.getLogger(__name__)
+
+
+#: A worker's role on the wire: what a peer (a remote or process worker) may send, and
+#: to whom. Answers and heartbeats to the Scheduler (which checks that the sender holds
+#: what it answers), its join, hello and refusal to the registry (which checks its code
+#: before the Scheduler hears of it). Never Shutdown, Tick, Stop, a Hello straight to
+#: the Scheduler, or another actor's messages (docs/remote.md, the threat model).
+WORKER_ROLE = {_S: (LeaseDone, Heartbeat), REGISTRY: (Join, Hello, Refused)}
 
 
 
@@ -301,7 +309,7 @@ def plan(workers, n_workers: int, *, bus: str, tasks: list[Task], reward, run, p
         try:
             server_keys = load_server_keys(keys_dir) if keys_dir else None
             ports.append(PeerPort([workers.bind], keys=server_keys, insecure=insecure,
-                                  receivers=[_S, REGISTRY], label="remote"))
+                                  allowed=WORKER_ROLE, label="remote"))
         except ValueError as exc:
             raise ConfigError(f"workers: {exc}") from None
     tmpdir = None
@@ -311,7 +319,7 @@ def plan(workers, n_workers: int, *, bus: str, tasks: list[Task], reward, run, p
         else:
             tmpdir = tempfile.mkdtemp(prefix="evobus-")
             addr = f"ipc://{tmpdir}/workers.sock"
-        ports.append(PeerPort([addr], receivers=[_S, REGISTRY], label="process"))
+        ports.append(PeerPort([addr], allowed=WORKER_ROLE, label="process"))
     modules = sorted({module_of(r) for _, r in spec_refs(spec)})
     return RemoteWorkers(local=workers.local, processes=workers.processes,
                          remote=workers.remote, spec=spec, ports=ports, heartbeat=heartbeat,
