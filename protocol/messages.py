@@ -50,6 +50,9 @@ class Start(Msg, frozen=True):
     staleness: str = "guarded"
     sections: dict[str, int] | None = None
     lease_size: int | None = None
+    #: The run's secret for lease and eval ids (actors/machines/ids.py); "" (every log
+    #: recorded before it existed): readable ids such as ``r0.u1``.
+    lease_key: str = ""
 
 
 class Open(Msg, frozen=True):
@@ -58,6 +61,7 @@ class Open(Msg, frozen=True):
     heldout_ids: list[str]
     initial_state: dict[str, str] = {}
     sections: dict[str, int] | None = None
+    lease_key: str = ""  # Start.lease_key: the Merger's eval ids are keyed by it too
 
 
 class Baseline(Msg, frozen=True):

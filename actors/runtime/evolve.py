@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import secrets
 import time
 import uuid
 import warnings
@@ -204,7 +205,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                   max_rollouts=max_rollouts, max_calls=max_calls, max_seconds=max_seconds,
                   target_reward=target_reward, patience=patience, sections=sections,
                   asynchronous=asynchronous, async_ratio=modes.async_ratio,
-                  staleness=modes.staleness, lease_size=lease_size)
+                  staleness=modes.staleness, lease_size=lease_size,
+                  lease_key=secrets.token_hex(16))  # ids a peer cannot guess (machines/ids.py)
     tracker = as_tracking(tracking)
     if tracker is not None:   # before any rollout: a missing extra is a ConfigError now
         tracker.start(_tracked_params(locals(), plan_with, strategy), render=strategy.render,

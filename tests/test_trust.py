@@ -1,0 +1,305 @@
+"""A peer can only say what its role allows (issue 16): identities stamped on frames and
+in the log, a worker's role at the port, answers only from a lease's holder, lease ids a
+peer cannot guess, undelivered messages logged.
+
+Loopback only, real sockets; every wait is bounded and waits on an event or a count.
+"""
+
+from __future__ import annotations
+
+import glob
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq
+from test_bus_conformance import Inbox
+
+from actors.machines.ids import tagged
+from actors.machines.registry import Registry
+from actors.machines.scheduler import Scheduler
+from actors.replay.engine import _Replay
+from actors.runtime.pools import WORKER_ROLE
+from actors.runtime.shell import ControlActor
+from bus.frames import envelope
+from bus.log import (FORMAT_VERSION, UNDELIVERED, LogHeader, LogWriter, Record, read_log)
+from bus.remote import PeerPort, RemoteEndpoint
+from bus.security import create_keys, load_client_keys, load_server_keys
+from bus.zmq_bus import ZmqBus
+from protocol import (Heartbeat, Hello, Join, Lease, LeaseBatch, LeaseDone, RolloutResult,
+                      Shutdown, Spec, Start, Stop, Tick, CodeRef, encode)
+
+ROOT = Path(__file__).resolve().parent
+WAIT_S = 10.0
+
+
+def wait_for(predicate, what: str, timeout: float = WAIT_S):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.005)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _writer(path: Path) -> LogWriter:
+    return LogWriter(path, LogHeader(format_version=FORMAT_VERSION, run_id="t"), fsync="never")
+
+
+class Raw:
+    """A raw DEALER on the broker's tcp socket: a peer that writes whatever it likes."""
+
+    def __init__(self, address: str, identity: bytes = b"mallory-sock") -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.IDENTITY, identity)
+        self.sock.connect(address)
+
+    def register(self, name: bytes, token: bytes | None = None) -> list[bytes]:
+        self.sock.send_multipart([b"A", name] + ([token] if token else []))
+        assert self.sock.poll(int(WAIT_S * 1000)), "no answer to a registration"
+        return self.sock.recv_multipart()
+
+    def send(self, sender: str, receiver: str, msg) -> None:
+        self.sock.send(envelope(sender.encode(), receiver.encode(), encode(msg)))
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.destroy(0)
+
+
+# -- 1. identities on frames and in the log ------------------------------------------------
+
+
+def test_a_peers_frames_carry_its_identity_in_the_delivery_and_the_log(tmp_path):
+    port = PeerPort(["tcp://127.0.0.1:0"], receivers=["scheduler"])
+    writer = _writer(tmp_path / "run.evolog")
+    bus = ZmqBus(writer, peers=(port,))
+    inbox = Inbox()
+    bus.attach("scheduler", inbox)
+    raw = Raw(port.addresses[0], b"rw-peer-1")
+    try:
+        assert raw.register(b"w")[:2] == [b"a", b"w"]
+        raw.send("w", "scheduler", Heartbeat(worker="w"))
+        bus.send("driver", "scheduler", Tick(elapsed=1.0))
+        got = inbox.wait(2)
+        by_type = {type(d.msg): d for d in got}
+        assert by_type[Heartbeat].peer == "remote:rw-peer-1"
+        assert by_type[Tick].peer == ""
+    finally:
+        raw.close()
+        bus.close()
+    records = read_log(tmp_path / "run.evolog").records
+    assert {r.sender: r.peer for r in records} == {"w": "remote:rw-peer-1", "driver": ""}
+
+
+def test_with_curve_a_peer_is_stamped_with_its_public_key(tmp_path):
+    create_keys(tmp_path / "keys", ["alice"])
+    port = PeerPort(["tcp://127.0.0.1:0"], keys=load_server_keys(tmp_path / "keys"),
+                    receivers=["scheduler"])
+    bus = ZmqBus(peers=(port,))
+    inbox = Inbox()
+    bus.attach("scheduler", inbox)
+    keys = load_client_keys(tmp_path / "keys" / "alice.key_secret",
+                            tmp_path / "keys" / "server.key")
+    ep = RemoteEndpoint(port.addresses[0], keys=keys)
+    try:
+        ep.attach("w", Inbox())
+        ep.send("w", "scheduler", Heartbeat(worker="w"))
+        (d,) = inbox.wait(1)
+        assert d.peer.startswith("remote:rw-") and d.peer.endswith(f" key={keys.public.decode()}")
+    finally:
+        ep.close()
+        bus.close()
+
+
+def test_a_record_without_peer_or_status_is_written_as_the_old_five_element_array(tmp_path):
+    path = tmp_path / "run.evolog"
+    with _writer(path) as w:
+        w.append(1, 0.5, "a", "b", b"x")
+        w.append(2, 0.5, "a", "b", b"x", "remote:rw-1")
+        w.append(3, 0.5, "a", "b", b"x", "", UNDELIVERED)
+    data = path.read_bytes()
+    old = msgspec.msgpack.encode([1, 0.5, "a", "b", b"x"])
+    assert old in data  # byte for byte what the code before peer/status wrote
+    assert read_log(path).records == [Record(1, 0.5, "a", "b", b"x"),
+                                      Record(2, 0.5, "a", "b", b"x", "remote:rw-1"),
+                                      Record(3, 0.5, "a", "b", b"x", "", UNDELIVERED)]
+
+
+def test_recorded_logs_read_with_no_peer_and_every_message_delivered():
+    logs = sorted(glob.glob(str(ROOT / "logs" / "*.evolog")))
+    assert len(logs) >= 5
+    for path in logs:
+        records = read_log(path).records
+        assert records and all(r.peer == "" and r.status == 0 for r in records), path
+
+
+# -- 2. a worker's role: at the port, and at the Scheduler -------------------------------------
+
+
+class Coordinator:
+    """A broker with a worker port (the role of pools.WORKER_ROLE), a real Scheduler and
+    registry in shells, and inboxes standing in for the planner, merger and driver."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.port = PeerPort(["tcp://127.0.0.1:0"], allowed=WORKER_ROLE)
+        self.bus = ZmqBus(_writer(log_path), peers=(self.port,))
+        self.scheduler = Scheduler(2)
+        self.crashes: list = []
+        self.refs = [ControlActor.spawn(self.bus, "scheduler", self.scheduler,
+                                        lambda n, e: self.crashes.append(e)),
+                     ControlActor.spawn(self.bus, "registry",
+                                        Registry(Spec(reward=CodeRef(ref="m:r"),
+                                                      strategy=CodeRef(ref="m:s"))),
+                                        lambda n, e: self.crashes.append(e))]
+        self.planner, self.merger, self.driver = Inbox(), Inbox(), Inbox()
+        for name, box in (("planner", self.planner), ("merger", self.merger),
+                          ("driver", self.driver)):
+            self.bus.attach(name, box)
+
+    @property
+    def address(self) -> str:
+        return self.port.addresses[0]
+
+    def close(self) -> None:
+        for ref in self.refs:
+            ref.stop()
+        self.bus.close()
+        assert not self.crashes
+
+
+class Worker:
+    """An honest worker: joins through the registry, answers the leases it is given."""
+
+    def __init__(self, address: str, name: str) -> None:
+        self.name = name
+        self.inbox = Inbox()
+        self.ep = RemoteEndpoint(address)
+        self.ep.attach(name, self.inbox)
+        self.ep.send(name, "registry", Hello(worker=name, slots=1, heartbeat=0.5))
+
+    def leases(self) -> list[Lease]:
+        return [d.msg for d in self.inbox.items if isinstance(d.msg, Lease)]
+
+    def answer(self, lease: Lease, score: float) -> None:
+        self.ep.send(self.name, "scheduler", LeaseDone(
+            lease_id=lease.lease_id, worker=self.name, round=lease.round, unit=lease.unit,
+            results=[RolloutResult(task_id=t, score=score, calls=1) for t in lease.task_ids]))
+
+
+def _done(lease_id: str, worker: str, score: float = 1.0) -> LeaseDone:
+    return LeaseDone(lease_id=lease_id, worker=worker, round=0,
+                     results=[RolloutResult(task_id="t0", score=score, calls=1)])
+
+
+def test_forged_answers_and_control_messages_from_a_peer_never_reach_a_control_machine(
+        tmp_path):
+    c = Coordinator(tmp_path / "run.evolog")
+    honest = Worker(c.address, "w0")
+    raw = Raw(c.address)
+    try:
+        wait_for(lambda: "w0" in c.scheduler.workers, "the honest worker's hello")
+        c.bus.send("planner", "scheduler", LeaseBatch(round=0, leases=[
+            Lease(lease_id="r0.u0", round=0, task_ids=["t0"]),
+            Lease(lease_id="r0.u1", round=0, unit=1, task_ids=["t1"])]))
+        (lease,) = wait_for(honest.leases, "the first lease at the honest worker")
+        assert lease.lease_id == "r0.u0"  # one slot: r0.u1 waits, never dispatched
+        assert raw.register(b"mallory")[:2] == [b"a", b"mallory"]
+        # Refused at the port (a worker's role): never delivered, never logged.
+        port_refused = [
+            ("mallory", "scheduler", Shutdown(reason="bye")),
+            ("mallory", "scheduler", Tick(elapsed=1e9)),
+            ("mallory", "scheduler", Hello(worker="mallory", slots=8)),  # skips the registry
+            ("mallory", "w0", Stop(reason="go away")),                    # another actor's
+            ("mallory", "planner", Start(run_id="x", seed=0, task_ids=[], n_workers=1,
+                                         rounds=1, held_out_frac=0.0, max_concurrency=1)),
+            ("mallory", "scheduler", _done("r0.u0", "w0")),             # as another worker
+            ("w0", "scheduler", _done("r0.u0", "w0")),                  # as a name not its own
+        ]
+        for sender, receiver, msg in port_refused:
+            raw.send(sender, receiver, msg)
+        wait_for(lambda: c.bus.stats.rejected_frames == len(port_refused), "port refusals")
+        # Delivered and logged, refused by the Scheduler's admit: not the holder.
+        raw.send("mallory", "scheduler", _done("r0.u0", "mallory"))  # held by w0
+        raw.send("mallory", "scheduler", _done("r0.u1", "mallory"))  # never dispatched
+        wait_for(lambda: c.bus.stats.refused == 2, "the Scheduler's refusals")
+        assert "r0.u0" in c.scheduler.leases and "r0.u1" in c.scheduler.leases
+        assert c.planner.items == [] and c.merger.items == []
+        assert c.scheduler.workers.keys() == {"w0"} and not c.scheduler.shut
+        honest.answer(lease, 0.25)
+        second = wait_for(lambda: honest.leases()[1:], "the second lease at the honest worker")
+        honest.answer(second[0], 0.5)
+        wait_for(lambda: c.planner.items, "the round settled")
+        assert [s.scores for s in c.planner.items[0].msg.settled] == [[("t0", 0.25)],
+                                                                      [("t1", 0.5)]]
+        by_peer = c.bus.stats.rejections.by_peer()
+        assert by_peer == {"remote:mallory-sock": len(port_refused)}
+        assert c.bus.stats.refusals.by_peer() == {"remote:mallory-sock": 2}
+    finally:
+        raw.close()
+        honest.ep.close()
+        c.close()
+    # The log holds the two forged answers, stamped; replay refuses them again and the
+    # Scheduler sends exactly what it sent in the run.
+    records = read_log(tmp_path / "run.evolog").records
+    forged = [r for r in records if r.sender == "mallory"]
+    assert len(forged) == 2 and {r.peer for r in forged} == {"remote:mallory-sock"}
+    engine = _Replay({"scheduler": Scheduler(2)}, strict=False)
+    engine.segment(tmp_path / "run.evolog", records)
+    assert engine.divergences == []
+    report = engine.tracks["scheduler"].report
+    assert report.refused == 2 and report.matched > 0
+
+
+def test_a_peer_cannot_take_a_registered_workers_name_without_its_token(tmp_path):
+    c = Coordinator(tmp_path / "run.evolog")
+    honest = Worker(c.address, "w0")
+    raw = Raw(c.address)
+    try:
+        wait_for(lambda: "w0" in c.scheduler.workers, "the honest worker's hello")
+        answer = raw.register(b"w0")
+        assert answer[0] == b"e" and b"another connection holds" in answer[2]
+        assert c.port.routes[b"w0"] != b"mallory-sock"
+        # The worker itself, reconnecting on a new socket with its token, moves the name.
+        again = Raw(c.address, b"rw-again")
+        try:
+            assert again.register(b"w0", honest.ep.tokens["w0"])[:2] == [b"a", b"w0"]
+            assert c.port.routes[b"w0"] == b"rw-again"
+        finally:
+            again.close()
+    finally:
+        raw.close()
+        honest.ep.close()
+        c.close()
+
+
+def test_rejections_are_logged_once_per_peer_and_reason_with_a_running_count(caplog):
+    port = PeerPort(["tcp://127.0.0.1:0"], allowed=WORKER_ROLE)
+    bus = ZmqBus(peers=(port,))
+    raw = Raw(port.addresses[0])
+    try:
+        raw.register(b"mallory")
+        with caplog.at_level("WARNING", logger="bus.base"):
+            for i in range(250):
+                raw.send("mallory", "scheduler", Tick(elapsed=float(i)))
+            wait_for(lambda: bus.stats.rejected_frames == 250, "250 refusals")
+        lines = [r.getMessage() for r in caplog.records if "mallory" in r.getMessage()]
+        assert len(lines) == 3  # at 1, 10 and 100
+        assert "(100 so far from this peer for this reason" in lines[-1]
+    finally:
+        raw.close()
+        bus.close()
+
+
+# -- 3. lease ids a peer cannot guess ------------------------------------------------------------
+
+
+def test_lease_ids_are_keyed_by_the_runs_secret_and_readable_without_one():
+    assert tagged("", "r0.u1") == "r0.u1"  # logs recorded before keys replay unchanged
+    keyed = tagged("k" * 32, "r0.u1")
+    assert keyed.startswith("r0.u1.") and len(keyed) == len("r0.u1.") + 16
+    assert tagged("k" * 32, "r0.u1") == keyed != tagged("j" * 32, "r0.u1")
