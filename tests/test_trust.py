@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import glob
 import time
+import types
+import typing
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_bus_conformance import Inbox
 
 from actors.machines.ids import tagged
@@ -27,8 +32,8 @@ from bus.log import (FORMAT_VERSION, UNDELIVERED, LogHeader, LogWriter, Record, 
 from bus.remote import PeerPort, RemoteEndpoint
 from bus.security import create_keys, load_client_keys, load_server_keys
 from bus.zmq_bus import ZmqBus
-from protocol import (Heartbeat, Hello, Join, Lease, LeaseBatch, LeaseDone, RolloutResult,
-                      Shutdown, Spec, Start, Stop, Tick, CodeRef, encode)
+from protocol import (CodeRef, Heartbeat, Hello, Join, Lease, LeaseBatch, LeaseDone, Message,
+                      RolloutResult, Shutdown, Spec, Start, Stop, Tick, encode)
 
 ROOT = Path(__file__).resolve().parent
 WAIT_S = 10.0
@@ -303,3 +308,143 @@ def test_lease_ids_are_keyed_by_the_runs_secret_and_readable_without_one():
     keyed = tagged("k" * 32, "r0.u1")
     assert keyed.startswith("r0.u1.") and len(keyed) == len("r0.u1.") + 16
     assert tagged("k" * 32, "r0.u1") == keyed != tagged("j" * 32, "r0.u1")
+
+
+# -- the forged and replayed LeaseDone, end to end: `evobus run` with `evobus worker`s ------------
+
+
+@pytest.fixture
+def topology(tmp_path):
+    from test_remote import Topology
+
+    made = []
+
+    def make(*args, **kwargs):
+        made.append(Topology(tmp_path, *args, **kwargs))
+        return made[-1]
+
+    yield make
+    for t in made:
+        t.close()
+
+
+@pytest.fixture(scope="module")
+def reference_state():
+    from test_remote import on_threads, scenario_text
+
+    return on_threads(scenario_text("local = 2"))
+
+
+def _forgeries() -> list[tuple[str, str, object]]:
+    """What a hostile peer registered as ``mallory`` tries: answers for guessed lease and
+    eval ids (the readable scheme), control messages, a hello that skips the registry."""
+    guessed = [LeaseDone(lease_id=i, worker="mallory", round=0,
+                         results=[RolloutResult(task_id="billing-0", score=1.0, calls=1)])
+               for i in ("r0.u0", "r0.u1", "r1.u0", "e1.0", "e1.1", "e2.0")]
+    control = [Shutdown(reason="bye"), Tick(elapsed=1e9), Hello(worker="mallory", slots=4),
+               Join(worker="w0"), Heartbeat(worker="w1")]
+    return ([("mallory", "scheduler", m) for m in guessed]
+            + [("mallory", "scheduler", m) for m in control]
+            + [("mallory", "registry", Hello(worker="mallory", fingerprint="guess"))])
+
+
+def test_forged_and_replayed_lease_dones_from_a_raw_dealer_change_neither_the_run_nor_its_replay(
+        topology, reference_state):
+    from actors.cli.main import main
+
+    t = topology(2, gate=True)
+    t.first_started()  # a worker is mid-lease: the run is under way
+    raw = Raw(t.addr)
+    try:
+        assert raw.register(b"mallory")[:2] == [b"a", b"mallory"]
+        for sender, receiver, msg in _forgeries():
+            raw.send(sender, receiver, msg)
+        # Frames captured from an earlier run's log, sent again as they were recorded
+        # (as their worker's name, which this peer does not hold) and as its own.
+        captured = [r for r in read_log(ROOT / "logs" / "redispatched_lease.evolog").records
+                    if r.receiver == "scheduler" and r.sender.startswith("proc-")]
+        for rec in captured:
+            raw.sock.send(envelope(rec.sender.encode(), b"scheduler", rec.body))
+            raw.sock.send(envelope(b"mallory", b"scheduler", rec.body))
+        assert raw.register(b"w0")[0] == b"e"  # a live worker's name: not without its token
+    finally:
+        raw.close()
+    t.release()
+    out = t.result()
+    assert out["state"] == reference_state
+    assert out["error"] is None and out["bus"]["redispatched"] == 0
+    assert out["bus"]["rejected_frames"] + out["bus"]["refused"] >= len(captured) * 2 + 12
+    assert main(["replay", str(t.log)]) == 0
+
+
+# -- a fuzz of well-formed messages of every type from a peer, during a run ------------------------
+
+_ANY = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=5),
+                    lambda inner: st.lists(inner, max_size=2), max_leaves=3)
+
+
+def _strategy(tp):
+    """Well-formed values of a message field's type (every message type, nested structs)."""
+    if tp is Any:
+        return _ANY
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        hints = typing.get_type_hints(tp)
+        return st.builds(tp, **{f.name: _strategy(hints[f.name])
+                                for f in msgspec.structs.fields(tp)})
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return st.one_of([_strategy(a) for a in args])
+    if origin is list:
+        return st.lists(_strategy(args[0]), max_size=2)
+    if origin is dict:
+        return st.dictionaries(_strategy(args[0]), _strategy(args[1]), max_size=2)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return st.lists(_strategy(args[0]), max_size=2).map(tuple)
+        return st.tuples(*[_strategy(a) for a in args])
+    simple = {type(None): st.none(), str: st.text(max_size=8), int: st.integers(-3, 10**6),
+              float: st.floats(allow_nan=False, width=32), bool: st.booleans(),
+              bytes: st.binary(max_size=8),
+              dict: st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)}
+    return simple[tp]
+
+
+def _as_mallory(msg):
+    """Half the messages speak for the peer itself (past the port's worker= check, so
+    the Scheduler and the registry see them); the rest keep their random worker."""
+    if "worker" in msgspec.structs.asdict(msg):
+        return msgspec.structs.replace(msg, worker="mallory")
+    return msg
+
+
+MESSAGES = st.one_of([_strategy(t) for t in typing.get_args(Message)])
+FORGERY = st.tuples(st.sampled_from(["mallory", "mallory", "w0", "scheduler"]),
+                    st.sampled_from(["scheduler", "registry", "planner", "merger", "driver",
+                                     "w0", "w1"]),
+                    st.one_of(MESSAGES, MESSAGES.map(_as_mallory)))
+
+
+@pytest.mark.slow
+@settings(max_examples=3, deadline=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(st.lists(FORGERY, min_size=30, max_size=80))
+def test_random_well_formed_messages_from_a_peer_leave_the_runs_outcome_unchanged(
+        tmp_path_factory, reference_state, forgeries):
+    from test_remote import Topology
+
+    t = Topology(tmp_path_factory.mktemp("fuzz"), 2, gate=True)
+    try:
+        t.first_started()
+        raw = Raw(t.addr)
+        try:
+            raw.register(b"mallory")
+            for sender, receiver, msg in forgeries:
+                raw.send(sender, receiver, msg)
+        finally:
+            raw.close()
+        t.release()
+        out = t.result()
+        assert out["state"] == reference_state, forgeries
+        assert out["error"] is None
+    finally:
+        t.close()
