@@ -32,7 +32,7 @@ from bus.log import (FORMAT_VERSION, UNDELIVERED, LogHeader, LogWriter, Record, 
 from bus.remote import PeerPort, RemoteEndpoint
 from bus.security import create_keys, load_client_keys, load_server_keys
 from bus.zmq_bus import ZmqBus
-from protocol import (CodeRef, Heartbeat, Hello, Join, Lease, LeaseBatch, LeaseDone, Message,
+from protocol import (CodeRef, Commit, Heartbeat, Hello, Join, Lease, LeaseBatch, LeaseDone, Message,
                       RolloutResult, Shutdown, Spec, Start, Stop, Tick, encode)
 
 ROOT = Path(__file__).resolve().parent
@@ -448,3 +448,61 @@ def test_random_well_formed_messages_from_a_peer_leave_the_runs_outcome_unchange
         assert out["error"] is None
     finally:
         t.close()
+
+
+# -- 4. what the broker could not deliver is in the log ------------------------------------------
+
+
+def test_a_message_to_a_peer_that_left_is_logged_as_undelivered_and_counted(tmp_path):
+    port = PeerPort(["tcp://127.0.0.1:0"], receivers=["scheduler"])
+    bus = ZmqBus(_writer(tmp_path / "run.evolog"), peers=(port,))
+    raw = Raw(port.addresses[0], b"rw-gone")
+    try:
+        raw.register(b"w")
+        raw.close()  # gone without a word: its route stays until it registers again
+        wait_for(lambda: bus.broker._routes is not None, "the broker")
+        deadline = time.monotonic() + WAIT_S
+        while bus.stats.undelivered == 0 and time.monotonic() < deadline:
+            bus.send("scheduler", "w", Stop(reason="run finished"))
+            wait_for(lambda: bus.stats.undelivered + bus.stats.delivered > 0, "a hand-over")
+    finally:
+        bus.close()
+    records = read_log(tmp_path / "run.evolog").records
+    assert records and records[-1].status == UNDELIVERED and records[-1].receiver == "w"
+    assert bus.stats.undelivered == sum(r.status == UNDELIVERED for r in records)
+
+
+def test_a_run_whose_worker_lost_messages_while_gone_replays_without_diverging(tmp_path):
+    """A worker's connection drops (a stop past its deadline, a network cut) and it comes
+    back on a new socket: what the Scheduler sent it meanwhile could not be delivered.
+    Those messages are in the log as undelivered, so replay matches every output, also
+    the ones the worker got after it came back."""
+    c = Coordinator(tmp_path / "run.evolog")
+    first = Raw(c.address, b"rw-first")
+    try:
+        token = first.register(b"w0")[2]
+        first.send("w0", "registry", Hello(worker="w0", slots=1, heartbeat=0.5))
+        wait_for(lambda: "w0" in c.scheduler.workers, "the worker's hello")
+        first.close()  # gone; its route stays until it registers again
+        version = 0
+        deadline = time.monotonic() + WAIT_S
+        while c.bus.stats.undelivered == 0 and time.monotonic() < deadline:
+            version += 1
+            c.bus.send("merger", "scheduler", Commit(version=version, state={"k": "v"}))
+            wait_for(lambda: c.bus.stats.delivered + c.bus.stats.undelivered >= 2 * version + 2,
+                     "the commit and its copy to the worker")
+        assert c.bus.stats.undelivered == 1
+        back = Raw(c.address, b"rw-back")
+        try:
+            assert back.register(b"w0", token)[:2] == [b"a", b"w0"]
+            c.bus.send("merger", "scheduler", Commit(version=version + 1, state={"k": "w"}))
+            assert back.sock.poll(int(WAIT_S * 1000)), "the worker back gets the next commit"
+        finally:
+            back.close()
+    finally:
+        c.close()
+    records = read_log(tmp_path / "run.evolog").records
+    assert [r.status for r in records if r.receiver == "w0"][-2:] == [UNDELIVERED, 0]
+    engine = _Replay({"scheduler": Scheduler(2)}, strict=True)
+    engine.segment(tmp_path / "run.evolog", records)
+    assert engine.divergences == [] and engine.unrecorded == []
