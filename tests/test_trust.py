@@ -506,3 +506,61 @@ def test_a_run_whose_worker_lost_messages_while_gone_replays_without_diverging(t
     engine = _Replay({"scheduler": Scheduler(2)}, strict=True)
     engine.segment(tmp_path / "run.evolog", records)
     assert engine.divergences == [] and engine.unrecorded == []
+
+
+# -- 5. a pool of process workers that loses every worker ---------------------------------------
+
+
+@pytest.mark.slow
+def test_every_process_worker_killed_mid_lease_is_respawned_and_the_run_completes(
+        tmp_path, monkeypatch, reference_state):
+    import os
+    import signal
+    import threading
+
+    from actors.runtime.launch import run_scenario
+    from protocol.scenario import parse_scenario
+    from test_remote import scenario_text
+
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    monkeypatch.setenv("EVOBUS_TEST_GATE", str(gate))
+    killed: list[int] = []
+
+    def kill_both() -> None:
+        started = wait_for(lambda: sorted(gate.glob("started-*"))[1:] and
+                           sorted(gate.glob("started-*")), "both workers mid-lease", 60)
+        for path in started:
+            pid = int(path.name.split("-", 1)[1])
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        (gate / "release").touch()
+
+    killer = threading.Thread(target=kill_both, daemon=True)
+    killer.start()
+    result = run_scenario(parse_scenario(scenario_text("local = 0\nprocesses = 2")))
+    killer.join(5)
+    assert len(killed) == 2
+    assert result.state == reference_state and result.error is None
+    assert result.bus["respawned"] == 2 and result.bus["lost_workers"] == 2
+
+
+@pytest.mark.slow
+def test_process_workers_that_always_die_stop_the_run_with_a_resumable_log(
+        tmp_path, monkeypatch, capsys, reference_state):
+    from actors.cli.main import main
+    from actors.replay.resume import ResumePoint, resume_scenario_log
+    from test_remote import scenario_text
+
+    log = tmp_path / "dying.evolog"
+    path = tmp_path / "dying.toml"  # `evobus run FILE` records the scenario: resumable
+    path.write_text(f'log = "{log}"\n' + scenario_text("local = 0\nprocesses = 1"))
+    monkeypatch.setenv("EVOBUS_TEST_DIE", "1")
+    assert main(["run", str(path)]) != 0
+    message = capsys.readouterr().err
+    assert "every process worker died" in message and "2 respawn(s)" in message
+    assert "proc-0 (exit 3), proc-0-r1 (exit 3), proc-0-r2 (exit 3)" in message
+    assert f"evobus resume {log}" in message
+    monkeypatch.delenv("EVOBUS_TEST_DIE")
+    result = resume_scenario_log(ResumePoint(log))
+    assert result.state == reference_state

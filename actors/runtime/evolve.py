@@ -363,6 +363,8 @@ def _drive(rt: Runtime, t0: float, max_seconds, asynchronous: bool, remote,
                 rt.send(PLANNER, Tick(elapsed=now))
             if asynchronous or remote is not None:  # liveness runs on Ticks
                 rt.send(SCHEDULER, Tick(elapsed=now))
+            if remote is not None:  # dead process workers replaced, or the run stops
+                remote.supervise(rt)
         delivery = rt.next_delivery(timeout=ticker.period if ticking else 0.5)
         if delivery is None:
             continue

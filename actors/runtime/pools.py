@@ -32,7 +32,7 @@ from typing import Any
 
 
 from actors.addresses import SCHEDULER, REGISTRY
-from actors.errors import ConfigError
+from actors.errors import ConfigError, RunFailed
 from protocol import Heartbeat, Hello, Join, LeaseDone, Message, Refused, Spec, Stop, Task, Tick
 from actors.workers.code import BUILTIN_ALLOW, build_spec, module_of, spec_refs
 from actors.machines.registry import Registry
@@ -60,34 +60,70 @@ WORKER_ROLE = {_S: (LeaseDone, Heartbeat), REGISTRY: (Join, Hello, Refused)}
 
 #: Process workers get this long to leave after the run's Stop before being terminated.
 PROCESS_STOP_DEADLINE_S = 5.0
+#: A process worker that dies is started again, under a new name, at most this many
+#: times per worker the run asked for (docs/remote.md); past it, once none is left
+#: alive, the run stops with an error and its log can be resumed.
+PROCESS_RESPAWNS = 2
 
 
 class ProcessPool:
     """Process workers: started with multiprocessing's 'spawn' context (never fork: a
     forked copy would inherit the coordinator's threads and sockets), supervised and
-    always reaped: Stop first, then terminate, then kill."""
+    always reaped: Stop first, then terminate, then kill. One that dies is replaced by
+    :meth:`respawn_dead` (``proc-I`` comes back as ``proc-I-r1``, ``proc-I-r2``, ...: the
+    port gives a dead connection's name to no one else) up to ``respawns`` times in all."""
 
     def __init__(self, n: int, address: str, *, allow: list[str],
-                 broker_timeout: float) -> None:
+                 broker_timeout: float, respawns: int | None = None) -> None:
         self.n = n
         self.address = address
         self.allow = allow
         self.broker_timeout = broker_timeout
         self.procs: list = []
+        self.respawns = n * PROCESS_RESPAWNS if respawns is None else respawns
+        self.respawned = 0
+        self.deaths: list[tuple[str, int]] = []  # (worker name, exit code), in order
+        self._live: dict[str, Any] = {}          # worker name -> its current process
 
     def names(self) -> list[str]:
         return [f"proc-{i}" for i in range(self.n)]
 
     def start(self) -> None:
-
-        ctx = multiprocessing.get_context("spawn")
         for name in self.names():
-            proc = ctx.Process(target=process_main, name=f"evobus-{name}", daemon=True,
-                               kwargs=dict(address=self.address, worker_id=name,
-                                           allow=self.allow,
-                                           broker_timeout=self.broker_timeout))
-            proc.start()
-            self.procs.append(proc)
+            self._spawn(name)
+
+    def _spawn(self, name: str) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        proc = ctx.Process(target=process_main, name=f"evobus-{name}", daemon=True,
+                           kwargs=dict(address=self.address, worker_id=name,
+                                       allow=self.allow, broker_timeout=self.broker_timeout))
+        proc.start()
+        self.procs.append(proc)
+        self._live[name] = proc
+
+    def respawn_dead(self) -> list[str]:
+        """Replace each worker whose process exited, while respawns are left; returns
+        the names started."""
+        started = []
+        for name, proc in list(self._live.items()):
+            if proc.exitcode is None:
+                continue
+            del self._live[name]
+            self.deaths.append((name, proc.exitcode))
+            if self.respawned >= self.respawns:
+                continue
+            self.respawned += 1
+            base, _, _ = name.partition("-r")
+            again = f"{base}-r{self.respawned}"
+            log.warning("process worker %s exited with code %s; starting %s in its place "
+                        "(respawn %d of %d)", name, proc.exitcode, again, self.respawned,
+                        self.respawns)
+            self._spawn(again)
+            started.append(again)
+        return started
+
+    def alive(self) -> int:
+        return sum(1 for p in self._live.values() if p.exitcode is None)
 
     def exited(self) -> dict[str, int]:
         return {p.name: p.exitcode for p in self.procs if p.exitcode is not None}
@@ -149,6 +185,23 @@ class RemoteWorkers:
             self._ticker = Ticker(self.tick_period)
         if self._ticker.due(now):
             rt.send(SCHEDULER, Tick(elapsed=now))
+
+    def supervise(self, rt) -> None:
+        """Between the driver's messages: replace process workers that died; stop the
+        run (RunFailed) once none is left alive, no respawn remains and no other worker
+        could take the work, rather than wait for one forever."""
+        if self.pool is None:
+            return
+        self.pool.respawn_dead()
+        if self.pool.alive() or self.local or self.remote:
+            return
+        deaths = ", ".join(f"{name} (exit {code})" for name, code in self.pool.deaths)
+        where = f"; resume it with `evobus resume {rt.log_path}`" if rt.log_path else ""
+        raise RunFailed(
+            f"every process worker died and the {self.pool.respawns} respawn(s) allowed "
+            f"(PROCESS_RESPAWNS = {PROCESS_RESPAWNS} per worker) are spent: {deaths}. The "
+            f"run stopped instead of waiting for a worker; fix what kills them (see their "
+            f"stderr above){where}")
 
     def start(self, rt, t0: float) -> None:
         """Start the registry and the process workers; wait for every expected worker."""
@@ -231,6 +284,7 @@ class RemoteWorkers:
     def counters(self, scheduler) -> dict[str, int]:
         return {"redispatched": scheduler.redispatched, "lost_workers": scheduler.lost_workers,
                 "given_up": scheduler.given_up, "workers_joined": len(self.joined),
+                "respawned": self.pool.respawned if self.pool is not None else 0,
                 "workers_refused": len(self.refused)}
 
 
