@@ -32,8 +32,8 @@ from bus.log import (FORMAT_VERSION, UNDELIVERED, LogHeader, LogWriter, Record, 
 from bus.remote import PeerPort, RemoteEndpoint
 from bus.security import create_keys, load_client_keys, load_server_keys
 from bus.zmq_bus import ZmqBus
-from protocol import (CodeRef, Commit, Heartbeat, Hello, Join, Lease, LeaseBatch, LeaseDone, Message,
-                      RolloutResult, Shutdown, Spec, Start, Stop, Tick, encode)
+from protocol import (Commit, Heartbeat, Hello, Join, Lease, LeaseBatch, LeaseDone, Message,
+                      Ref, RolloutResult, Shutdown, Spec, Start, Stop, Tick, encode)
 
 ROOT = Path(__file__).resolve().parent
 WAIT_S = 10.0
@@ -158,8 +158,8 @@ class Coordinator:
         self.refs = [ControlActor.spawn(self.bus, "scheduler", self.scheduler,
                                         lambda n, e: self.crashes.append(e)),
                      ControlActor.spawn(self.bus, "registry",
-                                        Registry(Spec(reward=CodeRef(ref="m:r"),
-                                                      strategy=CodeRef(ref="m:s"))),
+                                        Registry(Spec(reward=Ref(ref="m:r"),
+                                                      strategy=Ref(ref="m:s"))),
                                         lambda n, e: self.crashes.append(e))]
         self.planner, self.merger, self.driver = Inbox(), Inbox(), Inbox()
         for name, box in (("planner", self.planner), ("merger", self.merger),
@@ -564,3 +564,42 @@ def test_process_workers_that_always_die_stop_the_run_with_a_resumable_log(
     monkeypatch.delenv("EVOBUS_TEST_DIE")
     result = resume_scenario_log(ResumePoint(log))
     assert result.state == reference_state
+
+
+# -- 6. one loopback rule for every transport; damaged files named ---------------------------------
+
+
+@pytest.mark.parametrize("addr,local", [
+    ("inproc://x", True), ("ipc:///tmp/x.sock", True), ("tcp://127.0.0.1:5555", True),
+    ("tcp://127.3.4.5:1", True), ("tcp://localhost:1", True), ("tcp://[::1]:1", True),
+    ("tcp://0.0.0.0:1", False), ("tcp://*:1", False), ("tcp://192.168.1.2:1", False),
+    ("tcp://127.0.0.1.example.com:1", False), ("tcp://eth0:1", False),
+    ("tipc://{5560,0,0}", False), ("udp://127.0.0.1:5555", False),
+    ("pgm://eth0;239.192.1.1:5555", False), ("epgm://eth0;239.192.1.1:5555", False),
+    ("ws://127.0.0.1:1", False), ("vmci://1:1", False)])
+def test_one_loopback_rule_serves_every_transport_and_both_doors(addr, local):
+    from bus.security import loopback_only
+
+    assert loopback_only(addr) is local
+    if local or addr.startswith("tcp://"):
+        return
+    # Neither the broker's own binds nor a worker port passes a non-loopback transport.
+    with pytest.raises(ValueError, match="without CURVE keys"):
+        ZmqBus(binds=[addr])
+    with pytest.raises(ValueError, match="without CURVE keys"):
+        PeerPort([addr])
+
+
+def test_a_flipped_header_length_byte_names_the_intact_records_behind_it(tmp_path):
+    from bus.log import LogCorrupt
+
+    path = tmp_path / "run.evolog"
+    with _writer(path) as w:
+        for i in range(150):
+            w.append(i + 1, 0.0, "a", "b", b"body")
+    data = bytearray(path.read_bytes())
+    data[7] ^= 0x01  # the header frame's length, low byte
+    path.write_bytes(bytes(data))
+    with pytest.raises(LogCorrupt, match=r"about 150 intact record\(s\) follow: the header "
+                                         r"is damaged, not torn"):
+        read_log(path)
