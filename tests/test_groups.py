@@ -733,7 +733,8 @@ def test_approve_pauses_the_group_in_a_coordinated_way_and_writes_a_checkpoint(t
     assert set(outcome.finished) == started - {2}
     ckpt = load_checkpoint(tmp_path / "g.ckpt")
     raw = (tmp_path / "g.ckpt").read_bytes()
-    assert b"pickle" not in raw and msgspec.msgpack.decode(raw)["format"] == \
+    assert raw.startswith(b"EVOGRP")  # then a frame version, a checksum, the msgpack
+    assert b"pickle" not in raw and msgspec.msgpack.decode(raw[11:])["format"] == \
         "evobus-group-checkpoint"
     assert ckpt.finished == {i: f"shipped {i}" for i in outcome.finished}
     assert ckpt.journals == {2: [JournalEntry(kind="effect", key="prepare", value=None)]}

@@ -603,3 +603,45 @@ def test_a_flipped_header_length_byte_names_the_intact_records_behind_it(tmp_pat
     with pytest.raises(LogCorrupt, match=r"about 150 intact record\(s\) follow: the header "
                                          r"is damaged, not torn"):
         read_log(path)
+
+
+def _paused_checkpoint(tmp_path: Path) -> Path:
+    from actors.groups import run_group
+    from trust_groups import ask_odd
+
+    path = tmp_path / "g.ckpt"
+    outcome = run_group(ask_odd, list(range(4)), max_concurrency=2, max_items=4,
+                        checkpoint=path)
+    assert outcome.status == "user_input_pending"
+    return path
+
+
+@pytest.mark.parametrize("where,says", [
+    (0, "starts with b'DVOGRP' instead of b'EVOGRP', though its content checks out"),
+    (3, "instead of b'EVOGRP', though its content checks out"),
+    (-5, "its checksum does not match")])
+def test_a_damaged_group_checkpoint_is_called_damaged_by_load_and_by_the_cli(
+        tmp_path, capsys, where, says):
+    from actors.cli.main import main
+    from actors.errors import ResumeRefused
+    from actors.groups import load_checkpoint
+
+    path = _paused_checkpoint(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[where] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(ResumeRefused, match="the checkpoint is damaged") as err:
+        load_checkpoint(path)
+    assert says in str(err.value) and "restore the file from a copy" in str(err.value)
+    assert main(["resume", str(path), "--show"]) != 0
+    assert "the checkpoint is damaged" in capsys.readouterr().err
+
+
+def test_a_file_that_is_no_checkpoint_is_not_called_damaged(tmp_path):
+    from actors.errors import ResumeRefused
+    from actors.groups import load_checkpoint
+
+    path = tmp_path / "notes.txt"
+    path.write_text("just some notes, long enough to fill a frame header")
+    with pytest.raises(ResumeRefused, match="not a parallel-group checkpoint"):
+        load_checkpoint(path)

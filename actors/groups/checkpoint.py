@@ -1,11 +1,19 @@
 """A group's checkpoint file: finished results, journals and pending interactions.
+
+File format: ``b"EVOGRP"``, a format byte (``FRAME_VERSION``), the u32 zlib.crc32 of the
+payload, then the payload: the msgpack of :class:`GroupCheckpoint`. A damaged file
+(a flipped byte anywhere, its magic included) is told apart from a file that is not a
+checkpoint at all, by name. Files written before the frame existed (the bare msgpack
+payload) still load.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import struct
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -20,6 +28,11 @@ CHECKPOINT_FORMAT = "evobus-group-checkpoint"
 
 
 CHECKPOINT_VERSION = 1
+
+
+MAGIC = b"EVOGRP"
+FRAME_VERSION = 1
+_FRAME = struct.Struct("<6sBI")  # magic, frame version, crc32 of the payload
 
 
 class GroupCheckpoint(msgspec.Struct, kw_only=True):
@@ -54,7 +67,8 @@ class GroupCheckpoint(msgspec.Struct, kw_only=True):
 def _write_checkpoint(path: Path, ckpt: GroupCheckpoint) -> None:
     """Atomically: a reader sees the old file or the new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = msgspec.msgpack.encode(ckpt)
+    payload = msgspec.msgpack.encode(ckpt)
+    data = _FRAME.pack(MAGIC, FRAME_VERSION, zlib.crc32(payload)) + payload
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -75,15 +89,49 @@ def load_checkpoint(path: str | os.PathLike) -> GroupCheckpoint:
         data = path.read_bytes()
     except OSError as exc:
         raise ResumeRefused(f"{path}: cannot read the checkpoint ({exc.strerror})") from None
-    try:
-        ckpt = msgspec.msgpack.decode(data, type=GroupCheckpoint)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise ResumeRefused(f"{path}: not a parallel-group checkpoint ({exc})") from None
+    ckpt = _decode(path, _payload(path, data))
     if ckpt.format != CHECKPOINT_FORMAT:
         raise ResumeRefused(f"{path}: not a parallel-group checkpoint (format {ckpt.format!r})")
     if ckpt.version > CHECKPOINT_VERSION:
         raise ResumeRefused(f"{path}: checkpoint version {ckpt.version} is newer than this "
                             f"evobus reads ({CHECKPOINT_VERSION}); upgrade evobus")
+    return ckpt
+
+
+def _payload(path: Path, data: bytes) -> bytes:
+    """The checked payload of a checkpoint file (or a bare one from before the frame)."""
+    head = data[:_FRAME.size]
+    if len(head) == _FRAME.size:
+        magic, version, crc = _FRAME.unpack(head)
+        intact = zlib.crc32(data[_FRAME.size:]) == crc
+        if magic == MAGIC and version != FRAME_VERSION:
+            raise ResumeRefused(f"{path}: checkpoint frame version {version} is not one this "
+                                f"evobus reads ({FRAME_VERSION}); upgrade evobus")
+        if magic == MAGIC and intact:
+            return data[_FRAME.size:]
+        if magic == MAGIC:
+            raise ResumeRefused(
+                f"{path}: the checkpoint is damaged: its checksum does not match (stored "
+                f"{crc:#010x}, computed {zlib.crc32(data[_FRAME.size:]):#010x}); a byte "
+                "changed after it was written; restore the file from a copy")
+        if intact:
+            raise ResumeRefused(
+                f"{path}: the checkpoint is damaged: it starts with {magic!r} instead of "
+                f"{MAGIC!r}, though its content checks out; restore the file from a copy "
+                f"(or write back its first {len(MAGIC)} bytes)")
+    if data[:1] == MAGIC[:1] and sum(a != b for a, b in zip(data[:len(MAGIC)], MAGIC)) <= 2:
+        raise ResumeRefused(f"{path}: the checkpoint is damaged: it starts with "
+                            f"{data[:len(MAGIC)]!r}, almost {MAGIC!r}, and does not check "
+                            "out; restore the file from a copy")
+    return data  # a checkpoint from before the frame (bare msgpack), or not one at all
+
+
+def _decode(path: Path, payload: bytes) -> GroupCheckpoint:
+    try:
+        ckpt = msgspec.msgpack.decode(payload, type=GroupCheckpoint)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ResumeRefused(f"{path}: not a parallel-group checkpoint (it does not start "
+                            f"with {MAGIC!r} and does not decode as one: {exc})") from None
     return ckpt
 
 
