@@ -645,3 +645,24 @@ def test_a_file_that_is_no_checkpoint_is_not_called_damaged(tmp_path):
     path.write_text("just some notes, long enough to fill a frame header")
     with pytest.raises(ResumeRefused, match="not a parallel-group checkpoint"):
         load_checkpoint(path)
+
+
+# -- 7. groups: a result over the frame limit, code fingerprints, write-ahead effects -----------
+
+
+def _fifty_megabytes(i):
+    return b"x" * (50 * 1024 * 1024) if i == 1 else i
+
+
+@pytest.mark.parametrize("bus", ["zmq", "memory"])
+def test_a_50_mb_result_fails_its_own_branch_by_name_on_either_bus(bus):
+    from actors.errors import ResultTooLarge
+    from actors.groups import run_group
+
+    outcome = run_group(_fifty_megabytes, [0, 1, 2], max_concurrency=1, max_items=3, bus=bus)
+    assert outcome.status == "failed" and outcome.error_branch == 1
+    assert isinstance(outcome.error, ResultTooLarge)
+    assert "the result of branch 1 takes 52428805 bytes" in str(outcome.error)
+    # The report agrees with itself: the big one failed, it is not also finished.
+    assert outcome.failed == [1] and 1 not in outcome.finished and outcome.finished == [0]
+    assert outcome.partial == {0: 0}

@@ -40,7 +40,8 @@ from actors.runtime.shell import teller
 from bus.base import MAX_FRAME_BYTES, Delivery
 from protocol import GroupCancel, GroupResult, GroupStart, GroupSuspended, Ref, Tick, UserInputs
 from actors.errors import BranchError, BudgetExhausted, HostLimitExceeded, ResumeRefused
-from actors.groups.limits import CANCEL_DEADLINE_S, TICK_S, Budgets, Consumed, HostLimits, _Ledger, _positive
+from actors.groups.limits import (CANCEL_DEADLINE_S, MAX_RESULT_BYTES, TICK_S, Budgets, Consumed,
+                                  HostLimits, _Ledger, _positive)
 from actors.groups.checkpoint import GroupCheckpoint, _write_checkpoint
 from actors.groups.outcome import GroupOutcome, GroupProgress
 from actors.groups.worker import GroupWorker, _CollectorActor, _LeaseBox, _worker_deliver
@@ -71,10 +72,6 @@ PROGRESS_S = 1.0
 
 #: How long the group's actors may take to stop once the group has ended.
 STOP_GRACE_S = 5.0
-
-
-#: The results of one group travel in one message: leave room for the envelope.
-MAX_RESULT_BYTES = MAX_FRAME_BYTES - 64 * 1024
 
 
 

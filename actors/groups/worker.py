@@ -15,9 +15,10 @@ from actors.machines.collector import ENDED
 from actors.runtime.shell import ControlActor, _FastInbox
 from bus.base import Delivery
 from protocol import Branch, BranchDone, BranchFailed, Cancel, Hold, Interaction, Revoke, Stop
-from actors.errors import BranchCancelled, _Suspend, describe
+from actors.errors import BranchCancelled, ResultTooLarge, _Suspend, describe
 from actors.groups.context import BranchContext
 from actors.groups.host import _GO, _Host, _NOT_NOW, _ambient
+from actors.groups.limits import MAX_RESULT_BYTES
 from actors.groups.store import _encoder, _enter_all
 
 log = logging.getLogger(__name__)
@@ -264,34 +265,51 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
         finally:
             _ambient.host = previous
 
+    @staticmethod
+    def _unencodable(done, values) -> tuple[int, BaseException] | None:
+        """The first result that cannot cross the bus, and the error its branch fails with."""
+        for k, value in enumerate(values):
+            try:
+                _encoder.encode(value)
+            except (TypeError, ValueError, OverflowError) as exc:
+                return k, TypeError(
+                    f"the result of branch {done[k]} ({type(value).__name__}) cannot cross "
+                    f"the bus ({exc}): return JSON-like values (None, bool, int, float, "
+                    "str, bytes, lists, dicts with str keys) or msgspec Structs")
+        return None
+
+    @staticmethod
+    def _too_large(done, values) -> tuple[int, BaseException]:
+        """The largest result of a lease whose results will not fit one message: its branch
+        fails, by name, rather than the message (and with it the whole lease) being lost."""
+        sizes = [len(_encoder.encode(v)) for v in values]
+        k = max(range(len(values)), key=sizes.__getitem__)
+        return k, ResultTooLarge(
+            f"the result of branch {done[k]} takes {sizes[k]} bytes encoded, over the "
+            f"{MAX_RESULT_BYTES} one message may carry: return something smaller (an id, a "
+            "path to a file) and keep the bulk elsewhere")
+
     def _answer(self, lease: Branch, done, values, cancelled, effects, *, unstarted, t0,
                 failed=None, suspended=None) -> None:
         try:
             nbytes = len(_encoder.encode(values))
         except (TypeError, ValueError, OverflowError):
             # A result that cannot cross the bus fails its branch (and so the group).
-            for k, value in enumerate(values):
-                try:
-                    _encoder.encode(value)
-                except (TypeError, ValueError, OverflowError) as exc:
-                    bad = done[k]
-                    error = TypeError(
-                        f"the result of branch {bad} ({type(value).__name__}) cannot cross "
-                        f"the bus ({exc}): return JSON-like values (None, bool, int, float, "
-                        "str, bytes, lists, dicts with str keys) or msgspec Structs")
-                    after = self.host.fail(bad, error)
-                    self.box.finished -= 1   # counted when it returned: it failed instead
-                    rest = [(i, v) for i, v in zip(done, values) if i != bad]
-                    done = [i for i, _ in rest]
-                    values = [v for _, v in rest]
-                    if failed is None:
-                        failed = (bad, error, after)
-                        suspended = None
-                    break
-            else:  # every value encodes alone: not a result's fault; a bug, let it crash
+            bad = self._unencodable(done, values)
+            if bad is None:  # every value encodes alone: not a result's fault; a bug
                 raise
-            return self._answer(lease, done, values, cancelled, effects, unstarted=unstarted,
-                                t0=t0, failed=failed, suspended=suspended)
+            nbytes = MAX_RESULT_BYTES + 1  # not sent: the branch below fails instead
+        else:
+            bad = self._too_large(done, values) if nbytes > MAX_RESULT_BYTES else None
+        if bad is not None:
+            k, error = bad
+            after = self.host.fail(done[k], error)
+            self.box.finished -= 1   # counted when it returned: it failed instead
+            if failed is None:
+                failed, suspended = (done[k], error, after), None
+            return self._answer(lease, done[:k] + done[k + 1:], values[:k] + values[k + 1:],
+                                cancelled, effects, unstarted=unstarted, t0=t0,
+                                failed=failed, suspended=suspended)
         common = dict(group_id=lease.group_id, lease_id=lease.lease_id, worker=self.name,
                       indices=done, values=values, cancelled=cancelled, unstarted=unstarted,
                       effects=effects, nbytes=nbytes)
