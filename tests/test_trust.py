@@ -666,3 +666,75 @@ def test_a_50_mb_result_fails_its_own_branch_by_name_on_either_bus(bus):
     # The report agrees with itself: the big one failed, it is not also finished.
     assert outcome.failed == [1] and 1 not in outcome.finished and outcome.finished == [0]
     assert outcome.partial == {0: 0}
+
+
+def _answers(outcome, value="yes"):
+    return {p.id: value for p in outcome.pending_interactions}
+
+
+def _resume_to_the_end(path, outcome, value="yes", **options):
+    """Resume, answering every question with ``value``, until the group ends (bounded:
+    each resume answers at least one branch)."""
+    from actors.groups import resume_group
+
+    for _ in range(8):
+        outcome = resume_group(path, user_inputs=_answers(outcome, value), **options)
+        if outcome.status not in ("user_input_pending", "approval_pending"):
+            return outcome
+    raise AssertionError(f"{path}: still paused after 8 resumes")
+
+
+def test_a_checkpoint_resumed_with_other_code_is_refused_by_name_and_kept(tmp_path):
+    from actors.errors import ResumeRefused
+    from actors.groups import resume_group, run_group
+    from trust_groups import ask_odd, ask_odd_reordered
+
+    path = tmp_path / "g.ckpt"
+    paused = run_group(ask_odd, list(range(4)), max_concurrency=2, max_items=4,
+                       checkpoint=path)
+    before = path.read_bytes()
+    with pytest.raises(ResumeRefused) as err:
+        resume_group(path, target=ask_odd_reordered, user_inputs=_answers(paused))
+    message = str(err.value)
+    assert "the target trust_groups:ask_odd_reordered is not the code that paused" in message
+    assert "(trust_groups:ask_odd, fingerprint" in message and "checkpoint is kept" in message
+    assert path.read_bytes() == before  # not spent: the right code still resumes it
+    done = _resume_to_the_end(path, paused)
+    assert done.results == ["0: even", "1: yes", "2: even", "3: yes"]
+
+
+def test_a_target_edited_in_place_is_refused_on_resume(tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    from actors.errors import ResumeRefused
+    from actors.groups import resume_group, run_group
+
+    source = tmp_path / "edited_target.py"
+    source.write_text("def target(i, ctx):\n    return ctx.ask(i) if i else 'zero'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("edited_target")
+    try:
+        paused = run_group(module.target, [0, 1], max_concurrency=1, max_items=2,
+                           checkpoint=tmp_path / "g.ckpt")
+        source.write_text("def target(i, ctx):\n    return ctx.ask(-i) if i else 'zero'\n")
+        module = importlib.reload(module)
+        with pytest.raises(ResumeRefused, match="edited_target:target is not the code"):
+            resume_group(tmp_path / "g.ckpt", target=module.target,
+                         user_inputs=_answers(paused))
+    finally:
+        sys.modules.pop("edited_target", None)
+
+
+def test_a_failed_resume_does_not_spend_the_checkpoint(tmp_path):
+    from actors.groups import load_checkpoint, resume_group, run_group
+    from trust_groups import ask_then_check
+
+    path = tmp_path / "g.ckpt"
+    paused = run_group(ask_then_check, list(range(4)), max_concurrency=2, max_items=4,
+                       checkpoint=path)
+    failed = resume_group(path, user_inputs=_answers(paused, "boom"))
+    assert failed.status == "failed" and failed.error_branch == 1
+    assert load_checkpoint(path).status == "user_input_pending"
+    done = _resume_to_the_end(path, paused, "fine")
+    assert done.results == ["0: even", "1: fine", "2: even", "3: fine"]

@@ -22,7 +22,7 @@ from actors.groups.store import Store
 from actors.groups.driver import (
                                   _FIXED_AT_START, _OPTIONS, _Plan, _RESUME_ONLY, _ambient_parent, _check_bounds, _check_items, _check_options, _execute, _resolve_target, _take_items)
 from actors.groups.host import _Host
-from actors.groups.checkpoint import _exclusive, _write_checkpoint, load_checkpoint
+from actors.groups.checkpoint import _exclusive, _write_checkpoint, check_code, load_checkpoint
 
 
 def run_group(target, items, *, max_concurrency: int, max_items: int,
@@ -129,6 +129,7 @@ def resume_group(checkpoint: str | os.PathLike, *, target=None,
                               "the checkpoint cannot name it: pass target=the same callable")
         target = ckpt.target
     fn, ref = _resolve_target(target, options.get("allow"))
+    check_code(path, ckpt, fn)
     answered = {pending[i].branch for i in [*user_inputs, *approvals]}
     answered |= {i for i in ckpt.not_started if i in ckpt.journals}
     left = len(pending) - len(user_inputs) - len(approvals)
@@ -156,12 +157,18 @@ def resume_group(checkpoint: str | os.PathLike, *, target=None,
                      inputs=UserInputs(group_id=ckpt.group_id, answers=user_inputs,
                                        approvals=approvals, principal=principal))
         outcome = _execute(plan)
-        if outcome.status in ("completed", "failed"):
+        if outcome.status == "completed":
             # The checkpoint is spent: a second resume of it is refused, by name.
             used = [*ckpt.used_ids, *user_inputs, *approvals]
             _write_checkpoint(path, msgspec.structs.replace(
                 ckpt, status=outcome.status, pending=[], used_ids=used,
                 consumed=outcome.consumed, store=outcome.store, effects=outcome.effects,
+                written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
+        elif outcome.status == "failed":
+            # A failed resume does not spend the checkpoint (a retry with fixed code or
+            # other answers may resume it); what it consumed stays consumed.
+            _write_checkpoint(path, msgspec.structs.replace(
+                ckpt, consumed=outcome.consumed,
                 written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
         # A new pause rewrote the file in _outcome already.
     # Finished results from before the pause are part of the join.

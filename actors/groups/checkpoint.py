@@ -10,6 +10,9 @@ payload) still load.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import inspect
+import marshal
 import os
 import struct
 import tempfile
@@ -62,6 +65,45 @@ class GroupCheckpoint(msgspec.Struct, kw_only=True):
     cancel_deadline: float = CANCEL_DEADLINE_S
     written_at: str = ""
     package_version: str = ""
+    #: The target's code (target_fingerprint): a resume by other code is refused ("":
+    #: a checkpoint from before fingerprints, or a target whose code cannot be read).
+    fingerprint: str = ""
+    target_name: str = ""
+
+
+def target_fingerprint(fn: Any) -> str:
+    """sha256 (16 hex digits) of a target's source, or of its compiled code when the
+    source cannot be read; "" when it has neither (a builtin, a C extension)."""
+    fn = inspect.unwrap(fn)
+    try:
+        data = inspect.getsource(fn).encode()
+    except (OSError, TypeError):  # no source file: the compiled code stands in for it
+        code = getattr(fn, "__code__", None) or getattr(
+            getattr(fn, "__call__", None), "__code__", None)
+        if code is None:
+            return ""
+        data = marshal.dumps(code)
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def target_name(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+def check_code(path: Path, ckpt: GroupCheckpoint, fn: Any) -> None:
+    """Refuse (ResumeRefused, before anything runs) a resume whose target is not the code
+    that wrote the checkpoint: a branch replayed by other code can take another path past
+    its journal, and effects journaled for one step would answer another."""
+    if not ckpt.fingerprint:
+        return
+    now = target_fingerprint(fn)
+    if now == ckpt.fingerprint:
+        return
+    raise ResumeRefused(
+        f"{path}: the target {target_name(fn)} is not the code that paused group "
+        f"{ckpt.group_id} ({ckpt.target_name or 'its target'}, fingerprint "
+        f"{ckpt.fingerprint}; now {now or 'unreadable'}): resume with the code that wrote "
+        "the checkpoint. Nothing ran and the checkpoint is kept as it was")
 
 
 def _write_checkpoint(path: Path, ckpt: GroupCheckpoint) -> None:

@@ -42,7 +42,8 @@ from protocol import GroupCancel, GroupResult, GroupStart, GroupSuspended, Ref, 
 from actors.errors import BranchError, BudgetExhausted, HostLimitExceeded, ResumeRefused
 from actors.groups.limits import (CANCEL_DEADLINE_S, MAX_RESULT_BYTES, TICK_S, Budgets, Consumed,
                                   HostLimits, _Ledger, _positive)
-from actors.groups.checkpoint import GroupCheckpoint, _write_checkpoint
+from actors.groups.checkpoint import (GroupCheckpoint, _write_checkpoint, target_fingerprint,
+                                      target_name)
 from actors.groups.outcome import GroupOutcome, GroupProgress
 from actors.groups.worker import GroupWorker, _CollectorActor, _LeaseBox, _worker_deliver
 from actors.groups.store import _encoder, Store, _Gate, _enter_all
@@ -576,7 +577,8 @@ def _outcome(plan: _Plan, host: _Host, ledger: _Ledger, store: Store, msg, elaps
             budgets=plan.budgets, consumed=ledger.snapshot(), store=store.snapshot(),
             approvers=plan.approvers, chunk=plan.options.get("chunk", 0),
             cancel_deadline=plan.options.get("cancel_deadline", CANCEL_DEADLINE_S),
-            written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), package_version=package_version)
+            written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), package_version=package_version,
+            fingerprint=target_fingerprint(plan.fn), target_name=target_name(plan.fn))
         _write_checkpoint(path, ckpt)
         return GroupOutcome(status=msg.status, pending_interactions=list(msg.pending),
                             checkpoint=path, finished=sorted(msg.finished),
