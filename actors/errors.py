@@ -62,6 +62,11 @@ class HostLimitExceeded(GroupError):
     """A host limit refuses the request (a group nested deeper than ``max_depth``)."""
 
 
+class EffectInDoubt(GroupError):
+    """An effect started before its group stopped (a crash) and its result was never
+    recorded: it may have run, so it is not run again; its branch fails."""
+
+
 class ResultTooLarge(GroupError):
     """A branch's result is larger than one message may carry: that branch fails."""
 

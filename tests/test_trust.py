@@ -690,7 +690,7 @@ def test_a_checkpoint_resumed_with_other_code_is_refused_by_name_and_kept(tmp_pa
     from trust_groups import ask_odd, ask_odd_reordered
 
     path = tmp_path / "g.ckpt"
-    paused = run_group(ask_odd, list(range(4)), max_concurrency=2, max_items=4,
+    paused = run_group(ask_odd, list(range(4)), max_concurrency=1, max_items=4,
                        checkpoint=path)
     before = path.read_bytes()
     with pytest.raises(ResumeRefused) as err:
@@ -731,10 +731,112 @@ def test_a_failed_resume_does_not_spend_the_checkpoint(tmp_path):
     from trust_groups import ask_then_check
 
     path = tmp_path / "g.ckpt"
-    paused = run_group(ask_then_check, list(range(4)), max_concurrency=2, max_items=4,
+    paused = run_group(ask_then_check, list(range(4)), max_concurrency=1, max_items=4,
                        checkpoint=path)
     failed = resume_group(path, user_inputs=_answers(paused, "boom"))
     assert failed.status == "failed" and failed.error_branch == 1
     assert load_checkpoint(path).status == "user_input_pending"
     done = _resume_to_the_end(path, paused, "fine")
     assert done.results == ["0: even", "1: fine", "2: even", "3: fine"]
+
+
+def _python(code: str, env: dict[str, str]):
+    import os
+    import subprocess
+    import sys
+
+    full = {**os.environ, **env,
+            "PYTHONPATH": os.pathsep.join([str(ROOT.parent), str(ROOT),
+                                           os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-c", code], env=full, cwd=ROOT.parent)
+
+
+def _kill_when_held(proc, hold_dir: Path) -> None:
+    import os
+    import signal
+
+    try:
+        wait_for(lambda: (hold_dir / "held").exists() or proc.poll() is not None,
+                 "the branch that holds", 60)
+        assert proc.poll() is None, f"the process ended first (rc {proc.returncode})"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def _counts(path: Path) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for line in path.read_text().split():
+        out[int(line)] = out.get(int(line), 0) + 1
+    return out
+
+
+@pytest.mark.slow
+def test_kill_9_during_resume_group_never_runs_a_finished_effect_twice(tmp_path, monkeypatch):
+    from actors.groups import resume_group, run_group
+
+    count, ckpt, hold = tmp_path / "count.txt", tmp_path / "g.ckpt", tmp_path / "hold"
+    hold.mkdir()
+    monkeypatch.setenv("EVOBUS_TEST_COUNT", str(count))
+    paused = run_group("trust_groups:counted", list(range(8)), max_concurrency=1,
+                       max_items=8, chunk=1, checkpoint=ckpt)
+    assert paused.status == "user_input_pending" and not count.exists()
+    (iid,) = [p.id for p in paused.pending_interactions]
+    proc = _python(f"from actors.groups import resume_group\n"
+                   f"resume_group({str(ckpt)!r}, user_inputs={{{iid!r}: 'go'}})",
+                   {"EVOBUS_TEST_COUNT": str(count), "EVOBUS_TEST_HOLD": f"{hold}:5"})
+    _kill_when_held(proc, hold)
+    assert _counts(count) == {i: 1 for i in range(6)}  # branch 5 held after its effect
+    done = resume_group(ckpt, user_inputs={iid: "go"})
+    assert done.status == "completed" and done.results == [i * 10 for i in range(8)]
+    assert _counts(count) == {i: 1 for i in range(8)}  # 0-5 came from the effect log
+
+
+@pytest.mark.slow
+def test_a_first_run_killed_before_any_pause_leaves_a_checkpoint_that_resumes(tmp_path,
+                                                                              monkeypatch):
+    from actors.groups import load_checkpoint, resume_group
+
+    count, ckpt, hold = tmp_path / "count.txt", tmp_path / "g.ckpt", tmp_path / "hold"
+    hold.mkdir()
+    monkeypatch.setenv("EVOBUS_TEST_COUNT", str(count))
+    proc = _python(f"from actors.groups import run_group\n"
+                   f"run_group('trust_groups:counted_quiet', list(range(6)), "
+                   f"max_concurrency=1, max_items=6, chunk=1, checkpoint={str(ckpt)!r})",
+                   {"EVOBUS_TEST_HOLD": f"{hold}:3"})
+    _kill_when_held(proc, hold)
+    assert load_checkpoint(ckpt).status == "running"
+    assert _counts(count) == {i: 1 for i in range(4)}
+    done = resume_group(ckpt)
+    assert done.status == "completed" and done.results == [i * 10 for i in range(6)]
+    assert _counts(count) == {i: 1 for i in range(6)}
+    assert load_checkpoint(ckpt).status == "completed"
+    assert not (tmp_path / "g.ckpt.effects").exists()
+
+
+@pytest.mark.slow
+def test_an_effect_started_and_never_recorded_fails_its_branch_instead_of_running_twice(
+        tmp_path, monkeypatch):
+    from actors.errors import EffectInDoubt
+    from actors.groups import load_checkpoint, resume_group
+    from actors.groups.checkpoint import EffectLog
+
+    count, ckpt, hold = tmp_path / "count.txt", tmp_path / "g.ckpt", tmp_path / "hold"
+    hold.mkdir()
+    monkeypatch.setenv("EVOBUS_TEST_COUNT", str(count))
+    proc = _python(f"from actors.groups import run_group\n"
+                   f"run_group('trust_groups:counted_quiet', list(range(6)), "
+                   f"max_concurrency=1, max_items=6, chunk=1, checkpoint={str(ckpt)!r})",
+                   {"EVOBUS_TEST_HOLD": f"{hold}:3"})
+    _kill_when_held(proc, hold)
+    # What a kill between an effect's intent and its result leaves: branch 4 at step 0.
+    effects = EffectLog(ckpt)
+    effects.intent(4, 0, "count")
+    effects.close()
+    failed = resume_group(ckpt)
+    assert failed.status == "failed" and failed.error_branch == 4
+    assert isinstance(failed.error, EffectInDoubt) and "'count' (step 0)" in str(failed.error)
+    assert _counts(count) == {i: 1 for i in range(4)}  # 4 never ran twice; 5 never started
+    assert load_checkpoint(ckpt).status == "running"   # not spent

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 
 def ask_odd(i, ctx):
@@ -27,3 +28,44 @@ def ask_then_check(i, ctx):
             raise ValueError(f"branch {i} got {answer!r}")
         return f"{i}: {answer}"
     return f"{i}: even"
+
+
+def _count(path: str, i: int) -> int:
+    """An external effect that can be counted: one line per run, on disk at once."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"{i}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return i
+
+
+def _hold(i: int) -> None:
+    """``$EVOBUS_TEST_HOLD`` = ``DIR:INDEX``: branch INDEX, its effect done, writes
+    DIR/held and waits (at most 30 s) for DIR/release: a test kills the process there."""
+    hold = os.environ.get("EVOBUS_TEST_HOLD")
+    if not hold:
+        return
+    where, at = hold.rsplit(":", 1)
+    if i != int(at):
+        return
+    with open(os.path.join(where, "held"), "w", encoding="utf-8") as f:
+        f.write(str(os.getpid()))
+    end = time.monotonic() + 30
+    while not os.path.exists(os.path.join(where, "release")) and time.monotonic() < end:
+        time.sleep(0.01)
+
+
+def counted(i, ctx):
+    """Branch 0 asks first (the group pauses); every branch runs one counted effect."""
+    if i == 0:
+        ctx.ask("go?")
+    ctx.effect("count", _count, os.environ["EVOBUS_TEST_COUNT"], i)
+    _hold(i)
+    return i * 10
+
+
+def counted_quiet(i, ctx):
+    """``counted`` without the question: a group that never pauses."""
+    ctx.effect("count", _count, os.environ["EVOBUS_TEST_COUNT"], i)
+    _hold(i)
+    return i * 10

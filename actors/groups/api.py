@@ -22,7 +22,10 @@ from actors.groups.store import Store
 from actors.groups.driver import (
                                   _FIXED_AT_START, _OPTIONS, _Plan, _RESUME_ONLY, _ambient_parent, _check_bounds, _check_items, _check_options, _execute, _resolve_target, _take_items)
 from actors.groups.host import _Host
-from actors.groups.checkpoint import _exclusive, _write_checkpoint, check_code, load_checkpoint
+from actors.groups.checkpoint import (EffectLog, _exclusive, _write_checkpoint, check_code,
+                                      load_checkpoint, running_checkpoint)
+from actors.groups.limits import CANCEL_DEADLINE_S
+from actors.version import PACKAGE_VERSION
 
 
 def run_group(target, items, *, max_concurrency: int, max_items: int,
@@ -70,7 +73,41 @@ def run_group(target, items, *, max_concurrency: int, max_items: int,
                  store=store, approvers=approvers,
                  checkpoint=Path(checkpoint) if checkpoint is not None else None,
                  branches_to_run=len(taken))
+    if plan.checkpoint is not None and parent is None:
+        return _checkpointed(plan)
     return _execute(plan)
+
+
+def _checkpointed(plan: _Plan, *, again: bool = False) -> GroupOutcome:
+    """A top-level group with a checkpoint path: the checkpoint is on disk (status
+    ``running``) before the first branch starts and its effects are written ahead, so a
+    crash at any moment leaves a checkpoint :func:`resume_group` goes on from. One
+    process at a time runs or resumes it (the checkpoint's lock)."""
+    path = plan.checkpoint
+    with _exclusive(path):
+        running = running_checkpoint(
+            group_id=plan.group_id, target=plan.ref, fn=plan.fn, items=plan.items,
+            max_concurrency=plan.max_concurrency, max_items=plan.max_items,
+            budgets=plan.budgets, consumed=plan.consumed,
+            store=(plan.store or Store()).snapshot(), approvers=plan.approvers,
+            chunk=plan.options.get("chunk", 0),
+            cancel_deadline=plan.options.get("cancel_deadline", CANCEL_DEADLINE_S),
+            package_version=PACKAGE_VERSION, written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        _write_checkpoint(path, running)
+        outcome = _execute(plan)   # a pause rewrites the checkpoint itself (_outcome)
+        if outcome.status == "failed" and again:
+            # A failed resume does not spend the checkpoint: it stays resumable.
+            _write_checkpoint(path, msgspec.structs.replace(
+                running, consumed=outcome.consumed,
+                written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
+        elif outcome.status in ("completed", "failed"):
+            _write_checkpoint(path, msgspec.structs.replace(
+                running, status=outcome.status, consumed=outcome.consumed,
+                store=outcome.store, effects=outcome.effects, not_started=[],
+                written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
+        if outcome.status == "completed":
+            EffectLog(path).remove()
+    return outcome
 
 
 def parallel(target, items, *, max_concurrency: int, max_items: int,
@@ -112,6 +149,8 @@ def resume_group(checkpoint: str | os.PathLike, *, target=None,
                               "kept in its checkpoint; it cannot change on resume")
     path = Path(checkpoint)
     ckpt = load_checkpoint(path)
+    if ckpt.status == "running":
+        return _restart(path, ckpt, target, user_inputs, approvals, options)
     if ckpt.status not in ("user_input_pending", "approval_pending"):
         raise ResumeRefused(f"{path}: the group {ckpt.group_id} already ended "
                             f"({ckpt.status}); there is nothing to resume")
@@ -173,3 +212,34 @@ def resume_group(checkpoint: str | os.PathLike, *, target=None,
         # A new pause rewrote the file in _outcome already.
     # Finished results from before the pause are part of the join.
     return outcome
+
+
+def _restart(path: Path, ckpt, target, user_inputs, approvals, options) -> GroupOutcome:
+    """Resume a checkpoint left ``running``: the process running its group died (or is
+    still running it: then the checkpoint's lock refuses). The group runs again, under
+    its id, over the same items; effects that finished before the crash are taken from
+    the effect log instead of running again (docs/groups.md)."""
+    if user_inputs or approvals or "principal" in options:
+        raise ResumeRefused(f"{path}: the group {ckpt.group_id} stopped while running (no "
+                            "interaction is pending): resume it without user_inputs, "
+                            "approvals or principal")
+    if target is None:
+        if ckpt.target is None:
+            raise ConfigError(f"{path}: the group's target was not named by import path, so "
+                              "the checkpoint cannot name it: pass target=the same callable")
+        target = ckpt.target
+    fn, ref = _resolve_target(target, options.get("allow"))
+    check_code(path, ckpt, fn)
+    try:
+        store = Store(ckpt.store)
+    except TypeError as exc:
+        raise ResumeRefused(f"{path}: the checkpoint's store does not load: {exc}") from None
+    options = {**options, "chunk": options.get("chunk", ckpt.chunk),
+               "cancel_deadline": options.get("cancel_deadline", ckpt.cancel_deadline)}
+    plan = _Plan(nested=run_group, group_id=ckpt.group_id, fn=fn, ref=ref or ckpt.target,
+                 items=ckpt.items, max_concurrency=ckpt.max_concurrency,
+                 max_items=ckpt.max_items, options=options, parent=_ambient_parent(None),
+                 budgets=ckpt.budgets, consumed=ckpt.consumed, store=store,
+                 approvers=ckpt.approvers, checkpoint=path,
+                 branches_to_run=len(ckpt.items))
+    return _checkpointed(plan, again=True)

@@ -16,6 +16,7 @@ import marshal
 import os
 import struct
 import tempfile
+import threading
 import zlib
 from pathlib import Path
 from typing import Any, Iterator
@@ -24,7 +25,7 @@ import msgspec
 
 from protocol import JournalEntry, PendingInteraction, Ref
 from actors.groups.limits import CANCEL_DEADLINE_S, Budgets, Consumed
-from actors.errors import ResumeRefused
+from actors.errors import EffectInDoubt, ResumeRefused
 
 
 CHECKPOINT_FORMAT = "evobus-group-checkpoint"
@@ -186,6 +187,7 @@ def _exclusive(path: Path) -> Iterator[None]:
         yield
         return
     lock_path = path.with_name(path.name + ".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)  # a group's first checkpoint makes it
     with open(lock_path, "a+b") as f:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -198,3 +200,117 @@ def _exclusive(path: Path) -> Iterator[None]:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
             with contextlib.suppress(OSError):
                 os.unlink(lock_path)
+
+
+# -- effects, written ahead ---------------------------------------------------------------
+
+_RECORD = struct.Struct("<II")  # payload length, crc32 of the payload
+
+
+class _EffectRecord(msgspec.Struct, array_like=True, frozen=True):
+    kind: str     # "intent" (about to run), "result" (ran; value: what it returned), or
+    #               "failed" (it raised)
+    branch: int
+    step: int     # the effect's position in its branch's journal
+    name: str
+    value: Any = None
+
+
+def effects_path(checkpoint: Path) -> Path:
+    return checkpoint.with_name(checkpoint.name + ".effects")
+
+
+class EffectLog:
+    """A group's effects, written ahead beside its checkpoint (``CKPT.effects``).
+
+    ``ctx.effect`` records its intent, fsynced, before the effect runs, and its result,
+    fsynced, before the branch goes on. A branch that runs again after a crash (the
+    group resumed from its checkpoint) gets a recorded result back without running the
+    effect again; an intent with no result (the crash came while the effect ran) fails
+    that branch with :class:`EffectInDoubt` rather than run it a second time. Records
+    are framed and checksummed; a torn last record (a crash mid-append) is ignored."""
+
+    def __init__(self, checkpoint: Path) -> None:
+        self.path = effects_path(checkpoint)
+        self._lock = threading.Lock()
+        self.recorded: dict[tuple[int, int], _EffectRecord] = {}
+        if self.path.exists():
+            self._load(self.path.read_bytes())
+        self._file = open(self.path, "ab")  # noqa: SIM115 (closed in close())
+        self._encode = msgspec.msgpack.Encoder().encode
+
+    def _load(self, data: bytes) -> None:
+        decode = msgspec.msgpack.Decoder(_EffectRecord).decode
+        pos = 0
+        while pos + _RECORD.size <= len(data):
+            length, crc = _RECORD.unpack_from(data, pos)
+            payload = data[pos + _RECORD.size:pos + _RECORD.size + length]
+            if len(payload) < length or zlib.crc32(payload) != crc:
+                break  # a torn tail: the crash came while this record was written
+            rec = decode(payload)
+            key = (rec.branch, rec.step)
+            old = self.recorded.get(key)
+            if old is None or old.kind != "result":
+                self.recorded[key] = rec
+            pos += _RECORD.size + length
+
+    def replayed(self, branch: int, step: int, name: str) -> tuple[bool, Any]:
+        """(True, value) if this effect ran before and its result is recorded; (False,
+        None) if it never started. Raises EffectInDoubt if it started and its result was
+        never recorded."""
+        with self._lock:
+            rec = self.recorded.get((branch, step))
+        if rec is None or rec.name != name or rec.kind == "failed":
+            return False, None  # never started, or raised (it said it failed): run it
+        if rec.kind == "result":
+            return True, rec.value
+        raise EffectInDoubt(
+            f"branch {branch}: effect {name!r} (step {step}) started before the group "
+            f"stopped (a crash or a kill) and its result was never recorded in "
+            f"{self.path}, so it may or may not have run; it is not run a second time. "
+            "Check its outcome by hand; this branch fails")
+
+    def intent(self, branch: int, step: int, name: str) -> None:
+        self._append(_EffectRecord("intent", branch, step, name))
+
+    def result(self, branch: int, step: int, name: str, value: Any) -> None:
+        self._append(_EffectRecord("result", branch, step, name, value))
+
+    def failed(self, branch: int, step: int, name: str) -> None:
+        """The effect raised: it ran and said it failed; a branch run again retries it."""
+        self._append(_EffectRecord("failed", branch, step, name))
+
+    def _append(self, rec: _EffectRecord) -> None:
+        payload = self._encode(rec)
+        with self._lock:
+            self._file.write(_RECORD.pack(len(payload), zlib.crc32(payload)) + payload)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self.recorded[(rec.branch, rec.step)] = rec
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+    def remove(self) -> None:
+        """The group completed: nothing is left to replay."""
+        self.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+
+def running_checkpoint(*, group_id: str, target: refs.Ref | None, fn: Any, items: list[Any],
+                       max_concurrency: int, max_items: int, budgets: Budgets,
+                       consumed: Consumed | None, store: dict[str, Any],
+                       approvers: list[str] | None, chunk: int, cancel_deadline: float,
+                       package_version: str, written_at: str) -> GroupCheckpoint:
+    """What a group with a checkpoint path writes before its first branch starts (status
+    ``running``): a crash at any moment leaves a checkpoint to resume from."""
+    return GroupCheckpoint(
+        group_id=group_id, status="running", target=target, items=items,
+        max_concurrency=max_concurrency, max_items=max_items,
+        not_started=list(range(len(items))), budgets=budgets,
+        consumed=consumed or Consumed(), store=store, approvers=approvers, chunk=chunk,
+        cancel_deadline=cancel_deadline, written_at=written_at,
+        package_version=package_version, fingerprint=target_fingerprint(fn),
+        target_name=target_name(fn))

@@ -42,8 +42,8 @@ from protocol import GroupCancel, GroupResult, GroupStart, GroupSuspended, Ref, 
 from actors.errors import BranchError, BudgetExhausted, HostLimitExceeded, ResumeRefused
 from actors.groups.limits import (CANCEL_DEADLINE_S, MAX_RESULT_BYTES, TICK_S, Budgets, Consumed,
                                   HostLimits, _Ledger, _positive)
-from actors.groups.checkpoint import (GroupCheckpoint, _write_checkpoint, target_fingerprint,
-                                      target_name)
+from actors.groups.checkpoint import (EffectLog, GroupCheckpoint, _write_checkpoint,
+                                      target_fingerprint, target_name)
 from actors.groups.outcome import GroupOutcome, GroupProgress
 from actors.groups.worker import GroupWorker, _CollectorActor, _LeaseBox, _worker_deliver
 from actors.groups.store import _encoder, Store, _Gate, _enter_all
@@ -250,6 +250,9 @@ def _execute(plan: _Plan) -> GroupOutcome:
                  depth=settings.depth, limits=settings.limits, ledger=ledger, store=store,
                  live=live, external=external, parent=parent, trace=bool(opts.get("trace")),
                  runtime=runtime, nested=plan.nested)
+    # A top-level group with a checkpoint writes its effects ahead (EffectLog).
+    host.effect_log = EffectLog(plan.checkpoint) \
+        if plan.checkpoint is not None and parent is None else None
     actors = _Actors(runtime, own_runtime, names)
     result_msg: GroupResult | GroupSuspended | None = None
     # A branch that waits for its nested group lends its live-branch slots meanwhile.
@@ -275,6 +278,8 @@ def _execute(plan: _Plan) -> GroupOutcome:
     finally:
         actors.stop(abandoned=isinstance(result_msg, GroupResult) and result_msg.abandoned,
                     t0=t0)
+        if host.effect_log is not None:
+            host.effect_log.close()
         if lent:
             _enter_all(lent, lambda: False)
             _ambient.slots = lent
