@@ -200,7 +200,7 @@ class PeerPort:
             return recv_frames(sock, NOBLOCK)
         parts = sock.recv_multipart(NOBLOCK, copy=False)
         frames = [p.bytes for p in parts]
-        if frames[0] not in self.peers:
+        if frames[0] not in self.peers and len(self.peers) < MAX_PEER_ROUTES:
             try:
                 key = parts[-1].get("User-Id")
             except zmq.ZMQError:  # no metadata on this frame: the identity alone
@@ -209,9 +209,14 @@ class PeerPort:
         return frames
 
     def peer_of(self, ident: bytes) -> str:
-        """The identity stamped on this connection's frames and named in refusals."""
+        """The identity stamped on this connection's frames and named in refusals (kept
+        for connections that hold a name: one dict lookup per message)."""
         peer = self.peers.get(ident)
-        return peer if peer is not None else self._identity(ident)
+        if peer is None:
+            peer = self._identity(ident)
+            if ident in self.owned:
+                self.peers[ident] = peer
+        return peer
 
     def _identity(self, ident: bytes) -> str:
         name = ident.decode("ascii", "replace") if _NAME.fullmatch(ident) else ident.hex()[:40]
@@ -270,6 +275,7 @@ class PeerPort:
             self.tokens.pop(name, None)
             if not names:
                 del self.owned[ident]
+                self.peers.pop(ident, None)
         else:
             self._reject(ident, f"malformed envelope ({len(frames)} frames, kind {kind[:8]!r})")
 

@@ -482,14 +482,16 @@ def test_a_run_whose_worker_lost_messages_while_gone_replays_without_diverging(t
     try:
         token = first.register(b"w0")[2]
         first.send("w0", "registry", Hello(worker="w0", slots=1, heartbeat=0.5))
-        wait_for(lambda: "w0" in c.scheduler.workers, "the worker's hello")
+        wait_for(lambda: "w0" in c.scheduler.workers and c.driver.items, "the worker's hello")
         first.close()  # gone; its route stays until it registers again
+        stats = c.bus.stats
+        base = stats.delivered + stats.undelivered
         version = 0
         deadline = time.monotonic() + WAIT_S
-        while c.bus.stats.undelivered == 0 and time.monotonic() < deadline:
+        while stats.undelivered == 0 and time.monotonic() < deadline:
             version += 1
             c.bus.send("merger", "scheduler", Commit(version=version, state={"k": "v"}))
-            wait_for(lambda: c.bus.stats.delivered + c.bus.stats.undelivered >= 2 * version + 2,
+            wait_for(lambda: stats.delivered + stats.undelivered >= base + 2 * version,
                      "the commit and its copy to the worker")
         assert c.bus.stats.undelivered == 1
         back = Raw(c.address, b"rw-back")
