@@ -842,3 +842,21 @@ def test_an_effect_started_and_never_recorded_fails_its_branch_instead_of_runnin
     assert isinstance(failed.error, EffectInDoubt) and "'count' (step 0)" in str(failed.error)
     assert _counts(count) == {i: 1 for i in range(4)}  # 4 never ran twice; 5 never started
     assert load_checkpoint(ckpt).status == "running"   # not spent
+
+
+@pytest.mark.slow
+def test_evobus_resume_goes_on_from_a_checkpoint_left_running(tmp_path, monkeypatch, capsys):
+    from actors.cli.main import main
+
+    count, ckpt, hold = tmp_path / "count.txt", tmp_path / "g.ckpt", tmp_path / "hold"
+    hold.mkdir()
+    monkeypatch.setenv("EVOBUS_TEST_COUNT", str(count))
+    proc = _python(f"from actors.groups import run_group\n"
+                   f"run_group('trust_groups:counted_quiet', list(range(4)), "
+                   f"max_concurrency=1, max_items=4, chunk=1, checkpoint={str(ckpt)!r})",
+                   {"EVOBUS_TEST_HOLD": f"{hold}:1"})
+    _kill_when_held(proc, hold)
+    assert main(["resume", str(ckpt), "--json"]) == 0, capsys.readouterr().err
+    out = msgspec.json.decode(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["status"] == "completed" and out["results"] == [0, 10, 20, 30]
+    assert _counts(count) == {i: 1 for i in range(4)}
