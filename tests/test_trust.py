@@ -794,6 +794,7 @@ def test_kill_9_during_resume_group_never_runs_a_finished_effect_twice(tmp_path,
     done = resume_group(ckpt, user_inputs={iid: "go"})
     assert done.status == "completed" and done.results == [i * 10 for i in range(8)]
     assert _counts(count) == {i: 1 for i in range(8)}  # 0-5 came from the effect log
+    assert not (tmp_path / "g.ckpt.effects").exists()  # spent with the checkpoint
 
 
 @pytest.mark.slow

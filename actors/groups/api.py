@@ -203,6 +203,7 @@ def resume_group(checkpoint: str | os.PathLike, *, target=None,
                 ckpt, status=outcome.status, pending=[], used_ids=used,
                 consumed=outcome.consumed, store=outcome.store, effects=outcome.effects,
                 written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
+            EffectLog(path).remove()   # nothing is left to replay
         elif outcome.status == "failed":
             # A failed resume does not spend the checkpoint (a retry with fixed code or
             # other answers may resume it); what it consumed stays consumed.
