@@ -861,3 +861,19 @@ def test_evobus_resume_goes_on_from_a_checkpoint_left_running(tmp_path, monkeypa
     out = msgspec.json.decode(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["status"] == "completed" and out["results"] == [0, 10, 20, 30]
     assert _counts(count) == {i: 1 for i in range(4)}
+
+
+def test_a_branch_answer_is_admitted_only_from_the_worker_its_lease_went_to():
+    from actors.machines.collector import Collector
+    from protocol import Branch, BranchDone, GroupStart
+
+    c = Collector("collector.g")
+    out = c.handle(GroupStart(group_id="g", items=[1, 2], workers=["w0", "w1"],
+                              max_concurrency=2, max_items=2, chunk=1))
+    leases = {m.lease_id: to for to, m in out if isinstance(m, Branch)}
+    assert set(leases.values()) == {"w0", "w1"}
+    lease_id, holder = next(iter(leases.items()))
+    other = "w1" if holder == "w0" else "w0"
+    done = BranchDone(group_id="g", lease_id=lease_id, worker=other, indices=[0], values=[1])
+    assert "which went to" in c.admit(other, done)
+    assert c.admit(holder, msgspec.structs.replace(done, worker=holder)) is None

@@ -140,6 +140,17 @@ class Collector:
 
     # -- the machine ------------------------------------------------------------------
 
+    def admit(self, sender: str, msg: Message) -> str | None:
+        """Why ``msg`` from ``sender`` must not reach :meth:`handle` (None: it may): an
+        answer for a branch lease that is out must come from the worker it went to.
+        Pure; asked by the shell and by replay, as the Scheduler's is."""
+        if isinstance(msg, (BranchDone, BranchFailed, Interaction)):
+            held = self.leases.get(msg.lease_id)
+            if held is not None and held[0] != sender:
+                return (f"an answer for branch lease {msg.lease_id!r}, which went to "
+                        f"{held[0]!r}, not to {sender!r}")
+        return None
+
     def handle(self, msg: Message) -> list[Out]:
         match msg:
             case GroupStart():

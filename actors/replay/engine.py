@@ -295,6 +295,10 @@ class _Lives:
             self.started = True
         return self.machine.handle(msg)
 
+    def admit(self, sender: str, msg: Message) -> str | None:
+        admit = getattr(self.machine, "admit", None)
+        return None if admit is None else admit(sender, msg)
+
 
 class _Replay:
     def __init__(self, machines: dict[str, Any], strict: bool,
