@@ -30,7 +30,7 @@ from actors.runtime.shell import ControlActor
 from bus.frames import envelope
 from bus.log import (FORMAT_VERSION, UNDELIVERED, LogHeader, LogWriter, Record, read_log)
 from bus.remote import PeerPort, RemoteEndpoint
-from bus.security import create_keys, load_client_keys, load_server_keys
+from bus.security import create_keys, load_client_keys, load_server_keys, secure_client
 from bus.zmq_bus import ZmqBus
 from protocol import (Commit, Heartbeat, Hello, Join, Lease, LeaseBatch, LeaseDone, Message,
                       Ref, RolloutResult, Shutdown, Spec, Start, Stop, Tick, encode)
@@ -56,11 +56,13 @@ def _writer(path: Path) -> LogWriter:
 class Raw:
     """A raw DEALER on the broker's tcp socket: a peer that writes whatever it likes."""
 
-    def __init__(self, address: str, identity: bytes = b"mallory-sock") -> None:
+    def __init__(self, address: str, identity: bytes = b"mallory-sock", keys=None) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.IDENTITY, identity)
+        if keys is not None:  # an authorised CURVE key: authenticated, still only a worker
+            secure_client(self.sock, keys)
         self.sock.connect(address)
 
     def register(self, name: bytes, token: bytes | None = None) -> list[bytes]:
@@ -150,8 +152,8 @@ class Coordinator:
     """A broker with a worker port (the role of pools.WORKER_ROLE), a real Scheduler and
     registry in shells, and inboxes standing in for the planner, merger and driver."""
 
-    def __init__(self, log_path: Path) -> None:
-        self.port = PeerPort(["tcp://127.0.0.1:0"], allowed=WORKER_ROLE)
+    def __init__(self, log_path: Path, keys=None) -> None:
+        self.port = PeerPort(["tcp://127.0.0.1:0"], allowed=WORKER_ROLE, keys=keys)
         self.bus = ZmqBus(_writer(log_path), peers=(self.port,))
         self.scheduler = Scheduler(2)
         self.crashes: list = []
@@ -180,10 +182,10 @@ class Coordinator:
 class Worker:
     """An honest worker: joins through the registry, answers the leases it is given."""
 
-    def __init__(self, address: str, name: str) -> None:
+    def __init__(self, address: str, name: str, keys=None) -> None:
         self.name = name
         self.inbox = Inbox()
-        self.ep = RemoteEndpoint(address)
+        self.ep = RemoteEndpoint(address, keys=keys)
         self.ep.attach(name, self.inbox)
         self.ep.send(name, "registry", Hello(worker=name, slots=1, heartbeat=0.5))
 
@@ -201,11 +203,25 @@ def _done(lease_id: str, worker: str, score: float = 1.0) -> LeaseDone:
                      results=[RolloutResult(task_id="t0", score=score, calls=1)])
 
 
+def _curve(tmp_path: Path, curve: bool):
+    """(server keys, honest worker's keys, the intruder's keys): with CURVE the intruder
+    holds an authorised key of its own."""
+    if not curve:
+        return None, None, None
+    create_keys(tmp_path / "keys", ["honest", "mallory"])
+    client = [load_client_keys(tmp_path / "keys" / f"{n}.key_secret",
+                               tmp_path / "keys" / "server.key") for n in ("honest", "mallory")]
+    return load_server_keys(tmp_path / "keys"), *client
+
+
+@pytest.mark.parametrize("curve", [False, True], ids=["loopback", "curve"])
 def test_forged_answers_and_control_messages_from_a_peer_never_reach_a_control_machine(
-        tmp_path):
-    c = Coordinator(tmp_path / "run.evolog")
-    honest = Worker(c.address, "w0")
-    raw = Raw(c.address)
+        tmp_path, curve):
+    server, honest_keys, mallory_keys = _curve(tmp_path, curve)
+    c = Coordinator(tmp_path / "run.evolog", keys=server)
+    honest = Worker(c.address, "w0", keys=honest_keys)
+    raw = Raw(c.address, keys=mallory_keys)
+    mallory = "remote:mallory-sock" + (f" key={mallory_keys.public.decode()}" if curve else "")
     try:
         wait_for(lambda: "w0" in c.scheduler.workers, "the honest worker's hello")
         c.bus.send("planner", "scheduler", LeaseBatch(round=0, leases=[
@@ -242,8 +258,8 @@ def test_forged_answers_and_control_messages_from_a_peer_never_reach_a_control_m
         assert [s.scores for s in c.planner.items[0].msg.settled] == [[("t0", 0.25)],
                                                                       [("t1", 0.5)]]
         by_peer = c.bus.stats.rejections.by_peer()
-        assert by_peer == {"remote:mallory-sock": len(port_refused)}
-        assert c.bus.stats.refusals.by_peer() == {"remote:mallory-sock": 2}
+        assert by_peer == {mallory: len(port_refused)}
+        assert c.bus.stats.refusals.by_peer() == {mallory: 2}
     finally:
         raw.close()
         honest.ep.close()
@@ -252,7 +268,7 @@ def test_forged_answers_and_control_messages_from_a_peer_never_reach_a_control_m
     # Scheduler sends exactly what it sent in the run.
     records = read_log(tmp_path / "run.evolog").records
     forged = [r for r in records if r.sender == "mallory"]
-    assert len(forged) == 2 and {r.peer for r in forged} == {"remote:mallory-sock"}
+    assert len(forged) == 2 and {r.peer for r in forged} == {mallory}
     engine = _Replay({"scheduler": Scheduler(2)}, strict=False)
     engine.segment(tmp_path / "run.evolog", records)
     assert engine.divergences == []
@@ -877,3 +893,23 @@ def test_a_branch_answer_is_admitted_only_from_the_worker_its_lease_went_to():
     done = BranchDone(group_id="g", lease_id=lease_id, worker=other, indices=[0], values=[1])
     assert "which went to" in c.admit(other, done)
     assert c.admit(holder, msgspec.structs.replace(done, worker=holder)) is None
+
+
+def test_with_curve_only_the_same_key_moves_a_name_without_its_token(tmp_path):
+    server, honest_keys, mallory_keys = _curve(tmp_path, True)
+    c = Coordinator(tmp_path / "run.evolog", keys=server)
+    first = Raw(c.address, b"rw-first", keys=honest_keys)
+    try:
+        assert first.register(b"w0")[:2] == [b"a", b"w0"]
+        other = Raw(c.address, b"rw-other", keys=mallory_keys)
+        same = Raw(c.address, b"rw-same", keys=honest_keys)
+        try:
+            assert other.register(b"w0")[0] == b"e"    # another authorised key: refused
+            assert same.register(b"w0")[:2] == [b"a", b"w0"]  # the same key: moved
+            assert c.port.routes[b"w0"] == b"rw-same"
+        finally:
+            other.close()
+            same.close()
+    finally:
+        first.close()
+        c.close()
