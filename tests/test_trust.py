@@ -127,8 +127,8 @@ def test_a_record_without_peer_or_status_is_written_as_the_old_five_element_arra
     path = tmp_path / "run.evolog"
     with _writer(path) as w:
         w.append(1, 0.5, "a", "b", b"x")
-        w.append(2, 0.5, "a", "b", b"x", "remote:rw-1")
-        w.append(3, 0.5, "a", "b", b"x", "", UNDELIVERED)
+        w.append(2, 0.5, "a", "b", b"x", peer="remote:rw-1")
+        w.append(3, 0.5, "a", "b", b"x", status=UNDELIVERED)
     data = path.read_bytes()
     old = msgspec.msgpack.encode([1, 0.5, "a", "b", b"x"])
     assert old in data  # byte for byte what the code before peer/status wrote
