@@ -913,3 +913,23 @@ def test_with_curve_only_the_same_key_moves_a_name_without_its_token(tmp_path):
     finally:
         first.close()
         c.close()
+
+
+def _ten_megabytes(i):
+    return b"x" * (10 * 1024 * 1024)
+
+
+@pytest.mark.parametrize("bus", ["zmq", "memory"])
+def test_results_that_together_pass_the_frame_limit_fail_the_branch_that_tips_them(bus):
+    from actors.errors import ResultTooLarge
+    from actors.groups import run_group
+
+    outcome = run_group(_ten_megabytes, [0, 1, 2], max_concurrency=1, max_items=3, bus=bus,
+                        chunk=1)
+    assert outcome.status == "failed" and outcome.error_branch == 1
+    assert isinstance(outcome.error, ResultTooLarge)
+    assert "with the result of branch 1 the group's results would take" in str(outcome.error)
+    assert outcome.finished == [0] and 1 in outcome.failed and 1 not in outcome.finished
+    everyone = sorted(outcome.finished + outcome.failed + outcome.never_started
+                      + outcome.cancelled)
+    assert everyone == [0, 1, 2]  # each branch in exactly one place

@@ -39,7 +39,8 @@ from actors.errors import ConfigError, RunFailed
 from actors.runtime.shell import teller
 from bus.base import MAX_FRAME_BYTES, Delivery
 from protocol import GroupCancel, GroupResult, GroupStart, GroupSuspended, Ref, Tick, UserInputs
-from actors.errors import BranchError, BudgetExhausted, HostLimitExceeded, ResumeRefused
+from actors.errors import (BranchError, BudgetExhausted, HostLimitExceeded, ResultTooLarge,
+                           ResumeRefused)
 from actors.groups.limits import (CANCEL_DEADLINE_S, MAX_RESULT_BYTES, TICK_S, Budgets, Consumed,
                                   HostLimits, _Ledger, _positive)
 from actors.groups.checkpoint import (EffectLog, GroupCheckpoint, _write_checkpoint,
@@ -556,7 +557,7 @@ def _error_of(host: _Host, msg: GroupResult) -> BaseException:
     if msg.error_branch is not None and msg.error_branch in host.errors:
         return host.errors[msg.error_branch]
     kinds = {"BudgetExhausted": BudgetExhausted, "HostLimitExceeded": HostLimitExceeded,
-             "ResumeRefused": ResumeRefused}
+             "ResumeRefused": ResumeRefused, "ResultsTooLarge": ResultTooLarge}
     return kinds.get(msg.error_type, BranchError)(
         f"{msg.error_type}: {msg.error}" if msg.error_type not in kinds else msg.error)
 
