@@ -40,7 +40,7 @@ from actors.runtime.clock import Ticker
 from actors.addresses import SCHEDULER as _S
 from bus.remote import PeerPort, bind_refusal
 from bus.security import load_server_keys
-from actors.workers.remote import process_main
+from actors.workers.remote import EXIT_STOPPED, process_main
 
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,7 @@ class ProcessPool:
         self.procs: list = []
         self.respawns = n * PROCESS_RESPAWNS if respawns is None else respawns
         self.respawned = 0
+        self.stopped = False  # a worker left on the run's Stop: the run is ending
         self.deaths: list[tuple[str, int]] = []  # (worker name, exit code), in order
         self._live: dict[str, Any] = {}          # worker name -> its current process
 
@@ -109,6 +110,9 @@ class ProcessPool:
             if proc.exitcode is None:
                 continue
             del self._live[name]
+            if proc.exitcode == EXIT_STOPPED:
+                self.stopped = True  # it left when told to (the run's Stop): not a death
+                continue
             self.deaths.append((name, proc.exitcode))
             if self.respawned >= self.respawns:
                 continue
@@ -193,7 +197,7 @@ class RemoteWorkers:
         if self.pool is None:
             return
         self.pool.respawn_dead()
-        if self.pool.alive() or self.local or self.remote:
+        if self.pool.alive() or self.pool.stopped or self.local or self.remote:
             return
         deaths = ", ".join(f"{name} (exit {code})" for name, code in self.pool.deaths)
         where = f"; resume it with `evobus resume {rt.log_path}`" if rt.log_path else ""
