@@ -933,3 +933,19 @@ def test_results_that_together_pass_the_frame_limit_fail_the_branch_that_tips_th
     everyone = sorted(outcome.finished + outcome.failed + outcome.never_started
                       + outcome.cancelled)
     assert everyone == [0, 1, 2]  # each branch in exactly one place
+
+
+def test_evobus_inspect_shows_who_sent_a_frame_and_what_was_never_delivered(tmp_path, capsys):
+    from actors.cli.main import main
+
+    path = tmp_path / "run.evolog"
+    with _writer(path) as w:
+        w.append(1, 0.1, "w0", "scheduler", encode(Heartbeat(worker="w0")),
+                 peer="remote:rw-1 key=abc")
+        w.append(2, 0.2, "scheduler", "w0", encode(Stop(reason="bye")), status=UNDELIVERED)
+        w.append(3, 0.3, "driver", "scheduler", encode(Tick(elapsed=0.3)))
+    assert main(["inspect", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].endswith("[from remote:rw-1 key=abc]")
+    assert lines[2].endswith("(undelivered)")
+    assert "[from" not in lines[3] and "undelivered" not in lines[3]
