@@ -949,3 +949,27 @@ def test_evobus_inspect_shows_who_sent_a_frame_and_what_was_never_delivered(tmp_
     assert lines[1].endswith("[from remote:rw-1 key=abc]")
     assert lines[2].endswith("(undelivered)")
     assert "[from" not in lines[3] and "undelivered" not in lines[3]
+
+
+def test_the_scheduler_admits_an_answer_only_from_a_holder_and_only_as_its_lease_was():
+    s = Scheduler(2)
+    s.handle(Hello(worker="w0"))
+    s.handle(Hello(worker="w1"))
+    s.handle(LeaseBatch(round=0, leases=[Lease(lease_id="r0.u0", round=0, task_ids=["t0"]),
+                                         Lease(lease_id="r0.u1", round=0, unit=1,
+                                               task_ids=["t1"])]))
+    holder = s.holder["r0.u0"]
+    other = "w1" if holder == "w0" else "w0"
+    done = LeaseDone(lease_id="r0.u0", worker=holder, round=0,
+                     results=[RolloutResult(task_id="t0", score=0.5, calls=1)])
+    assert s.admit(holder, done) is None
+    assert "it does not hold (held by another worker)" in s.admit(
+        other, msgspec.structs.replace(done, worker=other))
+    assert "names worker" in s.admit(other, done)                  # as someone else
+    assert "gives its round, kind, unit and section as (5," in s.admit(
+        holder, msgspec.structs.replace(done, round=5))             # another round
+    assert "not a known worker" in s.admit("mallory", msgspec.structs.replace(
+        done, lease_id="r9.u9", worker="mallory"))                  # a guessed id
+    s.handle(done)
+    late = msgspec.structs.replace(done)
+    assert s.admit(holder, late) is None  # late or duplicate: handle drops and counts it

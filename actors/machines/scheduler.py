@@ -134,12 +134,18 @@ class Scheduler:
         if msg.worker != sender:
             return (f"a LeaseDone for {msg.lease_id!r} that names worker {msg.worker!r}, "
                     f"sent by {sender!r}")
-        if msg.lease_id in self.leases:
-            if sender in self.given_to.get(msg.lease_id, ()):
-                return None
-            state = "still queued (never dispatched)" if msg.lease_id not in self.holder \
-                else "held by another worker"
-            return f"an answer for lease {msg.lease_id!r} it does not hold ({state})"
+        lease = self.leases.get(msg.lease_id)
+        if lease is not None:
+            if sender not in self.given_to.get(msg.lease_id, ()):
+                state = "still queued (never dispatched)" if msg.lease_id not in self.holder \
+                    else "held by another worker"
+                return f"an answer for lease {msg.lease_id!r} it does not hold ({state})"
+            said = (msg.round, msg.kind, msg.unit, msg.section)
+            known = (lease.round, lease.kind, lease.unit, lease.section)
+            if said != known:
+                return (f"an answer for lease {msg.lease_id!r} that gives its round, kind, "
+                        f"unit and section as {said}, where the lease has {known}")
+            return None
         if sender in self.workers or sender in self.lost or sender in self.last_seen:
             return None
         return f"an answer for lease {msg.lease_id!r} from {sender!r}, not a known worker"
