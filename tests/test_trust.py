@@ -66,9 +66,15 @@ class Raw:
         self.sock.connect(address)
 
     def register(self, name: bytes, token: bytes | None = None) -> list[bytes]:
+        """The broker's answer to registering ``name`` ([a, name, token] or [e, name,
+        why]), past any delivery that was on its way to this peer first."""
         self.sock.send_multipart([b"A", name] + ([token] if token else []))
-        assert self.sock.poll(int(WAIT_S * 1000)), "no answer to a registration"
-        return self.sock.recv_multipart()
+        for _ in range(100):
+            assert self.sock.poll(int(WAIT_S * 1000)), "no answer to a registration"
+            frames = self.sock.recv_multipart()
+            if frames[0] in (b"a", b"e") and frames[1] == name:
+                return frames
+        raise AssertionError(f"no answer to registering {name!r} among 100 frames")
 
     def send(self, sender: str, receiver: str, msg) -> None:
         self.sock.send(envelope(sender.encode(), receiver.encode(), encode(msg)))
