@@ -78,6 +78,11 @@ class Rejections:
                               "logged again at %d)", self._what, peer, why, n, n * 10)
         return n
 
+    def summary(self, top: int = 5) -> str:
+        """The ``top`` (peer, reason) pairs by count, one per line ("" when none)."""
+        pairs = sorted(self.counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+        return "\n".join(f"  {n} from {peer}: {reason}" for (peer, reason), n in pairs)
+
     def by_peer(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for (peer, _), n in list(self.counts.items()):

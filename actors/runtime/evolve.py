@@ -389,6 +389,11 @@ def _drive(rt: Runtime, t0: float, max_seconds, asynchronous: bool, remote,
 def _counters(rt: Runtime, done: RunDone, remote) -> tuple[dict[str, int], dict[str, float]]:
     """The bus's and the Scheduler's counters, read once the run is done."""
     bus_stats = rt.bus.stats.as_dict()
+    for what, counted in (("frames refused at the bus", rt.bus.stats.rejections),
+                          ("messages refused by a control actor", rt.bus.stats.refusals)):
+        if counted.counts:  # said once at the end, by peer and reason (docs/remote.md)
+            log.warning("%d %s, the most frequent:\n%s", counted.total(), what,
+                        counted.summary())
     scheduler = rt.machines[SCHEDULER]
     bus_stats["duplicates_dropped"] = scheduler.duplicates_dropped
     bus_stats["peak_running"] = scheduler.peak_running
