@@ -280,6 +280,11 @@ def test_forged_answers_and_control_messages_from_a_peer_never_reach_a_control_m
     assert engine.divergences == []
     report = engine.tracks["scheduler"].report
     assert report.refused == 2 and report.matched > 0
+    from actors.replay.report import ReplayReport
+
+    text = ReplayReport(path=tmp_path, segments=[], records=len(records),
+                        actors={"scheduler": report}).format()
+    assert "(2 refused)" in text  # what `evobus replay` prints
 
 
 def test_a_peer_cannot_take_a_registered_workers_name_without_its_token(tmp_path):

@@ -104,6 +104,7 @@ class ReplayReport:
     def format(self, verbose: bool = False) -> str:
         lines = [self.summary_line()]
         per = ", ".join(f"{name} {a.inputs} in / {a.matched} out"
+                        + (f" ({a.refused} refused)" if a.refused else "")
                         for name, a in self.actors.items())
         if per:
             lines.append(f"  actors: {per}")
