@@ -984,3 +984,16 @@ def test_the_scheduler_admits_an_answer_only_from_a_holder_and_only_as_its_lease
     s.handle(done)
     late = msgspec.structs.replace(done)
     assert s.admit(holder, late) is None  # late or duplicate: handle drops and counts it
+
+
+@pytest.mark.parametrize("bus", ["zmq", "memory"])
+def test_a_pause_whose_journal_would_not_fit_a_message_fails_its_branch(bus, tmp_path):
+    from actors.errors import ResultTooLarge
+    from actors.groups import run_group
+    from trust_groups import big_effect_then_ask
+
+    outcome = run_group(big_effect_then_ask, [0], max_concurrency=1, max_items=1, bus=bus,
+                        checkpoint=tmp_path / "g.ckpt")
+    assert outcome.status == "failed" and outcome.error_branch == 0
+    assert isinstance(outcome.error, ResultTooLarge)
+    assert "branch 0 paused with its journal and question taking" in str(outcome.error)

@@ -69,3 +69,9 @@ def counted_quiet(i, ctx):
     ctx.effect("count", _count, os.environ["EVOBUS_TEST_COUNT"], i)
     _hold(i)
     return i * 10
+
+
+def big_effect_then_ask(i, ctx):
+    """An effect returning 20 MB, then a question: the pause would not fit a message."""
+    ctx.effect("fetch", lambda: b"x" * (20 * 1024 * 1024))
+    return ctx.ask("and now?")

@@ -289,6 +289,20 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
             f"{MAX_RESULT_BYTES} one message may carry: return something smaller (an id, a "
             "path to a file) and keep the bulk elsewhere")
 
+    def _journal_fits(self, suspended, nbytes: int):
+        """(failed, suspended) for a branch that paused: as it was, or, when its journal
+        (answers, effect results) and question would not fit one message with the
+        lease's results, failed by name instead (else the message would be lost)."""
+        index, suspend = suspended
+        size = len(_encoder.encode([suspend.journal, suspend.pending]))
+        if nbytes + size <= MAX_RESULT_BYTES:
+            return None, suspended
+        error = ResultTooLarge(
+            f"branch {index} paused with its journal and question taking {size} bytes "
+            f"encoded, over the {MAX_RESULT_BYTES} one message may carry: have effects "
+            "return something smaller (an id, a path to a file)")
+        return (index, error, self.host.fail(index, error)), None
+
     def _answer(self, lease: Branch, done, values, cancelled, effects, *, unstarted, t0,
                 failed=None, suspended=None) -> None:
         try:
@@ -310,6 +324,8 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
             return self._answer(lease, done[:k] + done[k + 1:], values[:k] + values[k + 1:],
                                 cancelled, effects, unstarted=unstarted, t0=t0,
                                 failed=failed, suspended=suspended)
+        if suspended is not None and failed is None:
+            failed, suspended = self._journal_fits(suspended, nbytes)
         common = dict(group_id=lease.group_id, lease_id=lease.lease_id, worker=self.name,
                       indices=done, values=values, cancelled=cancelled, unstarted=unstarted,
                       effects=effects, nbytes=nbytes)
