@@ -603,20 +603,7 @@ def _read_header(path: Path, f: BinaryIO) -> tuple[LogHeader, _Format, int]:
     payload = f.read(length)
     end = _PREFIX_LEN + _FRAME_LEN + len(payload)
     if len(payload) < length or zlib.crc32(payload) != crc:
-        if len(payload) < length:
-            what = (f"the header frame declares {length} bytes but the file holds "
-                    f"{len(payload)} after it")
-        else:
-            what = (f"the header's checksum does not match (stored {crc:#010x}, computed "
-                    f"{zlib.crc32(payload):#010x})")
-        intact = _records_after_damaged_header(payload + f.read(_READ_CHUNK * 16), fmt)
-        if not intact and len(payload) < length:
-            raise LogCorrupt(path, end, None, reason=_torn_header(end))
-        if intact:
-            what += (f", yet about {intact} intact record(s) follow: the header is "
-                     "damaged, not torn (a crash cannot do that); restore the file from a "
-                     "copy")
-        raise LogCorrupt(path, _PREFIX_LEN, None, reason=what)
+        raise _damaged_header(path, f, payload, length, crc, fmt, end)
     try:
         header = fmt.decode_header(payload)
     except msgspec.DecodeError as e:  # reported as corruption, with the decoder's words
@@ -627,6 +614,25 @@ def _read_header(path: Path, f: BinaryIO) -> tuple[LogHeader, _Format, int]:
                          reason=f"the file's version byte says format version {version} but "
                                 f"its header says {header.format_version}")
     return header, fmt, end
+
+
+def _damaged_header(path: Path, f: BinaryIO, payload: bytes, length: int, crc: int,
+                    fmt: _Format, end: int) -> LogCorrupt:
+    """What is wrong with a header frame that does not check out: torn (the file ends
+    inside it, nothing recorded) or damaged (a changed byte, records after it)."""
+    if len(payload) < length:
+        what = (f"the header frame declares {length} bytes but the file holds "
+                f"{len(payload)} after it")
+    else:
+        what = (f"the header's checksum does not match (stored {crc:#010x}, computed "
+                f"{zlib.crc32(payload):#010x})")
+    intact = _records_after_damaged_header(payload + f.read(_READ_CHUNK * 16), fmt)
+    if not intact and len(payload) < length:
+        return LogCorrupt(path, end, None, reason=_torn_header(end))
+    if intact:
+        what += (f", yet about {intact} intact record(s) follow: the header is damaged, "
+                 "not torn (a crash cannot do that); restore the file from a copy")
+    return LogCorrupt(path, _PREFIX_LEN, None, reason=what)
 
 
 def _records_after_damaged_header(rest: bytes, fmt: _Format) -> int:

@@ -196,23 +196,26 @@ def resume_group(checkpoint: str | os.PathLike, *, target=None,
                      inputs=UserInputs(group_id=ckpt.group_id, answers=user_inputs,
                                        approvals=approvals, principal=principal))
         outcome = _execute(plan)
-        if outcome.status == "completed":
-            # The checkpoint is spent: a second resume of it is refused, by name.
-            used = [*ckpt.used_ids, *user_inputs, *approvals]
-            _write_checkpoint(path, msgspec.structs.replace(
-                ckpt, status=outcome.status, pending=[], used_ids=used,
-                consumed=outcome.consumed, store=outcome.store, effects=outcome.effects,
-                written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
-            EffectLog(path).remove()   # nothing is left to replay
-        elif outcome.status == "failed":
-            # A failed resume does not spend the checkpoint (a retry with fixed code or
-            # other answers may resume it); what it consumed stays consumed.
-            _write_checkpoint(path, msgspec.structs.replace(
-                ckpt, consumed=outcome.consumed,
-                written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
-        # A new pause rewrote the file in _outcome already.
+        _after_resume(path, ckpt, outcome, [*ckpt.used_ids, *user_inputs, *approvals])
     # Finished results from before the pause are part of the join.
     return outcome
+
+
+def _after_resume(path: Path, ckpt, outcome: GroupOutcome, used: list[str]) -> None:
+    """The checkpoint once a resume ended: spent when the group completed (a second
+    resume is refused, by name); kept resumable when it failed (a retry with fixed code
+    or other answers may resume it), with what it consumed recorded. A new pause
+    rewrote the file in _outcome already."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    if outcome.status == "completed":
+        _write_checkpoint(path, msgspec.structs.replace(
+            ckpt, status=outcome.status, pending=[], used_ids=used,
+            consumed=outcome.consumed, store=outcome.store, effects=outcome.effects,
+            written_at=now))
+        EffectLog(path).remove()   # nothing is left to replay
+    elif outcome.status == "failed":
+        _write_checkpoint(path, msgspec.structs.replace(ckpt, consumed=outcome.consumed,
+                                                        written_at=now))
 
 
 def _restart(path: Path, ckpt, target, user_inputs, approvals, options) -> GroupOutcome:
