@@ -997,3 +997,48 @@ def test_a_pause_whose_journal_would_not_fit_a_message_fails_its_branch(bus, tmp
     assert outcome.status == "failed" and outcome.error_branch == 0
     assert isinstance(outcome.error, ResultTooLarge)
     assert "branch 0 paused with its journal and question taking" in str(outcome.error)
+
+
+@pytest.mark.slow
+def test_a_run_whose_every_remote_worker_is_lost_stops_after_wait_seconds(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from actors.errors import RunFailed
+    from actors.runtime.launch import run_scenario
+    from protocol.scenario import parse_scenario
+    from test_remote import env_with, free_port, scenario_text
+
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    text = scenario_text(f'local = 0\nremote = 1\nbind = "{addr}"').replace(
+        "wait_seconds = 30", "wait_seconds = 2")
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "actors.cli", "worker", "--connect", addr, "--id", "w0",
+         "--allow", "tests.remote_domain", "--allow", "scenarios", "--give-up", "30"],
+        cwd=ROOT.parent, env=env_with(EVOBUS_TEST_GATE=gate), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+
+    def kill_mid_lease() -> None:
+        wait_for(lambda: list(gate.glob("started-*")), "the worker mid-lease", 60)
+        os.kill(worker.pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_mid_lease, daemon=True)
+    killer.start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(RunFailed) as err:
+            run_scenario(parse_scenario(text))
+        assert time.monotonic() - started < 60
+    finally:
+        killer.join(5)
+        if worker.poll() is None:
+            worker.kill()
+        worker.wait(10)
+    message = str(err.value)
+    assert "no worker has been registered for" in message and "(wait_seconds = 2)" in message
+    assert "workers presumed lost: w0" in message

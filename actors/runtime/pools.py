@@ -171,6 +171,7 @@ class RemoteWorkers:
     joined: dict[str, Hello] = dataclasses.field(default_factory=dict)
     refused: dict[str, str] = dataclasses.field(default_factory=dict)
     _ticker: Ticker | None = None
+    _alone_since: float | None = None  # since when no worker is registered (monotonic)
 
     @property
     def expected(self) -> int:
@@ -193,7 +194,9 @@ class RemoteWorkers:
     def supervise(self, rt) -> None:
         """Between the driver's messages: replace process workers that died; stop the
         run (RunFailed) once none is left alive, no respawn remains and no other worker
-        could take the work, rather than wait for one forever."""
+        could take the work, or once no worker at all has been registered for
+        ``wait_seconds`` while work waits, rather than wait for one forever."""
+        self._unattended(rt, time.monotonic())
         if self.pool is None:
             return
         self.pool.respawn_dead()
@@ -206,6 +209,28 @@ class RemoteWorkers:
             f"(PROCESS_RESPAWNS = {PROCESS_RESPAWNS} per worker) are spent: {deaths}. The "
             f"run stopped instead of waiting for a worker; fix what kills them (see their "
             f"stderr above){where}")
+
+    def _unattended(self, rt, now: float) -> None:
+        """Work waits and the Scheduler has no worker (every one presumed lost): allowed
+        for ``wait_seconds`` (a worker reconnecting, a respawn joining), then RunFailed.
+        The Scheduler's tables are read between messages, as the progress display does."""
+        scheduler = rt.machines[SCHEDULER]
+        if scheduler.workers or scheduler.shut or not scheduler.leases:
+            self._alone_since = None
+            return
+        if self._alone_since is None:
+            self._alone_since = now
+            return
+        if now - self._alone_since <= self.wait_seconds:
+            return
+        where = (f"; once workers can connect, resume it with `evobus resume {rt.log_path}`"
+                 if rt.log_path else "")
+        lost = ", ".join(sorted(scheduler.lost)) or "none"
+        raise RunFailed(
+            f"no worker has been registered for {now - self._alone_since:.1f} s "
+            f"(wait_seconds = {self.wait_seconds:g}) while {len(scheduler.leases)} lease(s) "
+            f"wait; workers presumed lost: {lost}. The run stopped instead of waiting "
+            f"forever{where}")
 
     def start(self, rt, t0: float) -> None:
         """Start the registry and the process workers; wait for every expected worker."""
