@@ -90,6 +90,15 @@ class HostLimitExceeded(GroupError):
     """A host limit refuses the request (a group nested deeper than ``max_depth``)."""
 
 
+class EffectInDoubt(GroupError):
+    """An effect started before its group stopped (a crash) and its result was never
+    recorded: it may have run, so it is not run again; its branch fails."""
+
+
+class ResultTooLarge(GroupError):
+    """A branch's result is larger than one message may carry: that branch fails."""
+
+
 class BranchError(GroupError):
     """A branch's error known only by its text (it was raised where the object could not
     travel back, e.g. in another process)."""

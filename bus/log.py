@@ -17,6 +17,13 @@ The magic and the version byte never change; everything after them is defined by
 version. In version 1 the header payload is a msgpack map (`LogHeader`) and each record
 payload a msgpack array ``[seq, t, sender, receiver, body]`` (`Record`), where ``t`` is
 seconds since the run started on the monotonic clock and ``body`` the encoded message.
+Two trailing elements were added later, each with a default, so logs written before
+them read unchanged (and older readers skip them): ``peer``, the authenticated identity
+of the process that sent the frame (a worker in another process: its ZeroMQ routing
+identity, plus ``key=`` its CURVE public key when CURVE is on; ``""`` for the
+coordinator's own actors), and ``status`` (`DELIVERED`, or `UNDELIVERED`: the broker
+stamped the message but could not hand it to its receiver, a stopped or gone peer). A
+record that needs neither is still written as the 5-element array.
 Old versions stay readable: `_FORMATS` maps every version this code has ever written
 to its decoders, and a file newer than this code is refused by name.
 
@@ -78,9 +85,11 @@ import msgspec
 
 __all__ = [
     "FORMAT_VERSION",
+    "DELIVERED",
     "FLUSH_EVERY_S",
     "FSYNC_POLICIES",
     "MAGIC",
+    "UNDELIVERED",
     "LogContents",
     "LogCorrupt",
     "LogExists",
@@ -103,6 +112,11 @@ FORMAT_VERSION = 1
 FSYNC_POLICIES = ("always", "batched", "never")
 #: How a torn-tail warning says to repair the file (the CLI says its own verb instead).
 REPAIR_HINT = "read_log(path, repair=True) truncates the file there"
+#: ``Record.status``: handed to its receiver.
+DELIVERED = 0
+#: ``Record.status``: stamped, but the receiver could not take it (a peer that stopped
+#: reading or left); it is in the log so that replay sees what the sender sent.
+UNDELIVERED = 1
 
 _PREFIX_LEN = len(MAGIC) + 1
 # Every frame: u32 payload length, u32 crc32 of the payload. Built once, reused.
@@ -144,6 +158,19 @@ class Record(msgspec.Struct, frozen=True, array_like=True, gc=False):
     sender: str
     receiver: str
     body: bytes  # the encoded message; decoding it is the caller's job
+    peer: str = ""  # the sending process's authenticated identity ("": the coordinator)
+    status: int = DELIVERED  # or UNDELIVERED
+
+
+class _Record5(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A `Record` with neither peer nor status, written as the original 5-element array
+    (msgspec writes every field of an array-like struct, defaults included)."""
+
+    seq: int
+    t: float
+    sender: str
+    receiver: str
+    body: bytes
 
 
 class LogContents(msgspec.Struct, frozen=True, kw_only=True):
@@ -207,17 +234,16 @@ class _Format(NamedTuple):
 
     decode_header: Callable[[memoryview], LogHeader]
     decode_record: Callable[[memoryview], Record]
-    # Byte every record payload starts with (v1: msgpack fixarray of 5, 0x95). Used only
-    # to skip quickly through damage when looking for a valid record after it; b""
-    # would mean "try every offset".
-    record_marker: bytes
+    # Bytes a record payload starts with (v1: a msgpack fixarray of 5, 6 or 7 elements).
+    # Used only to skip quickly through damage when looking for a valid record after it.
+    record_markers: tuple[bytes, ...]
 
 
 _FORMATS: dict[int, _Format] = {
     1: _Format(
         decode_header=msgspec.msgpack.Decoder(LogHeader).decode,
         decode_record=msgspec.msgpack.Decoder(Record).decode,
-        record_marker=b"\x95",
+        record_markers=(b"\x95", b"\x96", b"\x97"),
     ),
 }
 
@@ -302,15 +328,22 @@ class LogWriter:
         self._write = self._file.write
 
     def append(self, seq: int, t: float, sender: str, receiver: str, body: bytes,
-               sync: bool = False) -> None:
+               sync: bool = False, *, peer: str = "", status: int = DELIVERED) -> None:
         """Append one record; durable according to the fsync policy. ``sync``: flush
-        and fsync (unless "never") at the next `flush_if_due`."""
+        and fsync (unless "never") at the next `flush_if_due`. ``peer`` and ``status``:
+        see `Record` (a record with neither is written as the 5-element array)."""
         if self._closed:
             raise ValueError(f"LogWriter for {self.path} is closed: cannot append seq {seq}")
         if (type(seq) is not int or type(t) is not float or type(sender) is not str
                 or type(receiver) is not str or type(body) is not bytes):
             seq, t, sender, receiver, body = _coerce_record(seq, t, sender, receiver, body)
-        payload = self._encode(Record(seq, t, sender, receiver, body))
+        if peer or status:
+            if type(peer) is not str or status not in (DELIVERED, UNDELIVERED):
+                raise TypeError(f"LogWriter.append: peer must be a str and status "
+                                f"DELIVERED or UNDELIVERED, got {peer!r}, {status!r}")
+            payload = self._encode(Record(seq, t, sender, receiver, body, peer, status))
+        else:
+            payload = self._encode(_Record5(seq, t, sender, receiver, body))
         if len(payload) > _MAX_PAYLOAD:
             raise ValueError(f"record seq {seq} is {len(payload)} bytes; a log record holds "
                              f"at most {_MAX_PAYLOAD} bytes")
@@ -569,12 +602,8 @@ def _read_header(path: Path, f: BinaryIO) -> tuple[LogHeader, _Format, int]:
     length, crc = _FRAME.unpack(frame)
     payload = f.read(length)
     end = _PREFIX_LEN + _FRAME_LEN + len(payload)
-    if len(payload) < length:
-        raise LogCorrupt(path, end, None, reason=_torn_header(end))
-    if zlib.crc32(payload) != crc:
-        raise LogCorrupt(path, _PREFIX_LEN, None,
-                         reason=f"the header's checksum does not match (stored {crc:#010x}, "
-                                f"computed {zlib.crc32(payload):#010x})")
+    if len(payload) < length or zlib.crc32(payload) != crc:
+        raise _damaged_header(path, f, payload, length, crc, fmt, end)
     try:
         header = fmt.decode_header(payload)
     except msgspec.DecodeError as e:  # reported as corruption, with the decoder's words
@@ -585,6 +614,35 @@ def _read_header(path: Path, f: BinaryIO) -> tuple[LogHeader, _Format, int]:
                          reason=f"the file's version byte says format version {version} but "
                                 f"its header says {header.format_version}")
     return header, fmt, end
+
+
+def _damaged_header(path: Path, f: BinaryIO, payload: bytes, length: int, crc: int,
+                    fmt: _Format, end: int) -> LogCorrupt:
+    """What is wrong with a header frame that does not check out: torn (the file ends
+    inside it, nothing recorded) or damaged (a changed byte, records after it)."""
+    if len(payload) < length:
+        what = (f"the header frame declares {length} bytes but the file holds "
+                f"{len(payload)} after it")
+    else:
+        what = (f"the header's checksum does not match (stored {crc:#010x}, computed "
+                f"{zlib.crc32(payload):#010x})")
+    intact = _records_after_damaged_header(payload + f.read(_READ_CHUNK * 16), fmt)
+    if not intact and len(payload) < length:
+        return LogCorrupt(path, end, None, reason=_torn_header(end))
+    if intact:
+        what += (f", yet about {intact} intact record(s) follow: the header is damaged, "
+                 "not torn (a crash cannot do that); restore the file from a copy")
+    return LogCorrupt(path, _PREFIX_LEN, None, reason=what)
+
+
+def _records_after_damaged_header(rest: bytes, fmt: _Format) -> int:
+    """How many valid records follow a header frame that does not check out (0: none,
+    so the file really ends inside its header). ``rest``: the bytes after the frame."""
+    found = _find_valid_record(rest, -1, fmt)
+    if found is None:
+        return 0
+    records, _, _ = _parse(rest, found, fmt.decode_record)
+    return len(records)
 
 
 def _torn_header(size: int) -> str:
@@ -671,8 +729,7 @@ def _find_valid_record(data: bytes, pos: int, fmt: _Format) -> int | None:
     """
     view = memoryview(data)
     end = len(data)
-    marker = fmt.record_marker
-    i = data.find(marker, pos + 1 + _FRAME_LEN)  # i: where a candidate's payload starts
+    i = _find_marker(data, fmt.record_markers, pos + 1 + _FRAME_LEN)  # a payload's start
     while i >= 0:
         length, crc = _FRAME.unpack_from(data, i - _FRAME_LEN)
         stop = i + length
@@ -683,8 +740,14 @@ def _find_valid_record(data: bytes, pos: int, fmt: _Format) -> int | None:
                 pass
             else:
                 return i - _FRAME_LEN
-        i = data.find(marker, i + 1)
+        i = _find_marker(data, fmt.record_markers, i + 1)
     return None
+
+
+def _find_marker(data: bytes, markers: tuple[bytes, ...], start: int) -> int:
+    """The first offset at or after ``start`` where one of ``markers`` begins (-1: none)."""
+    found = [i for i in (data.find(m, start) for m in markers) if i >= 0]
+    return min(found) if found else -1
 
 
 def _count_frames(data: bytes, pos: int) -> int:

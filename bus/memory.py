@@ -15,6 +15,7 @@ import threading
 import msgspec
 
 from bus.base import MAX_FRAME_BYTES, BusStats, Deliver, Delivery, RunClock
+from bus.log import UNDELIVERED
 from protocol import Message, decode, encode
 
 log = logging.getLogger(__name__)
@@ -97,13 +98,18 @@ class InMemoryBus:
             self.stats.reject(sender, f"does not decode: {exc}")
             return
         deliver = self._routes.get(receiver)
-        if deliver is None:
-            self.stats.unroutable += 1
-            if not self._closing:
-                    log.warning("bus: no actor named %r (message %s from %r)", receiver,
-                            type(msg).__name__, sender)
-            return
         self._seq += 1
+        if deliver is None:
+            # Stamped and logged as undelivered, as the broker does (bus/zmq_bus.py).
+            self.stats.unroutable += 1
+            self.stats.undelivered += 1
+            if not self._closing:
+                log.warning("bus: no actor named %r (message %s from %r)", receiver,
+                            type(msg).__name__, sender)
+            if self._log is not None:
+                self._log.append(self._seq, self._clock(), sender, receiver, body,
+                                 status=UNDELIVERED)
+            return
         if self._log is not None:
             self._log.append(self._seq, self._clock(), sender, receiver, body,
                              type(msg) in self._sync_on)

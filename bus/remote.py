@@ -6,8 +6,12 @@ by one I/O thread. The broker meets it on a :class:`PeerPort`: a ROUTER of its o
 CURVE when keys are configured, and a stricter frame policy than the in-process
 endpoints get. Frames (after the ROUTER's identity frame)::
 
-    peer -> broker  [b"A", name]                 register a name (answered [b"a", name],
-                                                 or [b"e", name, why] when refused)
+    peer -> broker  [b"A", name(, token)]        register a name (answered [b"a", name,
+                                                 token], or [b"e", name, why] when
+                                                 refused); a name another connection
+                                                 holds moves only with the token its
+                                                 first registration was given (or, with
+                                                 CURVE, from the same public key)
                     [b"D", name]                 forget a name this peer registered
                     [envelope]                   a message, sent as a name it registered:
                                                  b"m", sender, receiver, body in one frame
@@ -16,18 +20,26 @@ endpoints get. Frames (after the ROUTER's identity frame)::
                     [b"P"]                       ping (answered [b"p"])
     broker -> peer  [delivery]                   a message: b"d", seq, sender, receiver,
                                                  body in one frame (bus.frames.delivery)
-                    [b"a", name], [b"e", name, why], [b"p"]
+                    [b"a", name, token], [b"e", name, why], [b"p"]
 
 One frame per message: every frame is a send and a receive through pyzmq, each of
 which gives up and takes back the interpreter lock, and a worker process may host
 many workers.
 
-Policy at the port (every refusal is counted in ``BusStats.rejected_frames`` with the
-peer's identity): a message or ping from a peer that registered no name, or sent as a
-name it did not register, is refused; a name held by an actor of the coordinator's own
-process cannot be taken over; messages may only go to ``receivers`` (the scheduler and
-the registry); a peer registers at most ``MAX_NAMES_PER_PEER`` names; bodies that do not
-decode are refused. ZeroMQ itself drops frames over the size limit (``MAXMSGSIZE``) by
+Policy at the port (every refusal is counted in ``BusStats.rejected_frames``, per peer
+and reason, and logged rate-limited: bus.base.Rejections): a message or ping from a peer
+that registered no name, or sent as a name it did not register, is refused; a name held
+by an actor of the coordinator's own process, or by a peer of another port, cannot be
+taken over, nor a name another connection of this port holds without its token; a
+message may only go to a receiver of ``allowed`` and only be of the types allowed there
+(a worker's role: answers and heartbeats to the scheduler, join, hello and refusal to
+the registry; never a control message); a message that names a worker (``worker=``)
+must name the sender; a peer registers at most ``MAX_NAMES_PER_PEER`` names; bodies
+that do not decode are refused. A refused frame reaches no actor and is not logged.
+
+Every frame the port lets through is stamped with the peer's identity (its ZeroMQ
+routing identity; with CURVE also ``key=`` its public key, as the ZAP handler
+authenticated it) and the log records it (``Record.peer``). ZeroMQ itself drops frames over the size limit (``MAXMSGSIZE``) by
 disconnecting the peer, and with CURVE a peer without an authorised key never completes
 its handshake.
 
@@ -47,11 +59,12 @@ from __future__ import annotations
 import collections
 import logging
 import re
+import secrets
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import msgspec
 import zmq
@@ -110,6 +123,7 @@ class PeerPort:
 
     def __init__(self, binds: Iterable[str], *, keys: ServerKeys | None = None,
                  insecure: bool = False, receivers: Iterable[str] | None = None,
+                 allowed: Mapping[str, tuple[type, ...]] | None = None,
                  label: str = "remote") -> None:
         self.binds = list(binds)
         for addr in self.binds:
@@ -118,10 +132,22 @@ class PeerPort:
                 raise ValueError(refusal)
         self.keys = keys
         self.insecure = insecure
-        self.receivers = None if receivers is None else {r.encode() for r in receivers}
+        # ``allowed``: receiver -> the message types a peer may send it (a worker's role);
+        # ``receivers`` alone allows any type to those names (tests of the wire).
+        if allowed is not None:
+            self.allowed: dict[bytes, tuple[type, ...]] | None = {
+                r.encode(): tuple(types) for r, types in allowed.items()}
+            self.receivers: set[bytes] | None = set(self.allowed)
+        else:
+            self.allowed = None
+            self.receivers = None if receivers is None else {r.encode() for r in receivers}
         self.label = label
         self.routes: dict[bytes, bytes] = {}
         self.owned: dict[bytes, set[bytes]] = {}
+        # name -> the token its registration was given (a reconnect presents it)
+        self.tokens: dict[bytes, bytes] = {}
+        # routing identity -> the identity stamped on its frames (with CURVE: its key)
+        self.peers: dict[bytes, str] = {}
         self.addresses: list[str] = []
         self.socket: zmq.Socket | None = None
         self._auth = None
@@ -160,17 +186,46 @@ class PeerPort:
         sock = self.socket
         for _ in range(1024):
             try:
-                frames = recv_frames(sock, NOBLOCK)
+                frames = self._recv(sock)
             except zmq.Again:  # the poll's readiness was stale
                 return
             self.on_frames(codec, frames)
             if not sock.get(_EVENTS) & _POLLIN:  # drained (cheaper than a failing recv)
                 return
 
+    def _recv(self, sock: zmq.Socket) -> list[bytes]:
+        """One message; with CURVE, the first from a connection also says whose key it
+        is (the ZAP handler's User-Id, read from a frame's metadata)."""
+        if self.keys is None:
+            return recv_frames(sock, NOBLOCK)
+        parts = sock.recv_multipart(NOBLOCK, copy=False)
+        frames = [p.bytes for p in parts]
+        if frames[0] not in self.peers and len(self.peers) < MAX_PEER_ROUTES:
+            try:
+                key = parts[-1].get("User-Id")
+            except zmq.ZMQError:  # no metadata on this frame: the identity alone
+                key = ""
+            self.peers[frames[0]] = f"{self._identity(frames[0])} key={key}"
+        return frames
+
+    def peer_of(self, ident: bytes) -> str:
+        """The identity stamped on this connection's frames and named in refusals (kept
+        for connections that hold a name: one dict lookup per message)."""
+        peer = self.peers.get(ident)
+        if peer is None:
+            peer = self._identity(ident)
+            if ident in self.owned:
+                self.peers[ident] = peer
+        return peer
+
+    def _identity(self, ident: bytes) -> str:
+        name = ident.decode("ascii", "replace") if _NAME.fullmatch(ident) else ident.hex()[:40]
+        return f"{self.label}:{name}"
+
     # -- the policy --------------------------------------------------------------------
 
     def _reject(self, ident: bytes, why: str) -> None:
-        self.stats.reject(f"{self.label}-peer:{ident.hex()[:20]}", why)
+        self.stats.reject(self.peer_of(ident), why)
 
     def on_frames(self, codec: Codec, frames: list[bytes]) -> None:
         ident = frames[0]
@@ -198,14 +253,18 @@ class PeerPort:
             except msgspec.DecodeError as exc:
                 self._reject(ident, f"does not decode: {exc}")
                 return
-            self._broker.forward(codec, sender, receiver, body, msg)
+            why = self._role(sender, receiver, msg)
+            if why is not None:
+                self._reject(ident, why)
+                return
+            self._broker.forward(codec, sender, receiver, body, msg, self.peer_of(ident))
         elif kind == b"P" and len(frames) == 2:
             if names is None:
                 self._reject(ident, "a ping from an unregistered peer")
                 return
             self._send(ident, [b"p"])
-        elif kind == b"A" and len(frames) == 3:
-            self._attach(ident, frames[2], names)
+        elif kind == b"A" and len(frames) in (3, 4):
+            self._attach(ident, frames[2], names, frames[3] if len(frames) == 4 else b"")
         elif kind == b"D" and len(frames) == 3:
             name = frames[2]
             if names is None or name not in names:
@@ -213,18 +272,42 @@ class PeerPort:
                 return
             names.discard(name)
             self.routes.pop(name, None)
+            self.tokens.pop(name, None)
             if not names:
                 del self.owned[ident]
+                self.peers.pop(ident, None)
         else:
             self._reject(ident, f"malformed envelope ({len(frames)} frames, kind {kind[:8]!r})")
 
-    def _attach(self, ident: bytes, name: bytes, names: set[bytes] | None) -> None:
+    def _role(self, sender: bytes, receiver: bytes, msg: Message) -> str | None:
+        """What a worker's role forbids in this message, or None."""
+        if self.allowed is not None:
+            types = self.allowed[receiver]
+            if not isinstance(msg, types):
+                return (f"a {type(msg).__name__} to {receiver.decode()!r}: a worker may send "
+                        f"it only {', '.join(sorted(t.__name__ for t in types))}")
+        worker = getattr(msg, "worker", None)
+        if worker is not None and worker.encode() != sender:
+            return (f"a {type(msg).__name__} on behalf of worker {worker[:64]!r}, sent as "
+                    f"{sender[:64].decode('utf-8', 'replace')!r}: a peer speaks only for "
+                    "the names it registered")
+        return None
+
+    def _attach(self, ident: bytes, name: bytes, names: set[bytes] | None,
+                token: bytes) -> None:
         why = None
+        previous = self.routes.get(name)
         if not _NAME.fullmatch(name):
             why = (f"registering {name[:64]!r}: a name is 1-128 characters of letters, "
                    "digits and _.:@+-")
         elif self._broker.is_local(name):
             why = f"registering {name.decode()!r}, the name of a coordinator actor"
+        elif self._broker.held_elsewhere(name, self):
+            why = f"registering {name.decode()!r}, a name a worker on another port holds"
+        elif previous is not None and previous != ident \
+                and not self._may_move(name, previous, ident, token):
+            why = (f"registering {name.decode()!r}, a name another connection holds (a "
+                   "reconnecting worker presents the token its first registration got)")
         elif names is not None and name not in names and len(names) >= MAX_NAMES_PER_PEER:
             why = f"registering more than {MAX_NAMES_PER_PEER} names"
         elif name not in self.routes and len(self.routes) >= MAX_PEER_ROUTES:
@@ -233,7 +316,6 @@ class PeerPort:
             self._reject(ident, why)
             self._send(ident, [b"e", name[:128], why.encode()])  # the peer learns why
             return
-        previous = self.routes.get(name)
         if previous is not None and previous != ident:
             # The same worker reconnected with a new socket (Paranoid Pirate): move it.
             held = self.owned.get(previous)
@@ -243,7 +325,18 @@ class PeerPort:
                     del self.owned[previous]
         self.routes[name] = ident
         self.owned.setdefault(ident, set()).add(name)
-        self._send(ident, [b"a", name])
+        token = self.tokens.setdefault(name, secrets.token_hex(16).encode())
+        self._send(ident, [b"a", name, token])
+
+    def _may_move(self, name: bytes, previous: bytes, ident: bytes, token: bytes) -> bool:
+        """A name held by another connection moves to this one: the same worker came back
+        on a new socket. It proves it with the name's token, or (CURVE) the same key."""
+        if token and secrets.compare_digest(token, self.tokens.get(name, b"")):
+            return True
+        if self.keys is None:
+            return False
+        old, new = self.peers.get(previous, ""), self.peers.get(ident, "")
+        return bool(old) and old.split(" key=", 1)[-1] == new.split(" key=", 1)[-1]
 
     def _send(self, ident: bytes, frames: list[bytes]) -> None:
         try:
@@ -282,6 +375,7 @@ class RemoteEndpoint:
         self.reconnects = 0
         self.auth_error: str | None = None
         self.refused: dict[str, str] = {}  # name -> why the broker refused to route it
+        self.tokens: dict[str, bytes] = {}  # name -> the token to present on a reconnect
         self.last_heard = time.monotonic()
         self._flush_s = 0.0
         self.heard = threading.Event()  # the broker has answered at least once
@@ -398,7 +492,8 @@ class RemoteEndpoint:
             names = list(self._handlers)
         for name in names:  # register again (first connect: attach() queued them already)
             if self.reconnects:
-                sock.send_multipart([b"A", name.encode()])
+                token = self.tokens.get(name)
+                sock.send_multipart([b"A", name.encode()] + ([token] if token else []))
         return sock, monitor
 
     def _poller(self, sock: zmq.Socket, monitor: zmq.Socket) -> zmq.Poller:
@@ -530,7 +625,9 @@ class RemoteEndpoint:
                                 count=True)
             elif kind == b"M" and len(frames) == 5:
                 self._deliver(codec, frames)
-            elif kind == b"a" and len(frames) == 2:
+            elif kind == b"a" and len(frames) in (2, 3):
+                if len(frames) == 3:
+                    self.tokens[frames[1].decode("utf-8", "replace")] = frames[2]
                 ack = self._acks.get(frames[1].decode("utf-8", "replace"))
                 if ack is not None:
                     ack.set()

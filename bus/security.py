@@ -16,6 +16,7 @@ gets nothing. Secret files are written with mode 0600.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import shutil
@@ -149,5 +150,12 @@ def loopback_only(addr: str) -> bool:
         return True
     if not addr.startswith("tcp://"):
         return False
-    host = addr[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
-    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+    host = addr[len("tcp://"):].rsplit(":", 1)[0]
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host == "localhost":
+        return True
+    try:  # an IP address: loopback is 127.0.0.0/8 and ::1 (not "127.0.0.1.example.com")
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host or interface name, "*": not known to be loopback
+        return False

@@ -35,6 +35,7 @@ from bus.frames import open_batch as _open_batch
 from bus.frames import open_envelope as _open
 from bus.frames import recv_frames as _recv_frames
 from bus.frames import send_frames as _send_frames
+from bus.log import UNDELIVERED
 from bus.security import loopback_only
 from protocol import Codec, Message
 
@@ -278,10 +279,15 @@ class Broker:
         self.forward(codec, sender, receiver, body, msg)
 
     def forward(self, codec: Codec, sender: bytes, receiver: bytes, body: bytes,
-                msg: Message | None = None) -> None:
+                msg: Message | None = None, peer: str = "") -> None:
         """Stamp, deliver and log one message whose body decoded (broker thread only).
         ``msg`` is the decoded body when the caller has it (else it is decoded here if a
-        local handler needs it)."""
+        local handler needs it); ``peer`` the sending process's authenticated identity
+        (a peer port's frame; "" for this process's actors), recorded with it.
+
+        A message that cannot be handed over (no route, a peer that stopped reading or
+        left) still gets its sequence number and is logged as ``UNDELIVERED``: the log
+        then holds everything every actor sent, so replay sees what the sender did."""
         deliver = self._local.get(receiver)
         if deliver is not None:
             self._seq += 1
@@ -289,10 +295,10 @@ class Broker:
                 msg = codec.decode(body)
             if self._log is not None:
                 self._log.append(self._seq, self._clock(), sender.decode(), receiver.decode(),
-                                 body, type(msg) in self._sync_on)
+                                 body, type(msg) in self._sync_on, peer=peer)
             self.stats.delivered += 1
             try:
-                deliver(Delivery(self._seq, sender.decode(), receiver.decode(), msg))
+                deliver(Delivery(self._seq, sender.decode(), receiver.decode(), msg, peer))
             except Exception:  # a handler bug must not kill the broker; logged here
                 log.exception("broker: delivering %s to %r failed", type(msg).__name__,
                               receiver.decode())
@@ -300,14 +306,15 @@ class Broker:
                 self._drain_posted(codec)
             return
         sock, dest, flags = self._route(receiver)
+        self._seq += 1
         if dest is None:
             self.stats.unroutable += 1
             # During shutdown actors leave while the last messages fly: counted only.
             if not self.closing:
                 log.warning("broker: no actor named %r (%s from %r)", receiver.decode(),
                             type(codec.decode(body)).__name__, sender.decode())
+            self._undelivered(sender, receiver, body, peer)
             return
-        self._seq += 1
         try:
             if sock is self._router:
                 _send_frames(sock, [dest, b"M", _SEQ.pack(self._seq), sender, receiver, body],
@@ -316,13 +323,19 @@ class Broker:
                 _send_frames(sock, [dest, _delivery(self._seq, sender, receiver, body)],
                              int(flags))
         except zmq.ZMQError:  # the endpoint went away (or a stuck peer is full): counted
-            self._seq -= 1
             self.stats.unroutable += 1
+            self._undelivered(sender, receiver, body, peer)
             return
         if self._log is not None:
             self._log.append(self._seq, self._clock(), sender.decode(), receiver.decode(),
-                             body, type(msg) in self._sync_on)
+                             body, type(msg) in self._sync_on, peer=peer)
         self.stats.delivered += 1
+
+    def _undelivered(self, sender: bytes, receiver: bytes, body: bytes, peer: str) -> None:
+        self.stats.undelivered += 1
+        if self._log is not None:
+            self._log.append(self._seq, self._clock(), sender.decode(), receiver.decode(),
+                             body, peer=peer, status=UNDELIVERED)
 
     # -- routing to peer ports (bus/remote.py) ----------------------------------
 
@@ -341,6 +354,11 @@ class Broker:
     def is_local(self, name: bytes) -> bool:
         """A name attached by an endpoint of this process (a peer may not take it over)."""
         return name in self._routes or name in self._local
+
+    def held_elsewhere(self, name: bytes, port) -> bool:
+        """A name a peer of another port holds (a remote peer may not take a process
+        worker's name, nor the reverse)."""
+        return any(name in other.routes for other in self._peers if other is not port)
 
     # -- local delivery (names attached by this process's ZmqBus) --------------------------
 

@@ -57,6 +57,10 @@ class Start(Msg, frozen=True):
     #: Calls one rollout task may make (run, then propose): what a lease reserves.
     calls_per_task: int = 2
 
+    #: The run's secret for lease and eval ids (actors/machines/ids.py); "" (every log
+    #: recorded before it existed): readable ids such as ``r0.u1``.
+    lease_key: str = ""
+
 
 class Budget(Msg, frozen=True):
     """Planner -> Scheduler, before anything is dispatched, only when a budget on calls,
@@ -76,6 +80,7 @@ class Open(Msg, frozen=True):
     heldout_ids: list[str]
     initial_state: dict[str, str] = {}
     sections: dict[str, int] | None = None
+    lease_key: str = ""  # Start.lease_key: the Merger's eval ids are keyed by it too
 
 
 class Baseline(Msg, frozen=True):

@@ -4,12 +4,15 @@ When ``$EVOBUS_TEST_GATE`` names a directory, the first rollout of each process 
 ``started-PID`` there and then waits (at most ``$EVOBUS_TEST_GATE_S`` seconds, default
 20) until a file named ``release`` appears. A test can therefore find a worker
 *mid-lease* without racing it (kill -9 it, or SIGSTOP it), then let the others go.
+When ``$EVOBUS_TEST_DIE`` is set, a process worker (a child of the coordinator) exits
+with code 3 on its first rollout, however often it is started again.
 Everything else is the deterministic router, so the final artifact can be compared
 with a run on threads.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import threading
 import time
@@ -35,6 +38,8 @@ def propose(rendered: str, task: Task, output: str, score: float) -> str | None:
 
 def run(rendered: str, task: Task) -> str:
     global _gated
+    if os.environ.get("EVOBUS_TEST_DIE") and multiprocessing.parent_process() is not None:
+        os._exit(3)  # a process worker that dies on its first rollout, every time
     gate = os.environ.get("EVOBUS_TEST_GATE")
     if gate:
         with _lock:

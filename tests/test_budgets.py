@@ -31,7 +31,7 @@ from actors.machines.scheduler import Scheduler  # noqa: E402
 from actors.openai_agent import OpenAIAgent  # noqa: E402
 from actors.policies.parallelism import DataParallel  # noqa: E402
 from actors.runtime.launch import run_scenario  # noqa: E402
-from actors.throttle import Limiter, parse_retry_after  # noqa: E402
+from actors.throttle import parse_retry_after  # noqa: E402
 from actors.usage import report  # noqa: E402
 from bench.endpoint import SimulatedEndpoint  # noqa: E402
 from protocol import (Baseline, Budget, Diff, EvalDone, EvalRequest, Hello, Lease,  # noqa: E402

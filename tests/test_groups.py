@@ -749,7 +749,8 @@ def test_suspend_first_stops_new_starts_at_the_first_interaction(tmp_path):
     assert set(outcome.finished) == started - {2}
     ckpt = load_checkpoint(tmp_path / "g.ckpt")
     raw = (tmp_path / "g.ckpt").read_bytes()
-    assert b"pickle" not in raw and msgspec.msgpack.decode(raw)["format"] == \
+    assert raw.startswith(b"EVOGRP")  # then a frame version, a checksum, the msgpack
+    assert b"pickle" not in raw and msgspec.msgpack.decode(raw[11:])["format"] == \
         "evobus-group-checkpoint"
     assert ckpt.finished == {i: f"shipped {i}" for i in outcome.finished}
     assert ckpt.journals == {2: [JournalEntry(kind="effect", key="prepare", value=None)]}

@@ -631,7 +631,7 @@ def test_a_fuzz_of_random_frames_leaves_the_broker_serving_and_counts_them():
             ok.close()
         # A registered peer's undecodable body is refused too.
         raw.send_multipart([b"A", b"w-raw"])
-        assert raw.poll(5000) and raw.recv_multipart() == [b"a", b"w-raw"]
+        assert raw.poll(5000) and raw.recv_multipart()[:2] == [b"a", b"w-raw"]
         before = bus.stats.rejected_frames
         raw.send_multipart([b"M", b"w-raw", b"scheduler", b"\xc1not msgpack"])
         wait_for(lambda: bus.stats.rejected_frames == before + 1, 5, "the bad body counted")

@@ -108,7 +108,7 @@ def test_a_malformed_one_frame_envelope_from_a_registered_peer_is_counted(port_b
     try:
         raw.connect(port.addresses[0])
         raw.send_multipart([b"A", b"w-raw"])
-        assert raw.poll(int(WAIT_S * 1000)) and raw.recv_multipart() == [b"a", b"w-raw"]
+        assert raw.poll(int(WAIT_S * 1000)) and raw.recv_multipart()[:2] == [b"a", b"w-raw"]
         raw.send(envelope(b"w-raw", b"scheduler", b"")[:6])  # lengths past the end
         end = time.monotonic() + WAIT_S
         while bus.stats.rejected_frames == 0 and time.monotonic() < end:

@@ -105,19 +105,23 @@ def cmd_resume(args: argparse.Namespace, previous=None) -> int:
     if getattr(args, "show", False):
         _show(ckpt, path)
         return 0
-    if not args.answers:
+    if ckpt.status == "running":  # its process died mid-run: nothing to answer
+        user_inputs, approvals = {}, {}
+    elif not args.answers:
         _show(ckpt, path)
         return _err(f"{path}: pass --answers FILE (a JSON object {{interaction id: answer}}); "
                     f"a template: {_template_path(Path(path))}")
-    try:
-        user_inputs, approvals = _read_answers(args.answers, ckpt)
-    except ValueError as exc:
-        return _err(f"{args.answers}: {exc}")
+    else:
+        try:
+            user_inputs, approvals = _read_answers(args.answers, ckpt)
+        except ValueError as exc:
+            return _err(f"{args.answers}: {exc}")
     quiet, json_out = getattr(args, "quiet", False), getattr(args, "json", False)
     try:
         with _progress(ckpt.group_id, quiet, json_out) as view:
             outcome = resume_group(path, user_inputs=user_inputs, approvals=approvals,
-                                   principal=args.principal, on_progress=view)
+                                   on_progress=view, **({"principal": args.principal}
+                                                        if args.principal else {}))
     except ConfigError as exc:
         return _err(str(exc))
     return _report(outcome, name=ckpt.group_id, quiet=quiet, json_out=json_out)

@@ -97,11 +97,16 @@ def _summary_of(msg) -> str:
 def _line(rec, msg, as_json: bool) -> str:
     kind = type(msg).__name__
     if as_json:
+        # Who the sending process authenticated as, and whether it was handed over.
+        stamp = {**({"peer": rec.peer} if rec.peer else {}),
+                 **({"undelivered": True} if rec.status else {})}
         return json.dumps({"seq": rec.seq, "t": rec.t, "sender": rec.sender,
-                           "receiver": rec.receiver, "type": kind,
+                           "receiver": rec.receiver, "type": kind, **stamp,
                            "message": msgspec.to_builtins(msg)}, default=str)
+    stamp = (f" [from {rec.peer}]" if rec.peer else "") + \
+        (" (undelivered)" if rec.status else "")
     return (f"{rec.seq:>7} {rec.t:9.4f}s {rec.sender:>11} -> {rec.receiver:<11} "
-            f"{kind:<12} {_summary_of(msg)}")
+            f"{kind:<12} {_summary_of(msg)}{stamp}")
 
 
 def _check_filters(args, actors: set[str], rounds: set[int]) -> str | None:

@@ -22,8 +22,11 @@ from actors.groups.store import Store
 from actors.groups.driver import (
                                   _FIXED_AT_START, _OPTIONS, _Plan, _RESUME_ONLY, _ambient_parent, _check_bounds, _check_items, _check_options, _execute, _resolve_target, _take_items)
 from actors.groups.host import _Host
-from actors.groups.checkpoint import _exclusive, _write_checkpoint, load_checkpoint
-from actors.groups.types import output_type, type_named
+from actors.groups.checkpoint import (EffectLog, _exclusive, _write_checkpoint, check_code,
+                                      load_checkpoint, running_checkpoint)
+from actors.groups.limits import CANCEL_DEADLINE_S
+from actors.version import PACKAGE_VERSION
+from actors.groups.types import output_type, type_name, type_named
 from actors.workers import scope
 
 
@@ -80,13 +83,48 @@ def run_group(target, items, *, max_concurrency: int, max_items: int,
                  checkpoint=Path(checkpoint) if checkpoint is not None else None,
                  branches_to_run=len(taken) - len(finished), returns=returns, call=call,
                  finished=finished)
+    # A top-level group with a checkpoint keeps it on disk from the start (_checkpointed).
+    run = _checkpointed if plan.checkpoint is not None and parent is None else _execute
     if call is None:
-        return _execute(plan)
+        return run(plan)
     outcome = None
     try:
-        outcome = _execute(plan)
+        outcome = run(plan)
     finally:   # reported with the rollout: the run's Planner counts them
         call.calls += outcome.consumed.calls if outcome is not None else 0
+    return outcome
+
+
+def _checkpointed(plan: _Plan, *, again: bool = False) -> GroupOutcome:
+    """A top-level group with a checkpoint path: the checkpoint is on disk (status
+    ``running``) before the first branch starts and its effects are written ahead, so a
+    crash at any moment leaves a checkpoint :func:`resume_group` goes on from. One
+    process at a time runs or resumes it (the checkpoint's lock)."""
+    path = plan.checkpoint
+    with _exclusive(path):
+        running = running_checkpoint(
+            group_id=plan.group_id, target=plan.ref, fn=plan.fn, items=plan.items,
+            max_concurrency=plan.max_concurrency, max_items=plan.max_items,
+            budgets=plan.budgets, consumed=plan.consumed,
+            store=(plan.store or Store()).snapshot(), approvers=plan.approvers,
+            chunk=plan.options.get("chunk", 0),
+            cancel_deadline=plan.options.get("cancel_deadline", CANCEL_DEADLINE_S),
+            package_version=PACKAGE_VERSION, written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            returns=type_name(plan.returns), suspend=plan.options.get("suspend", "all"))
+        _write_checkpoint(path, running)
+        outcome = _execute(plan)   # a pause rewrites the checkpoint itself (_outcome)
+        if outcome.status == "failed" and again:
+            # A failed resume does not spend the checkpoint: it stays resumable.
+            _write_checkpoint(path, msgspec.structs.replace(
+                running, consumed=outcome.consumed,
+                written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
+        elif outcome.status in ("completed", "failed"):
+            _write_checkpoint(path, msgspec.structs.replace(
+                running, status=outcome.status, consumed=outcome.consumed,
+                store=outcome.store, effects=outcome.effects, not_started=[],
+                written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
+        if outcome.status == "completed":
+            EffectLog(path).remove()
     return outcome
 
 
@@ -129,6 +167,8 @@ def resume_group(checkpoint: str | os.PathLike, *, target=None,
                               "kept in its checkpoint; it cannot change on resume")
     path = Path(checkpoint)
     ckpt = load_checkpoint(path)
+    if ckpt.status == "running":
+        return _restart(path, ckpt, target, user_inputs, approvals, options)
     if ckpt.status not in ("user_input_pending", "approval_pending"):
         raise ResumeRefused(f"{path}: the group {ckpt.group_id} already ended "
                             f"({ckpt.status}); there is nothing to resume")
@@ -146,6 +186,7 @@ def resume_group(checkpoint: str | os.PathLike, *, target=None,
                               "the checkpoint cannot name it: pass target=the same callable")
         target = ckpt.target
     fn, ref = _resolve_target(target, options.get("allow"))
+    check_code(path, ckpt, fn)
     returns = options.get("returns")
     if returns is None and ckpt.returns:
         returns = type_named(ckpt.returns, f"{path}: the checkpoint's returns")
@@ -179,13 +220,54 @@ def resume_group(checkpoint: str | os.PathLike, *, target=None,
                      inputs=UserInputs(group_id=ckpt.group_id, answers=user_inputs,
                                        approvals=approvals, principal=principal))
         outcome = _execute(plan)
-        if outcome.status in ("completed", "failed"):
-            # The checkpoint is spent: a second resume of it is refused, by name.
-            used = [*ckpt.used_ids, *user_inputs, *approvals]
-            _write_checkpoint(path, msgspec.structs.replace(
-                ckpt, status=outcome.status, pending=[], used_ids=used,
-                consumed=outcome.consumed, store=outcome.store, effects=outcome.effects,
-                written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
-        # A new pause rewrote the file in _outcome already.
+        _after_resume(path, ckpt, outcome, [*ckpt.used_ids, *user_inputs, *approvals])
     # Finished results from before the pause are part of the join.
     return outcome
+
+
+def _after_resume(path: Path, ckpt, outcome: GroupOutcome, used: list[str]) -> None:
+    """The checkpoint once a resume ended: spent when the group completed (a second
+    resume is refused, by name); kept resumable when it failed (a retry with fixed code
+    or other answers may resume it), with what it consumed recorded. A new pause
+    rewrote the file in _outcome already."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    if outcome.status == "completed":
+        _write_checkpoint(path, msgspec.structs.replace(
+            ckpt, status=outcome.status, pending=[], used_ids=used,
+            consumed=outcome.consumed, store=outcome.store, effects=outcome.effects,
+            written_at=now))
+        EffectLog(path).remove()   # nothing is left to replay
+    elif outcome.status == "failed":
+        _write_checkpoint(path, msgspec.structs.replace(ckpt, consumed=outcome.consumed,
+                                                        written_at=now))
+
+
+def _restart(path: Path, ckpt, target, user_inputs, approvals, options) -> GroupOutcome:
+    """Resume a checkpoint left ``running``: the process running its group died (or is
+    still running it: then the checkpoint's lock refuses). The group runs again, under
+    its id, over the same items; effects that finished before the crash are taken from
+    the effect log instead of running again (docs/groups.md)."""
+    if user_inputs or approvals or "principal" in options:
+        raise ResumeRefused(f"{path}: the group {ckpt.group_id} stopped while running (no "
+                            "interaction is pending): resume it without user_inputs, "
+                            "approvals or principal")
+    if target is None:
+        if ckpt.target is None:
+            raise ConfigError(f"{path}: the group's target was not named by import path, so "
+                              "the checkpoint cannot name it: pass target=the same callable")
+        target = ckpt.target
+    fn, ref = _resolve_target(target, options.get("allow"))
+    check_code(path, ckpt, fn)
+    try:
+        store = Store(ckpt.store)
+    except TypeError as exc:
+        raise ResumeRefused(f"{path}: the checkpoint's store does not load: {exc}") from None
+    options = {**options, "chunk": options.get("chunk", ckpt.chunk),
+               "cancel_deadline": options.get("cancel_deadline", ckpt.cancel_deadline)}
+    plan = _Plan(nested=run_group, group_id=ckpt.group_id, fn=fn, ref=ref or ckpt.target,
+                 items=ckpt.items, max_concurrency=ckpt.max_concurrency,
+                 max_items=ckpt.max_items, options=options, parent=_ambient_parent(None),
+                 budgets=ckpt.budgets, consumed=ckpt.consumed, store=store,
+                 approvers=ckpt.approvers, checkpoint=path,
+                 branches_to_run=len(ckpt.items))
+    return _checkpointed(plan, again=True)

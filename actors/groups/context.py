@@ -23,7 +23,9 @@ class BranchContext:
       and this branch runs again on resume, where the journal returns the answer;
     - ``approve(action) -> bool``: the same for a human validation (``approval_pending``);
     - ``effect(name, fn, *args, **kwargs)``: run an external effect once; its result is
-      journaled, so a branch replayed after a pause gets it back without running it again;
+      journaled, so a branch replayed after a pause gets it back without running it again
+      (with a checkpoint path, intent and result are on disk before the branch goes on,
+      so a crash never makes a finished effect run twice);
     - ``cancelled``: True once the group is stopping; ``raise_if_cancelled()``;
     - ``store``: the shared :class:`Store`; ``spend(units)``: charge the cost budget;
     - ``parallel(...)``/``run_group(...)``: a nested group (shares limits, budgets, store).
@@ -113,25 +115,54 @@ class BranchContext:
             return self._effect_async(name, pos, entry, fn, args, kwargs)
         if entry is not None:
             return entry.value
+        ran, value = self._ahead(name, pos)
+        if ran:
+            return self._journal_effect(name, pos, value)
         gates = self._external_slot()
         try:
             value = fn(*args, **kwargs)
+        except BaseException:
+            self._effect_failed(name, pos)
+            raise
         finally:
             for gate in gates:
                 gate.leave()
-        return self._journal_effect(name, pos, value)
+        return self._journal_effect(name, pos, value, record=True)
 
     async def _effect_async(self, name: str, pos: int, entry: JournalEntry | None, fn,
                             args, kwargs) -> Any:
         if entry is not None:
             return entry.value
+        ran, value = self._ahead(name, pos)
+        if ran:
+            return self._journal_effect(name, pos, value)
         gates = self._external_slot()
         try:
             value = await fn(*args, **kwargs)
+        except BaseException:
+            self._effect_failed(name, pos)
+            raise
         finally:
             for gate in gates:
                 gate.leave()
-        return self._journal_effect(name, pos, value)
+        return self._journal_effect(name, pos, value, record=True)
+
+    def _effect_failed(self, name: str, pos: int) -> None:
+        effects = getattr(self._host, "effect_log", None)
+        if effects is not None:
+            effects.failed(self.branch, pos, name)
+
+    def _ahead(self, name: str, pos: int) -> tuple[bool, Any]:
+        """With a checkpoint (its effects written ahead: EffectLog): the result of this
+        effect if it ran before a crash, else its intent is recorded now, before it runs
+        (raises EffectInDoubt for one that started and never recorded its result)."""
+        effects = getattr(self._host, "effect_log", None)
+        if effects is None:
+            return False, None
+        ran, value = effects.replayed(self.branch, pos, name)
+        if not ran:
+            effects.intent(self.branch, pos, name)
+        return ran, value
 
     def _external_slot(self) -> tuple[_Gate, ...]:
         """Wait for a slot under every external-call limit (host limits); the caller
@@ -142,13 +173,16 @@ class BranchContext:
                                   "external-call slot")
         return gates
 
-    def _journal_effect(self, name: str, pos: int, value: Any) -> Any:
+    def _journal_effect(self, name: str, pos: int, value: Any, record: bool = False) -> Any:
         if len(self._journal) != pos:   # effects awaited together, ending out of order
             raise GroupError(f"branch {self.branch}: effect {name!r} (step {pos}) ended out "
                              f"of order ({len(self._journal)} steps journaled so far); await "
                              "each effect before the next ask, approve or effect: the "
                              "journal replays them in order")
         value = msgspec.msgpack.decode(_encodable(value, f"the result of effect {name!r}"))
+        effects = getattr(self._host, "effect_log", None)
+        if record and effects is not None:  # on disk before the branch goes on
+            effects.result(self.branch, pos, name, value)
         self._journal.append(JournalEntry(kind="effect", key=name, value=value))
         self._effects.append((self.branch, name))
         return value

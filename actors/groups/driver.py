@@ -41,9 +41,12 @@ from actors.errors import ConfigError, RunFailed
 from actors.runtime.shell import teller
 from bus.base import MAX_FRAME_BYTES, Delivery
 from protocol import GroupCancel, GroupResult, GroupStart, GroupSuspended, Ref, Tick, UserInputs
-from actors.errors import BranchError, BudgetExhausted, HostLimitExceeded, ResumeRefused
-from actors.groups.limits import CANCEL_DEADLINE_S, TICK_S, Budgets, Consumed, HostLimits, _Ledger, _positive
-from actors.groups.checkpoint import GroupCheckpoint, _write_checkpoint
+from actors.errors import (BranchError, BudgetExhausted, HostLimitExceeded, ResultTooLarge,
+                           ResumeRefused)
+from actors.groups.limits import (CANCEL_DEADLINE_S, MAX_RESULT_BYTES, TICK_S, Budgets, Consumed,
+                                  HostLimits, _Ledger, _positive)
+from actors.groups.checkpoint import (EffectLog, GroupCheckpoint, _write_checkpoint,
+                                      target_fingerprint, target_name)
 from actors.groups.outcome import GroupOutcome, GroupProgress
 from actors.groups.worker import GroupWorker, _CollectorActor, _LeaseBox, _worker_deliver
 from actors.groups.store import _encoder, Store, _Gate, _enter_all
@@ -79,10 +82,6 @@ PROGRESS_S = 1.0
 
 #: How long the group's actors may take to stop once the group has ended.
 STOP_GRACE_S = 5.0
-
-
-#: The results of one group travel in one message: leave room for the envelope.
-MAX_RESULT_BYTES = MAX_FRAME_BYTES - 64 * 1024
 
 
 
@@ -272,6 +271,9 @@ def _execute(plan: _Plan) -> GroupOutcome:
                  order=(_StartOrder(len(plan.items), settings.concurrency)
                         if plan.resume is None else None),
                  convert=converter(plan.returns), suspend_all=settings.suspend == "all")
+    # A top-level group with a checkpoint writes its effects ahead (EffectLog).
+    host.effect_log = EffectLog(plan.checkpoint) \
+        if plan.checkpoint is not None and parent is None else None
     actors = _Actors(runtime, own_runtime, names)
     result_msg: GroupResult | GroupSuspended | None = None
     # A branch that waits for its nested group lends its live-branch slots meanwhile.
@@ -297,6 +299,8 @@ def _execute(plan: _Plan) -> GroupOutcome:
     finally:
         actors.stop(abandoned=isinstance(result_msg, GroupResult) and result_msg.abandoned,
                     t0=t0)
+        if host.effect_log is not None:
+            host.effect_log.close()
         if lent:
             _enter_all(lent, lambda: False)
             _ambient.slots = lent
@@ -483,7 +487,7 @@ class _Actors:
                                   Collector(names.collector), self.on_crash)
         self.started.append(ref)
         # Every name routes before any work flows, in one round trip to the broker.
-        boxes = host.boxes = [_LeaseBox() for _ in names.workers]
+        boxes = host.boxes = [_LeaseBox(name) for name in names.workers]
         routes = [(names.driver, self.inbox.put), (names.collector, teller(bus, ref))] + [
             (name, _worker_deliver(bus, host, box, name, names.collector))
             for name, box in zip(names.workers, boxes)]
@@ -612,7 +616,7 @@ def _error_of(host: _Host, msg: GroupResult) -> BaseException:
     if msg.error_branch is not None and msg.error_branch in host.errors:
         return host.errors[msg.error_branch]
     kinds = {"BudgetExhausted": BudgetExhausted, "HostLimitExceeded": HostLimitExceeded,
-             "ResumeRefused": ResumeRefused}
+             "ResumeRefused": ResumeRefused, "ResultsTooLarge": ResultTooLarge}
     return kinds.get(msg.error_type, BranchError)(
         f"{msg.error_type}: {msg.error}" if msg.error_type not in kinds else msg.error)
 
@@ -639,7 +643,8 @@ def _outcome(plan: _Plan, host: _Host, ledger: _Ledger, store: Store, msg, elaps
             approvers=plan.approvers, chunk=plan.options.get("chunk", 0),
             returns=type_name(plan.returns), suspend=plan.options.get("suspend", "all"),
             cancel_deadline=plan.options.get("cancel_deadline", CANCEL_DEADLINE_S),
-            written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), package_version=package_version)
+            written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), package_version=package_version,
+            fingerprint=target_fingerprint(plan.fn), target_name=target_name(plan.fn))
         _write_checkpoint(path, ckpt)
         return GroupOutcome(status=msg.status, pending_interactions=list(msg.pending),
                             checkpoint=path, finished=sorted(msg.finished),

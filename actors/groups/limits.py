@@ -10,8 +10,15 @@ from dataclasses import dataclass
 
 import msgspec
 
+from bus.base import MAX_FRAME_BYTES
+
 from actors.errors import ConfigError
 from actors.errors import BudgetExhausted
+
+
+#: The most a branch's result (and all of a group's results together) may take encoded:
+#: a frame, less room for the message around it.
+MAX_RESULT_BYTES = MAX_FRAME_BYTES - 64 * 1024
 
 #: How often the driver sends the Collector the time (seconds budget, cancel deadline).
 TICK_S = 0.05

@@ -16,9 +16,10 @@ from actors.runtime.shell import ControlActor, _FastInbox
 from bus.base import Delivery
 from protocol import (Branch, BranchDone, BranchFailed, Cancel, Hold, Interaction, Revoke, Stop,
                       Suspension)
-from actors.errors import BranchCancelled, _Suspend, describe
+from actors.errors import BranchCancelled, ResultTooLarge, _Suspend, describe
 from actors.groups.context import BranchContext
 from actors.groups.host import _GO, _Host, _NOT_NOW, _ambient
+from actors.groups.limits import MAX_RESULT_BYTES
 from actors.groups.store import _encoder, _enter_all
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,8 @@ class _LeaseBox:
     Leases may arrive before the worker's thread runs: the box keeps them, and the
     worker takes them when it starts (``ref`` is set then, by the worker itself)."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: str = "") -> None:
+        self.owner = owner         # the worker the Collector gave this box's leases to
         self.lock = threading.Lock()
         self.queued: dict[str, Branch] = {}
         self.ref: pykka.ActorRef | None = None
@@ -204,7 +206,10 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
         self.settle.close()   # the event loop async targets ran on, if any
         _release(self.bus)
 
-    def _run(self, lease: Branch) -> None:
+    def _run(self, lease: Branch, owner: str | None = None) -> None:
+        """Run a lease's branches and answer it, as ``owner`` when this worker took the
+        lease from another's box (the Collector admits an answer only from the worker
+        the lease went to)."""
         host = self.host
         target = host.target
         wants_ctx = host.wants_ctx
@@ -236,7 +241,8 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
             # Counted before the answer leaves: the driver reads the ledger at the end.
             if starts:
                 host.ledger.add_calls(starts)
-            self._answer(lease, done, values, cancelled, effects, waiting, t0=t0, **kw)
+            self._answer(lease, done, values, cancelled, effects, waiting, t0=t0,
+                         owner=owner, **kw)
 
         try:
             for pos, index in enumerate(indices):
@@ -318,40 +324,91 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
         for box in self.host.boxes:   # its own box too: a lease that came back behind
             lease = box.steal(need)       # the one it runs must not wait on it
             if lease is not None:
-                self._run(lease)   # answered under its own lease id, as its owner would
+                self._run(lease, owner=box.owner)   # answered as its owner would
                 return True
         return False
 
+    @staticmethod
+    def _unencodable(done, values) -> tuple[int, BaseException] | None:
+        """The first result that cannot cross the bus, and the error its branch fails with."""
+        for k, value in enumerate(values):
+            try:
+                _encoder.encode(value)
+            except (TypeError, ValueError, OverflowError) as exc:
+                return k, TypeError(
+                    f"the result of branch {done[k]} ({type(value).__name__}) cannot cross "
+                    f"the bus ({exc}): return JSON-like values (None, bool, int, float, "
+                    "str, bytes, lists, dicts with str keys) or msgspec Structs")
+        return None
+
+    @staticmethod
+    def _too_large(done, values) -> tuple[int, BaseException]:
+        """The largest result of a lease whose results will not fit one message: its branch
+        fails, by name, rather than the message (and with it the whole lease) being lost."""
+        sizes = [len(_encoder.encode(v)) for v in values]
+        k = max(range(len(values)), key=sizes.__getitem__)
+        return k, ResultTooLarge(
+            f"the result of branch {done[k]} takes {sizes[k]} bytes encoded, over the "
+            f"{MAX_RESULT_BYTES} one message may carry: return something smaller (an id, a "
+            "path to a file) and keep the bulk elsewhere")
+
+    def _journal_fits(self, suspended, nbytes: int):
+        """(failed, suspended) for a branch that paused: as it was, or, when its journal
+        (answers, effect results) and question would not fit one message with the
+        lease's results, failed by name instead (else the message would be lost)."""
+        index, suspend = suspended
+        size = len(_encoder.encode([suspend.journal, suspend.pending]))
+        if nbytes + size <= MAX_RESULT_BYTES:
+            return None, suspended
+        error = ResultTooLarge(
+            f"branch {index} paused with its journal and question taking {size} bytes "
+            f"encoded, over the {MAX_RESULT_BYTES} one message may carry: have effects "
+            "return something smaller (an id, a path to a file)")
+        return (index, error, self.host.fail(index, error)), None
+
+    def _waiting_fits(self, waiting: list[Suspension], nbytes: int):
+        """(failed, waiting) for the branches of a lease that wait on a person (coordinated
+        suspension): as they were, or, when their journals and questions would not fit
+        one message with the lease's results, the largest fails by name (the others are
+        reported waiting) instead of the message being lost."""
+        sizes = [len(_encoder.encode(w)) for w in waiting]
+        if nbytes + sum(sizes) <= MAX_RESULT_BYTES:
+            return None, waiting
+        k = max(range(len(waiting)), key=sizes.__getitem__)
+        index = waiting[k].index
+        error = ResultTooLarge(
+            f"branch {index} paused with its journal and question taking {sizes[k]} bytes "
+            f"encoded, over the {MAX_RESULT_BYTES} one message may carry: have effects "
+            "return something smaller (an id, a path to a file)")
+        return (index, error, self.host.fail(index, error)), waiting[:k] + waiting[k + 1:]
+
     def _answer(self, lease: Branch, done, values, cancelled, effects, waiting, *, unstarted,
-                t0, failed=None, suspended=None) -> None:
+                t0, failed=None, suspended=None, owner: str | None = None) -> None:
         try:
             nbytes = len(_encoder.encode(values))
         except (TypeError, ValueError, OverflowError):
             # A result that cannot cross the bus fails its branch (and so the group).
-            for k, value in enumerate(values):
-                try:
-                    _encoder.encode(value)
-                except (TypeError, ValueError, OverflowError) as exc:
-                    bad = done[k]
-                    error = TypeError(
-                        f"the result of branch {bad} ({type(value).__name__}) cannot cross "
-                        f"the bus ({exc}): return JSON-like values (None, bool, int, float, "
-                        "str, bytes, lists, dicts with str keys) or msgspec Structs")
-                    after = self.host.fail(bad, error)
-                    self.box.finished -= 1   # counted when it returned: it failed instead
-                    rest = [(i, v) for i, v in zip(done, values) if i != bad]
-                    done = [i for i, _ in rest]
-                    values = [v for _, v in rest]
-                    if failed is None:
-                        failed = (bad, error, after)
-                        suspended = None
-                    break
-            else:  # every value encodes alone: not a result's fault; a bug, let it crash
+            bad = self._unencodable(done, values)
+            if bad is None:  # every value encodes alone: not a result's fault; a bug
                 raise
-            return self._answer(lease, done, values, cancelled, effects, waiting,
-                                unstarted=unstarted, t0=t0, failed=failed,
-                                suspended=suspended)
-        common = dict(group_id=lease.group_id, lease_id=lease.lease_id, worker=self.name,
+            nbytes = MAX_RESULT_BYTES + 1  # not sent: the branch below fails instead
+        else:
+            bad = self._too_large(done, values) if nbytes > MAX_RESULT_BYTES else None
+        if bad is not None:
+            k, error = bad
+            after = self.host.fail(done[k], error)
+            self.box.finished -= 1   # counted when it returned: it failed instead
+            if failed is None:
+                failed, suspended = (done[k], error, after), None
+            return self._answer(lease, done[:k] + done[k + 1:], values[:k] + values[k + 1:],
+                                cancelled, effects, waiting, unstarted=unstarted, t0=t0,
+                                failed=failed, suspended=suspended, owner=owner)
+        if suspended is not None and failed is None:
+            failed, suspended = self._journal_fits(suspended, nbytes)
+        if waiting and failed is None:
+            failed, waiting = self._waiting_fits(waiting, nbytes)
+        name = owner or self.name
+        common = dict(group_id=lease.group_id, lease_id=lease.lease_id, worker=name,
                       indices=done, values=values, cancelled=cancelled, unstarted=unstarted,
                       effects=effects, nbytes=nbytes)
         if failed is not None:
@@ -366,4 +423,4 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
         else:
             msg = BranchDone(elapsed=round(time.monotonic() - t0, 6), suspended=waiting,
                              **common)
-        self.bus.send(self.name, self.collector, msg)
+        self.bus.send(name, self.collector, msg)

@@ -149,6 +149,17 @@ class Collector:
 
     # -- the machine ------------------------------------------------------------------
 
+    def admit(self, sender: str, msg: Message) -> str | None:
+        """Why ``msg`` from ``sender`` must not reach :meth:`handle` (None: it may): an
+        answer for a branch lease that is out must come from the worker it went to.
+        Pure; asked by the shell and by replay, as the Scheduler's is."""
+        if isinstance(msg, (BranchDone, BranchFailed, Interaction)):
+            held = self.leases.get(msg.lease_id)
+            if held is not None and held[0] != sender:
+                return (f"an answer for branch lease {msg.lease_id!r}, which went to "
+                        f"{held[0]!r}, not to {sender!r}")
+        return None
+
     def handle(self, msg: Message) -> list[Out]:
         match msg:
             case GroupStart():
@@ -305,10 +316,8 @@ class Collector:
         if self.phase == RUNNING:
             self.queue.extendleft(reversed(requeue))
         limit = self.start.max_result_bytes
-        if limit and self.result_bytes > limit and self.first is None:
-            out += self._fail(None, f"the results add up to more than {limit} bytes, over "
-                              "what one message may carry; return smaller results (an id or "
-                              "a path) or split the group", "ResultsTooLarge")
+        if limit and msg.indices and self.result_bytes > limit:
+            out += self._too_large(msg, limit)
         return out + self._dispatch() + self._maybe_end()
 
     def _measure(self, msg: BranchDone) -> None:
@@ -328,6 +337,21 @@ class Collector:
         self.journals[i] = list(journal)
         self.pending[p.id] = p
         return True
+
+    def _too_large(self, msg: BranchDone | BranchFailed | Interaction,
+                   limit: int) -> list[Out]:
+        """With this answer's results the group's would not fit the one message that
+        carries them (the result, or the report of a failure): its branches fail, by
+        name, and their values are dropped, so what the group reports is what it holds."""
+        self.result_bytes -= msg.nbytes
+        error = (f"with the result of branch {msg.indices[0]} the group's results would take "
+                 f"more than {limit} bytes, over what one message may carry; return smaller "
+                 "results (an id or a path) or split the group")
+        for i in msg.indices:
+            self.state[i] = FAILED
+            self.values.pop(i, None)
+            self.errors[i] = f"ResultsTooLarge: {error}"
+        return self._fail(msg.indices[0], error, "ResultsTooLarge")
 
     def _on_tick(self, elapsed: float) -> list[Out]:
         self.elapsed = elapsed

@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 
 from actors.addresses import DRIVER, PLANNER, SCHEDULER, Out
 from actors.machines.attribution import DELETE, Probe, without
+from actors.machines.ids import tagged
 from protocol import (REMOVE, Baseline, Barrier, Commit, Diff, EvalDone, EvalRequest, Finish, Flush,
                       LeaseDone, Merged, Message, Open, Refresh, RoundClosed, RunDone)
 
@@ -266,6 +267,7 @@ class Merger:
         self.by_eval: dict[str, tuple] = {}
         self.merge: _Merge | None = None
         self.n_evals = 0
+        self.lease_key = ""  # Open.lease_key: eval ids a peer cannot guess (machines/ids.py)
         self.opened = False
         self.queued_barriers: list[int] = []
 
@@ -277,6 +279,7 @@ class Merger:
                 self.heldout = list(msg.heldout_ids)
                 self.state = dict(msg.initial_state)
                 self.sections = dict(msg.sections) if msg.sections is not None else None
+                self.lease_key = msg.lease_key
                 return self._request("baseline", self.state)
             case LeaseDone():
                 self._on_proposals(msg)
@@ -359,7 +362,7 @@ class Merger:
             scores[key] = score   # used again: last in line to be dropped (_trim_cache)
             # Known score: answer ourselves without asking anyone (no message needed).
             return self._scored(tag, score)
-        eval_id = f"e{self.n_evals}"
+        eval_id = tagged(self.lease_key, f"e{self.n_evals}")
         self.by_eval[eval_id] = (tag, scores, key)
         return [(SCHEDULER, EvalRequest(eval_id=eval_id, state=state, task_ids=task_ids))]
 
@@ -582,7 +585,7 @@ class Merger:
             self.n_evals += 1  # a known score still takes an eval id (ids are in messages)
             if key in scores:
                 continue
-            eval_id = f"e{self.n_evals}"
+            eval_id = tagged(self.lease_key, f"e{self.n_evals}")
             m.waiting.add(id(d))
             self.by_eval[eval_id] = (id(d), scores, key)
             out.append((SCHEDULER, EvalRequest(eval_id=eval_id, state=apply(self.state, [d]),

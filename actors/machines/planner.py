@@ -15,6 +15,7 @@ import logging
 import random
 
 from actors.addresses import DRIVER, MERGER, SCHEDULER, Out
+from actors.machines.ids import tagged
 from protocol import (Baseline, Budget, Drain, Finish, Halted, Lease, LeaseBatch, Message,
                       NeedWork, Open, Progress, RoundClosed, RoundRecord, Settled,
                       SettledBatch, Shutdown, Start, Tick, Unhalt, WorkUnit)
@@ -117,7 +118,7 @@ class Planner:
                                           max_cost=msg.max_cost, prices=dict(msg.prices),
                                           calls_per_task=msg.calls_per_task)))
         return out + [(MERGER, Open(heldout_ids=self.heldout, initial_state=msg.initial_state,
-                              sections=msg.sections))]
+                              sections=msg.sections, lease_key=msg.lease_key))]
 
     def _budget_left(self) -> int | None:
         if self.start.max_rollouts is None:
@@ -144,7 +145,8 @@ class Planner:
                 continue
             size = self.start.lease_size or len(keys)
             for c, first in enumerate(range(0, len(keys), size)):
-                lease_id = f"{prefix}{r}.u{unit.worker}" + (f".{c}" if size < len(keys) else "")
+                lease_id = tagged(self.start.lease_key, f"{prefix}{r}.u{unit.worker}"
+                                  + (f".{c}" if size < len(keys) else ""))
                 lease = Lease(lease_id=lease_id, round=r, unit=unit.worker,
                               task_ids=keys[first:first + size], section=unit.section,
                               stage=unit.stage)

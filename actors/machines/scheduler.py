@@ -9,6 +9,9 @@ registrations and credits, and the round barrier. A pure state machine.
 - ``Barrier(r)`` goes to the Merger once every lease of round r is settled, after the
   results themselves (one sender, FIFO: the Merger always sees results first).
 - A late answer for a lease already answered is dropped and counted.
+- Only a worker the lease went to may answer it (:meth:`Scheduler.admit`, asked by the
+  shell and by replay before ``handle``): an answer for a lease another worker holds, or
+  one still queued (never dispatched), never reaches ``handle``.
 - Settlements reach the Planner in batches (``SettledBatch``), when it next has to
   act: before a round's ``Barrier``, before ``NeedWork``, when nothing is left running,
   before a drain ends. A fatal settlement goes at once; a ``LeaseBatch`` with
@@ -113,6 +116,9 @@ class Scheduler:
         # the work in flight).
         self.leases: dict[str, Lease] = {}
         self.holder: dict[str, str] = {}
+        # Every worker an open lease was dispatched to (re-dispatch adds one): who may
+        # answer it (admit). Dropped with the lease, so it is bounded like the table.
+        self.given_to: dict[str, set[str]] = {}
         self.open_rounds: dict[int, set[str]] = {}
         self.evals: dict[str, _Eval] = {}
         self.head: Commit | None = None
@@ -124,6 +130,35 @@ class Scheduler:
         self.peak_running = 0  # the most leases running at once (<= max_concurrency)
         self.duplicates_dropped = 0
         self.shut = False
+
+    def admit(self, sender: str, msg: Message) -> str | None:
+        """Why ``msg`` from ``sender`` must not reach :meth:`handle` (None: it may).
+
+        An answer (``LeaseDone``) for an open lease must come from a worker it was
+        dispatched to, as that worker; an answer for a lease no longer open (late, or a
+        duplicate) from a worker this Scheduler knows, which ``handle`` then drops and
+        counts. Pure: the shell and replay ask it alike, so a log holding refused
+        messages replays to the same outcome."""
+        if type(msg) is not LeaseDone:
+            return None
+        if msg.worker != sender:
+            return (f"a LeaseDone for {msg.lease_id!r} that names worker {msg.worker!r}, "
+                    f"sent by {sender!r}")
+        lease = self.leases.get(msg.lease_id)
+        if lease is not None:
+            if sender not in self.given_to.get(msg.lease_id, ()):
+                state = "still queued (never dispatched)" if msg.lease_id not in self.holder \
+                    else "held by another worker"
+                return f"an answer for lease {msg.lease_id!r} it does not hold ({state})"
+            said = (msg.round, msg.kind, msg.unit, msg.section)
+            known = (lease.round, lease.kind, lease.unit, lease.section)
+            if said != known:
+                return (f"an answer for lease {msg.lease_id!r} that gives its round, kind, "
+                        f"unit and section as {said}, where the lease has {known}")
+            return None
+        if sender in self.workers or sender in self.lost or sender in self.last_seen:
+            return None
+        return f"an answer for lease {msg.lease_id!r} from {sender!r}, not a known worker"
 
     def handle(self, msg: Message) -> list[Out]:
         match msg:
@@ -193,6 +228,7 @@ class Scheduler:
                           + [lease for lease in again if lease.kind == "rollout"]
                           + waiting[split:])
         self.holder.clear()
+        self.given_to.clear()
         self.workers.clear()
         self.running = self.active = 0
         return order
@@ -231,6 +267,7 @@ class Scheduler:
             if lease.kind == "rollout":
                 self.cancelled += 1
                 del self.leases[lease.lease_id]
+                self.given_to.pop(lease.lease_id, None)
             else:
                 kept.append(lease)
         self.queue = kept
@@ -295,6 +332,7 @@ class Scheduler:
             self._release(self.workers[holder], msg.lease_id)
             self.running -= 1
         del self.leases[msg.lease_id]
+        self.given_to.pop(msg.lease_id, None)
         fatal = self._account(lease, msg)
         if fatal is not None and msg.fatal is None:
             msg = msgspec.structs.replace(msg, fatal=fatal)
@@ -451,6 +489,7 @@ class Scheduler:
                 spare.remove(name)
                 spare_set.discard(name)
             self.holder[lease.lease_id] = name
+            self.given_to.setdefault(lease.lease_id, set()).add(name)
             self.running += 1
             if self.head is not None and rollout:
                 known = self.worker_version.get(name, 0)

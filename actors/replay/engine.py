@@ -255,13 +255,16 @@ def _planner_strategy(meta: dict[str, str], start: Start, parallel, strategy, ta
 class _Track:
     """One control actor under replay."""
 
-    __slots__ = ("name", "machine", "handle", "recorded", "produced", "report",
+    __slots__ = ("name", "machine", "handle", "admit", "recorded", "produced", "report",
                  "divergence", "inputs", "matched")
 
     def __init__(self, name: str, machine: Any) -> None:
         self.name = name
         self.machine = machine
         self.handle = machine.handle  # bound once per segment (resume may wrap it between)
+        # Who may send what (Scheduler.admit): a message the run's shell refused is
+        # refused here too, so it never reaches handle in replay either.
+        self.admit = getattr(machine, "admit", None)
         self.recorded: collections.deque[Record] = collections.deque()
         # (input seq, receiver, message, its bytes as produced, the message again when it
         # is the very input being handled (forwarded as received), else None)
@@ -291,6 +294,10 @@ class _Lives:
                 self.machine = self.make(self.name)
             self.started = True
         return self.machine.handle(msg)
+
+    def admit(self, sender: str, msg: Message) -> str | None:
+        admit = getattr(self.machine, "admit", None)
+        return None if admit is None else admit(sender, msg)
 
 
 class _Replay:
@@ -338,6 +345,7 @@ class _Replay:
         enc = msgspec.msgpack.Encoder().encode
         for t in tracks.values():
             t.handle = t.machine.handle
+            t.admit = getattr(t.machine, "admit", None)
         for rec in records:
             feed = None
             t = tracks.get(rec.sender)
@@ -361,6 +369,8 @@ class _Replay:
                     t.recorded.append(rec)
                     if produced:
                         settle(t, None)
+            if rec.status:  # undelivered: its sender sent it, its receiver never had it
+                continue
             t = tracks.get(rec.receiver)
             if t is None:
                 if looked is None or rec.receiver in looked:
@@ -382,6 +392,9 @@ class _Replay:
             append = t.produced.append
             body = rec.body
             msg = dec(body) if feed is None else feed
+            if t.admit is not None and t.admit(rec.sender, msg) is not None:
+                t.report.refused += 1
+                continue
             for receiver, out in t.handle(msg):
                 if out is msg:
                     # Forwarded as received: compared by the bytes it came in (a match

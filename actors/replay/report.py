@@ -66,6 +66,7 @@ class ActorReport:
     inputs: int = 0
     matched: int = 0
     unrecorded: int = 0
+    refused: int = 0  # inputs its admit refused (a peer's message its role does not allow)
 
 
 @dataclass
@@ -103,6 +104,7 @@ class ReplayReport:
     def format(self, verbose: bool = False) -> str:
         lines = [self.summary_line()]
         per = ", ".join(f"{name} {a.inputs} in / {a.matched} out"
+                        + (f" ({a.refused} refused)" if a.refused else "")
                         for name, a in self.actors.items())
         if per:
             lines.append(f"  actors: {per}")

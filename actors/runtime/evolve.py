@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import secrets
 import time
 import uuid
 import warnings
@@ -216,7 +217,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                   target_reward=target_reward, patience=patience, sections=sections,
                   asynchronous=asynchronous, async_ratio=modes.async_ratio,
                   staleness=modes.staleness, lease_size=lease_size, max_tokens=max_tokens,
-                  max_cost=max_cost, prices=prices)
+                  max_cost=max_cost, prices=prices,
+                  lease_key=secrets.token_hex(16))  # ids a peer cannot guess (machines/ids.py)
     tracker = _start_tracker(tracking, locals(), plan_with, strategy, state0, run_id)
     if log is not None:   # `log="runs/x.evolog"` works in a fresh directory, as the CLI does
         make_log_directory(log, "evolve(log=)")
@@ -503,6 +505,8 @@ def _drive(rt: Runtime, t0: float, max_seconds, asynchronous: bool, remote,
                 rt.send(PLANNER, Tick(elapsed=now))
             if asynchronous or remote is not None:  # liveness runs on Ticks
                 rt.send(SCHEDULER, Tick(elapsed=now))
+            if remote is not None:  # dead process workers replaced, or the run stops
+                remote.supervise(rt)
         delivery = rt.next_delivery(timeout=ticker.period if ticking else 0.5)
         if delivery is None:
             continue
@@ -527,6 +531,11 @@ def _drive(rt: Runtime, t0: float, max_seconds, asynchronous: bool, remote,
 def _counters(rt: Runtime, done: RunDone, remote) -> tuple[dict[str, int], dict[str, float]]:
     """The bus's and the Scheduler's counters, read once the run is done."""
     bus_stats = rt.bus.stats.as_dict()
+    for what, counted in (("frames refused at the bus", rt.bus.stats.rejections),
+                          ("messages refused by a control actor", rt.bus.stats.refusals)):
+        if counted.counts:  # said once at the end, by peer and reason (docs/remote.md)
+            log.warning("%d %s, the most frequent:\n%s", counted.total(), what,
+                        counted.summary())
     scheduler = rt.machines[SCHEDULER]
     bus_stats["duplicates_dropped"] = scheduler.duplicates_dropped
     bus_stats["peak_running"] = scheduler.peak_running

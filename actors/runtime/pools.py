@@ -32,18 +32,26 @@ from typing import Any
 
 
 from actors.addresses import SCHEDULER, REGISTRY
-from actors.errors import ConfigError
-from protocol import Hello, Message, Refused, Spec, Stop, Task, Tick
+from actors.errors import ConfigError, RunFailed
+from protocol import Heartbeat, Hello, Join, LeaseDone, Message, Refused, Spec, Stop, Task, Tick
 from actors.workers.code import BUILTIN_ALLOW, build_spec, module_of, spec_refs
 from actors.machines.registry import Registry
 from actors.runtime.clock import Ticker
 from actors.addresses import SCHEDULER as _S
 from bus.remote import PeerPort, bind_refusal
 from bus.security import load_server_keys
-from actors.workers.remote import process_main
+from actors.workers.remote import EXIT_STOPPED, process_main
 
 
 log = logging.getLogger(__name__)
+
+
+#: A worker's role on the wire: what a peer (a remote or process worker) may send, and
+#: to whom. Answers and heartbeats to the Scheduler (which checks that the sender holds
+#: what it answers), its join, hello and refusal to the registry (which checks its code
+#: before the Scheduler hears of it). Never Shutdown, Tick, Stop, a Hello straight to
+#: the Scheduler, or another actor's messages (docs/remote.md, the threat model).
+WORKER_ROLE = {_S: (LeaseDone, Heartbeat), REGISTRY: (Join, Hello, Refused)}
 
 
 
@@ -52,34 +60,74 @@ log = logging.getLogger(__name__)
 
 #: Process workers get this long to leave after the run's Stop before being terminated.
 PROCESS_STOP_DEADLINE_S = 5.0
+#: A process worker that dies is started again, under a new name, at most this many
+#: times per worker the run asked for (docs/remote.md); past it, once none is left
+#: alive, the run stops with an error and its log can be resumed.
+PROCESS_RESPAWNS = 2
 
 
 class ProcessPool:
     """Process workers: started with multiprocessing's 'spawn' context (never fork: a
     forked copy would inherit the coordinator's threads and sockets), supervised and
-    always reaped: Stop first, then terminate, then kill."""
+    always reaped: Stop first, then terminate, then kill. One that dies is replaced by
+    :meth:`respawn_dead` (``proc-I`` comes back as ``proc-I-r1``, ``proc-I-r2``, ...: the
+    port gives a dead connection's name to no one else) up to ``respawns`` times in all."""
 
     def __init__(self, n: int, address: str, *, allow: list[str],
-                 broker_timeout: float) -> None:
+                 broker_timeout: float, respawns: int | None = None) -> None:
         self.n = n
         self.address = address
         self.allow = allow
         self.broker_timeout = broker_timeout
         self.procs: list = []
+        self.respawns = n * PROCESS_RESPAWNS if respawns is None else respawns
+        self.respawned = 0
+        self.stopped = False  # a worker left on the run's Stop: the run is ending
+        self.deaths: list[tuple[str, int]] = []  # (worker name, exit code), in order
+        self._live: dict[str, Any] = {}          # worker name -> its current process
 
     def names(self) -> list[str]:
         return [f"proc-{i}" for i in range(self.n)]
 
     def start(self) -> None:
-
-        ctx = multiprocessing.get_context("spawn")
         for name in self.names():
-            proc = ctx.Process(target=process_main, name=f"evobus-{name}", daemon=True,
-                               kwargs=dict(address=self.address, worker_id=name,
-                                           allow=self.allow,
-                                           broker_timeout=self.broker_timeout))
-            proc.start()
-            self.procs.append(proc)
+            self._spawn(name)
+
+    def _spawn(self, name: str) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        proc = ctx.Process(target=process_main, name=f"evobus-{name}", daemon=True,
+                           kwargs=dict(address=self.address, worker_id=name,
+                                       allow=self.allow, broker_timeout=self.broker_timeout))
+        proc.start()
+        self.procs.append(proc)
+        self._live[name] = proc
+
+    def respawn_dead(self) -> list[str]:
+        """Replace each worker whose process exited, while respawns are left; returns
+        the names started."""
+        started = []
+        for name, proc in list(self._live.items()):
+            if proc.exitcode is None:
+                continue
+            del self._live[name]
+            if proc.exitcode == EXIT_STOPPED:
+                self.stopped = True  # it left when told to (the run's Stop): not a death
+                continue
+            self.deaths.append((name, proc.exitcode))
+            if self.respawned >= self.respawns:
+                continue
+            self.respawned += 1
+            base, _, _ = name.partition("-r")
+            again = f"{base}-r{self.respawned}"
+            log.warning("process worker %s exited with code %s; starting %s in its place "
+                        "(respawn %d of %d)", name, proc.exitcode, again, self.respawned,
+                        self.respawns)
+            self._spawn(again)
+            started.append(again)
+        return started
+
+    def alive(self) -> int:
+        return sum(1 for p in self._live.values() if p.exitcode is None)
 
     def exited(self) -> dict[str, int]:
         return {p.name: p.exitcode for p in self.procs if p.exitcode is not None}
@@ -123,6 +171,7 @@ class RemoteWorkers:
     joined: dict[str, Hello] = dataclasses.field(default_factory=dict)
     refused: dict[str, str] = dataclasses.field(default_factory=dict)
     _ticker: Ticker | None = None
+    _alone_since: float | None = None  # since when no worker is registered (monotonic)
 
     @property
     def expected(self) -> int:
@@ -141,6 +190,47 @@ class RemoteWorkers:
             self._ticker = Ticker(self.tick_period)
         if self._ticker.due(now):
             rt.send(SCHEDULER, Tick(elapsed=now))
+
+    def supervise(self, rt) -> None:
+        """Between the driver's messages: replace process workers that died; stop the
+        run (RunFailed) once none is left alive, no respawn remains and no other worker
+        could take the work, or once no worker at all has been registered for
+        ``wait_seconds`` while work waits, rather than wait for one forever."""
+        self._unattended(rt, time.monotonic())
+        if self.pool is None:
+            return
+        self.pool.respawn_dead()
+        if self.pool.alive() or self.pool.stopped or self.local or self.remote:
+            return
+        deaths = ", ".join(f"{name} (exit {code})" for name, code in self.pool.deaths)
+        where = f"; resume it with `evobus resume {rt.log_path}`" if rt.log_path else ""
+        raise RunFailed(
+            f"every process worker died and the {self.pool.respawns} respawn(s) allowed "
+            f"(PROCESS_RESPAWNS = {PROCESS_RESPAWNS} per worker) are spent: {deaths}. The "
+            f"run stopped instead of waiting for a worker; fix what kills them (see their "
+            f"stderr above){where}")
+
+    def _unattended(self, rt, now: float) -> None:
+        """Work waits and the Scheduler has no worker (every one presumed lost): allowed
+        for ``wait_seconds`` (a worker reconnecting, a respawn joining), then RunFailed.
+        The Scheduler's tables are read between messages, as the progress display does."""
+        scheduler = rt.machines[SCHEDULER]
+        if scheduler.workers or scheduler.shut or not scheduler.leases:
+            self._alone_since = None
+            return
+        if self._alone_since is None:
+            self._alone_since = now
+            return
+        if now - self._alone_since <= self.wait_seconds:
+            return
+        where = (f"; once workers can connect, resume it with `evobus resume {rt.log_path}`"
+                 if rt.log_path else "")
+        lost = ", ".join(sorted(scheduler.lost)) or "none"
+        raise RunFailed(
+            f"no worker has been registered for {now - self._alone_since:.1f} s "
+            f"(wait_seconds = {self.wait_seconds:g}) while {len(scheduler.leases)} lease(s) "
+            f"wait; workers presumed lost: {lost}. The run stopped instead of waiting "
+            f"forever{where}")
 
     def start(self, rt, t0: float) -> None:
         """Start the registry and the process workers; wait for every expected worker."""
@@ -223,6 +313,7 @@ class RemoteWorkers:
     def counters(self, scheduler) -> dict[str, int]:
         return {"redispatched": scheduler.redispatched, "lost_workers": scheduler.lost_workers,
                 "given_up": scheduler.given_up, "workers_joined": len(self.joined),
+                "respawned": self.pool.respawned if self.pool is not None else 0,
                 "workers_refused": len(self.refused)}
 
 
@@ -301,7 +392,7 @@ def plan(workers, n_workers: int, *, bus: str, tasks: list[Task], reward, run, p
         try:
             server_keys = load_server_keys(keys_dir) if keys_dir else None
             ports.append(PeerPort([workers.bind], keys=server_keys, insecure=insecure,
-                                  receivers=[_S, REGISTRY], label="remote"))
+                                  allowed=WORKER_ROLE, label="remote"))
         except ValueError as exc:
             raise ConfigError(f"workers: {exc}") from None
     tmpdir = None
@@ -311,7 +402,7 @@ def plan(workers, n_workers: int, *, bus: str, tasks: list[Task], reward, run, p
         else:
             tmpdir = tempfile.mkdtemp(prefix="evobus-")
             addr = f"ipc://{tmpdir}/workers.sock"
-        ports.append(PeerPort([addr], receivers=[_S, REGISTRY], label="process"))
+        ports.append(PeerPort([addr], allowed=WORKER_ROLE, label="process"))
     modules = sorted({module_of(r) for _, r in spec_refs(spec)})
     return RemoteWorkers(local=workers.local, processes=workers.processes,
                          remote=workers.remote, spec=spec, ports=ports, heartbeat=heartbeat,

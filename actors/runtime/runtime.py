@@ -110,10 +110,11 @@ class _Watched:
         self.watch = watch
 
     def append(self, seq: int, t: float, sender: str, receiver: str, body: bytes,
-               *more: Any) -> None:
+               *more: Any, **named: Any) -> None:
         if self.inner is not None:
-            self.inner.append(seq, t, sender, receiver, body, *more)
-        self.watch(sender, receiver, body)
+            self.inner.append(seq, t, sender, receiver, body, *more, **named)
+        if not named.get("status"):   # an undelivered message was never delivered
+            self.watch(sender, receiver, body)
 
     def flush_if_due(self) -> None:
         if self.inner is not None:

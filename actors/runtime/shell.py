@@ -33,6 +33,9 @@ class ControlActor(_FastInbox, pykka.ThreadingActor):
         # frame, not 256 (each a wake-up of the broker's thread and a hand-over of the
         # interpreter lock).
         self._send_many = getattr(bus, "send_many", None)
+        # A machine that checks who may send what (Scheduler.admit) is asked first: a
+        # refused message never reaches handle; it is counted per peer and reason.
+        self._admit = getattr(machine, "admit", None)
 
     @classmethod
     def spawn(cls, bus: Bus, name: str, machine, on_crash: Crash) -> pykka.ActorRef:
@@ -51,6 +54,11 @@ class ControlActor(_FastInbox, pykka.ThreadingActor):
         threading.current_thread().name = f"evobus-{self.name}"
 
     def on_receive(self, message: Delivery) -> None:
+        if self._admit is not None:
+            why = self._admit(message.sender, message.msg)
+            if why is not None:
+                self.bus.stats.refuse(message.peer or message.sender, f"{why} (refused by {self.name})")
+                return
         out = self.machine.handle(message.msg)
         if len(out) > 1 and self._send_many is not None:
             self._send_many(self.name, out)  # one hand-over to the bus for the lot
