@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -165,8 +166,10 @@ class DataParallel:
     shard when it holds ``k`` or fewer). Each round is still disjoint; every shard is
     walked through in ``ceil(len(shard) / k)`` rounds. Smaller rounds mean more
     merges (and held-out gates) per rollout: ``per_worker=1`` is agentdescent's
-    synchronous round, task for task, and learns in fewer train rollouts on domains
-    where one round's proposals conflict; the default (the whole shard) gates least
+    synchronous round, task for task, and learns in fewer train rollouts and model
+    calls on domains where one round's proposals conflict; it is what ``evolve()``
+    plans with when no ``parallel`` is given (:func:`default_parallel`).
+    ``DataParallel()`` (``per_worker=None``) rolls out the whole shard: it gates least
     often and spends the fewest messages a rollout.
 
     With more workers than tasks, the surplus shards are empty: those workers get
@@ -206,6 +209,26 @@ class DataParallel:
 
     def __hash__(self) -> int:
         return hash((DataParallel, self.per_worker))
+
+
+#: Tasks per worker per round when no ``parallel`` is given (docs/parallelism.md has
+#: the measurements that chose it).
+DEFAULT_PER_WORKER = 1
+
+
+def default_parallel() -> DataParallel:
+    """The parallelism strategy of a run that names none: a minibatch round of
+    :data:`DEFAULT_PER_WORKER` tasks per worker."""
+    return DataParallel(per_worker=DEFAULT_PER_WORKER)
+
+
+def data_parallel_from_repr(text: str) -> DataParallel | None:
+    """The :class:`DataParallel` whose ``repr`` is ``text`` (as a log header records
+    it), or None when ``text`` names something else."""
+    if text == "DataParallel()":
+        return DataParallel()
+    match = re.fullmatch(r"DataParallel\(per_worker=([1-9][0-9]*)\)", text)
+    return DataParallel(per_worker=int(match.group(1))) if match else None
 
 
 def assign_key_sections(keys: Iterable[str], n: int) -> dict[str, int]:
