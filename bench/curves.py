@@ -114,6 +114,7 @@ def run_gepa(domain: Domain, calls: Calls, seed: int) -> str:
 
 def evobus_variant(spec: str):
     """``evobus[pw=4,screen,attribute,retire]``: evobus with DataParallel(per_worker=4)
+    (``pw=shard``: DataParallel(), the whole shard a round)
     and the Merger's optional rules switched on (docs/concepts.md); ``w=16``: 16
     workers; ``async``: asynchronous, ``lease=4`` tasks per lease."""
     inside = spec[len("evobus["):-1]
@@ -121,7 +122,7 @@ def evobus_variant(spec: str):
     for part in filter(None, inside.split(",")):
         name, _, value = part.partition("=")
         if name == "pw":
-            kw["parallel"] = DataParallel(per_worker=int(value))
+            kw["parallel"] = DataParallel(per_worker=None if value == "shard" else int(value))
         elif name == "w":
             kw["n_workers"] = int(value)
         elif name == "lease":
