@@ -172,7 +172,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     harmful diffs of a fused commit, and remove accepted keys whose removal scores
     better; ``recheck``: score a close call twice, the head too, for noisy models.
 
-    ``rounds`` (default 15) counts synchronous rounds; in asynchronous mode it has no
+    ``parallel`` (default ``DataParallel(per_worker=1)``, one task per worker a round,
+    chosen by the benchmarks in docs/parallelism.md; ``DataParallel()`` rolls out each
+    worker's whole shard a round). ``rounds`` (default 15) counts synchronous rounds; in asynchronous mode it has no
     meaning (a warning says so if it is passed) and the run stops on a budget:
     ``max_rollouts``, ``max_calls``, ``max_tokens``, ``max_cost``, ``max_seconds``,
     ``target_reward`` or ``patience``. ``max_calls`` counts every call to run/propose
