@@ -120,11 +120,11 @@ def evobus_variant(spec: str):
     ClusterParallel over the domain's task types (:func:`cluster_of`)."""
     inside = spec[len("evobus["):-1]
     kw: dict = {}
-    clustered = False
+    clustered: dict | None = None
     for part in filter(None, inside.split(",")):
         name, _, value = part.partition("=")
         if name == "cp":
-            clustered = True
+            clustered = {"per_worker": int(value)} if value else {}
         elif name == "pw":
             kw["parallel"] = DataParallel(per_worker=None if value == "shard" else int(value))
         elif name == "w":
@@ -137,9 +137,9 @@ def evobus_variant(spec: str):
             kw[name] = True
 
     def run(domain, calls, seed):
-        if clustered:
+        if clustered is not None:
             return run_evobus(domain, calls, seed, parallel=ClusterParallel(
-                cluster_of(domain)), **kw)
+                cluster_of(domain), **clustered), **kw)
         return run_evobus(domain, calls, seed, **kw)
     return run
 

@@ -64,6 +64,8 @@ class TensorParallelSpec(_Section, frozen=True, tag="TensorParallel", tag_field=
 class ClusterParallelSpec(_Section, frozen=True, tag="ClusterParallel", tag_field="kind"):
     cluster_of: Reference
     c: Annotated[float, msgspec.Meta(ge=0)] = 1.4
+    #: Tasks of its cluster each worker rolls out per round; omitted, the whole cluster.
+    per_worker: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
 class CustomParallelSpec(_Section, frozen=True, tag="Custom", tag_field="kind"):

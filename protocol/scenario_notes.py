@@ -67,6 +67,8 @@ NOTES = {
     "ClusterParallelSpec.cluster_of": "`cluster_of(task_id) -> cluster`; whole clusters are "
                                       "leased by UCB.",
     "ClusterParallelSpec.c": "UCB exploration constant.",
+    "ClusterParallelSpec.per_worker": "Tasks of its cluster each worker rolls out per "
+                                      "round, a minibatch; omitted, the whole cluster.",
     "CustomParallelSpec.ref": "An object with `plan(n_workers, round_index, keys)`.",
     "Workers.local": "Worker threads in this process.",
     "Workers.processes": "Worker processes started on this machine.",

@@ -578,6 +578,11 @@ class ClusterParallel:
     to cluster ``i mod k``) and the workers holding one cluster split its tasks
     disjointly, rotating by round.
 
+    ``per_worker=k`` makes the round a minibatch, as for :class:`DataParallel`: a
+    worker rolls out ``k`` tasks of its cluster (the ``(r*k + j) mod len``-th for
+    ``j < k``), so the artifact is merged and gated after ``k`` rollouts a worker
+    instead of a whole cluster each.
+
     :meth:`observe` learns per rollout. ``plan`` changes no state, so the plan is
     a function of the task ids and of the observations received.
     """
@@ -586,7 +591,12 @@ class ClusterParallel:
 
     def __init__(self, cluster_of: Callable[[str], Any], c: float = 1.4,
                  pass_threshold: float = PASS_THRESHOLD, *, floor: float = 0.1,
-                 spread: bool = False) -> None:
+                 spread: bool = False, per_worker: int | None = None) -> None:
+        if per_worker is not None and (isinstance(per_worker, bool)
+                                       or not isinstance(per_worker, int) or per_worker < 1):
+            raise ParallelConfigError(
+                f"ClusterParallel(per_worker=...) takes tasks per worker per round, an "
+                f"integer >= 1, got {per_worker!r}; None leases each cluster whole")
         if not callable(cluster_of):
             raise ParallelConfigError(
                 f"ClusterParallel(cluster_of={cluster_of!r}): cluster_of must be a "
@@ -601,6 +611,7 @@ class ClusterParallel:
         self.pass_threshold = float(pass_threshold)
         self.floor = float(floor)
         self.spread = bool(spread)
+        self.per_worker = per_worker
         self._stats: dict[str, ClusterStats] = {}
         self._total = 0
 
@@ -637,12 +648,24 @@ class ClusterParallel:
         ranked = self._rank(list(grouped))
         k = len(ranked)
         if not self.spread or n_workers <= k:
-            return [WorkUnit(worker=i, keys=tuple(grouped[ranked[i]]) if i < k else ())
-                    for i in range(n_workers)]
-        units: list[WorkUnit] = []
-        for j, cid in enumerate(ranked):
-            units.extend(_rotated_split(grouped[cid], range(j, n_workers, k), round_index))
-        return sorted(units, key=lambda u: u.worker)
+            units = [WorkUnit(worker=i, keys=tuple(grouped[ranked[i]]) if i < k else ())
+                     for i in range(n_workers)]
+        else:
+            units = []
+            for j, cid in enumerate(ranked):
+                units.extend(_rotated_split(grouped[cid], range(j, n_workers, k),
+                                            round_index))
+            units.sort(key=lambda u: u.worker)
+        return [self._minibatch(u, round_index) for u in units]
+
+    def _minibatch(self, unit: WorkUnit, round_index: int) -> WorkUnit:
+        """``per_worker`` tasks of the unit, walking through it over the rounds."""
+        k, keys = self.per_worker, unit.keys
+        if k is None or len(keys) <= k:
+            return unit
+        start = round_index * k
+        return WorkUnit(worker=unit.worker, stage=unit.stage, section=unit.section,
+                        keys=tuple(keys[(start + i) % len(keys)] for i in range(k)))
 
     def observe(self, unit: WorkUnit, task_id: str, score: float) -> None:
         """Feed one rollout's reward into its cluster's estimate.
@@ -663,4 +686,5 @@ class ClusterParallel:
         return dict(self._stats)
 
     def __repr__(self) -> str:
-        return f"ClusterParallel(c={self.c}, pass_threshold={self.pass_threshold})"
+        return (f"ClusterParallel(c={self.c}, pass_threshold={self.pass_threshold}"
+                + (f", per_worker={self.per_worker})" if self.per_worker else ")"))
