@@ -27,7 +27,7 @@ import threading
 import time
 import warnings
 
-from actors import DataParallel, evolve
+from actors import ClusterParallel, DataParallel, evolve
 from actors.machines.planner import split_tasks
 from bench import agentdescent_side as ad
 from bench import gepa_side
@@ -114,14 +114,19 @@ def run_gepa(domain: Domain, calls: Calls, seed: int) -> str:
 
 def evobus_variant(spec: str):
     """``evobus[pw=4,screen,attribute,retire]``: evobus with DataParallel(per_worker=4)
+    (``pw=shard``: DataParallel(), the whole shard a round)
     and the Merger's optional rules switched on (docs/concepts.md); ``w=16``: 16
-    workers; ``async``: asynchronous, ``lease=4`` tasks per lease."""
+    workers; ``async``: asynchronous, ``lease=4`` tasks per lease; ``cp``:
+    ClusterParallel over the domain's task types (:func:`cluster_of`)."""
     inside = spec[len("evobus["):-1]
     kw: dict = {}
+    clustered: dict | None = None
     for part in filter(None, inside.split(",")):
         name, _, value = part.partition("=")
-        if name == "pw":
-            kw["parallel"] = DataParallel(per_worker=int(value))
+        if name == "cp":
+            clustered = {"per_worker": int(value)} if value else {}
+        elif name == "pw":
+            kw["parallel"] = DataParallel(per_worker=None if value == "shard" else int(value))
         elif name == "w":
             kw["n_workers"] = int(value)
         elif name == "lease":
@@ -132,8 +137,19 @@ def evobus_variant(spec: str):
             kw[name] = True
 
     def run(domain, calls, seed):
+        if clustered is not None:
+            return run_evobus(domain, calls, seed, parallel=ClusterParallel(
+                cluster_of(domain), **clustered), **kw)
         return run_evobus(domain, calls, seed, **kw)
     return run
+
+
+def cluster_of(domain: Domain):
+    """A task's cluster for ClusterParallel: its settings type, its instruction topic,
+    or its router category."""
+    by_id = {t.id: t.meta.get("type", t.meta.get("topic", t.meta["want"]))
+             for t in domain.tasks}
+    return by_id.__getitem__
 
 
 SYSTEMS = {"evobus": run_evobus, "evobus pw1": run_evobus_pw1,

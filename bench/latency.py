@@ -26,7 +26,7 @@ import random
 import tempfile
 import time
 
-from actors import AppendRules, Task, evolve
+from actors import AppendRules, DataParallel, Task, evolve
 from actors.machines.planner import split_tasks
 from bench.common import stats, table
 from bus.log import read_log
@@ -74,6 +74,7 @@ def one(n: int, asynchronous: bool, tasks: list[Task], rounds: int, lease_size) 
         log = os.path.join(tmp, "lat.evolog")
         kw = dict(max_rollouts=rounds * len(train)) if asynchronous else dict(rounds=rounds)
         evolve(tasks, solved, run=sleepy_run, propose=no_proposal, strategy=AppendRules(),
+               parallel=DataParallel(),  # whole-shard leases: the workload measured
                n_workers=n, held_out_frac=0.1, seed=0, log=log, asynchronous=asynchronous,
                lease_size=lease_size, **kw)
         wall = wall_from_log(log)
@@ -83,8 +84,6 @@ def one(n: int, asynchronous: bool, tasks: list[Task], rounds: int, lease_size) 
         ideal_wall = max(total / n, longest)
         lpt_wall = lpt([sleeps[t] for t in train] * rounds, n)
     elif lease_size is None:
-        from actors import DataParallel
-
         ideal_wall = max(sum(sleeps[t] for t in train) / n, longest) * rounds
         lpt_wall = sum(max(sum(sleeps[t] for t in unit.keys) for unit in
                            DataParallel().plan(n, r, train)) for r in range(rounds))

@@ -72,7 +72,7 @@ def child(lib: str, mode: str, rollouts: int, log_path: str | None) -> dict:
     """Run one workload in this process; what it cost."""
     asynchronous = mode == "async"
     if lib == "evobus":
-        from actors import AppendRules, Task, evolve
+        from actors import AppendRules, DataParallel, Task, evolve
         from actors.machines.planner import split_tasks
 
         tasks = [Task(f"t{i}", f"task {i}") for i in range(N_TASKS)]
@@ -82,6 +82,7 @@ def child(lib: str, mode: str, rollouts: int, log_path: str | None) -> dict:
         before = _rss_kb()
         t = time.perf_counter()
         result = evolve(tasks, reward, run=run, propose=propose, strategy=AppendRules(),
+                        parallel=DataParallel(),  # whole-shard leases: the workload measured
                         n_workers=N_WORKERS, seed=0, asynchronous=asynchronous,
                         lease_size=LEASE_SIZE, log=log_path, **kw)
         seconds = time.perf_counter() - t

@@ -14,7 +14,7 @@ import argparse
 import concurrent.futures
 import logging
 
-from actors import AppendRules, Task, evolve
+from actors import AppendRules, DataParallel, Task, evolve
 from bench.common import fmt, measure, stats, table
 
 
@@ -44,6 +44,7 @@ def propose_rule(rendered, task, output, score):
 
 def evobus_rate(tasks, reward, propose, rounds: int, n_workers: int, bus: str) -> float:
     result = evolve(tasks, reward, run=run, propose=propose, strategy=AppendRules(),
+                    parallel=DataParallel(),  # whole-shard leases: the workload measured
                     rounds=rounds, n_workers=n_workers, seed=0, bus=bus)
     return result.rollouts / result.elapsed
 

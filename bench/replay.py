@@ -37,7 +37,7 @@ import time
 import zlib
 from pathlib import Path
 
-from actors import KeyedRules, Task, evolve
+from actors import DataParallel, KeyedRules, Task, evolve
 from actors.replay.verify import replay_contents, replay_log
 from bench.common import fmt, stats
 from bus.log import read_log
@@ -67,7 +67,8 @@ def propose(rendered: str, task: Task, output: str, score: float) -> str:
 def generate(path: Path, messages: int) -> None:
     def one(rounds: int) -> int:
         evolve(make_tasks(), reward, run=run, propose=propose,
-               strategy=KeyedRules(CATEGORIES), rounds=rounds, n_workers=8, seed=1,
+               strategy=KeyedRules(CATEGORIES), parallel=DataParallel(), rounds=rounds,
+               n_workers=8, seed=1,
                bus="memory", log=str(path))
         return len(read_log(path).records)
 

@@ -28,7 +28,7 @@ import time
 import msgspec
 import zmq
 
-from actors import AppendRules, Task, evolve
+from actors import AppendRules, DataParallel, Task, evolve
 from actors.machines.planner import split_tasks
 from bench import agentdescent_side as ad
 from bench.common import Row, figure, ratio, table
@@ -71,6 +71,7 @@ def evobus_rate(tasks, reward, propose, *, asynchronous: bool, rollouts: int,
           else dict(rounds=max(1, round(rollouts / len(train)))))
     t = time.perf_counter()
     result = evolve(tasks, reward, run=run, propose=propose, strategy=AppendRules(),
+                    parallel=DataParallel(),  # whole-shard leases: the workload measured
                     n_workers=n_workers, held_out_frac=HELD_OUT, seed=0,
                     asynchronous=asynchronous, lease_size=lease_size, **kw)
     wall = time.perf_counter() - t

@@ -50,7 +50,7 @@ suggests the closest one.
 
 ```toml
 name = "router"
-rounds = 8
+rounds = 15
 log = "runs/router.evolog"
 
 [domain]

@@ -50,9 +50,9 @@ class SingleSlotSpec(_Section, frozen=True, tag="SingleSlot", tag_field="kind"):
 
 
 class DataParallelSpec(_Section, frozen=True, tag="DataParallel", tag_field="kind"):
-    #: Tasks each worker rolls out per round (a minibatch of its shard); omitted, the
-    #: whole shard.
-    per_worker: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    #: Tasks each worker rolls out per round (a minibatch of its shard; 1 by default,
+    #: as evolve()'s default round); "shard": the whole shard.
+    per_worker: Annotated[int, msgspec.Meta(ge=1)] | Literal["shard"] = 1
 
 
 class TensorParallelSpec(_Section, frozen=True, tag="TensorParallel", tag_field="kind"):
@@ -64,6 +64,8 @@ class TensorParallelSpec(_Section, frozen=True, tag="TensorParallel", tag_field=
 class ClusterParallelSpec(_Section, frozen=True, tag="ClusterParallel", tag_field="kind"):
     cluster_of: Reference
     c: Annotated[float, msgspec.Meta(ge=0)] = 1.4
+    #: Tasks of its cluster each worker rolls out per round; omitted, the whole cluster.
+    per_worker: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
 class CustomParallelSpec(_Section, frozen=True, tag="Custom", tag_field="kind"):

@@ -56,8 +56,9 @@ NOTES = {
     "SingleSlotSpec.initial_value": "The artifact's starting text.",
     "SingleSlotSpec.key": "The one key the artifact's state uses.",
     "DataParallelSpec.per_worker": "Tasks each worker rolls out per round, a minibatch "
-                                   "of its shard (1 = agentdescent's round); omitted, the "
-                                   "whole shard.",
+                                   "of its shard (1 = agentdescent's round, and evolve()'s "
+                                   "default); \"shard\": the whole shard, one gate per "
+                                   "pass over the train split.",
     "TensorParallelSpec.n_sections": "Number of sections the artifact's keys are cut into; "
                                      "worker i edits section i mod n_sections.",
     "TensorParallelSpec.keys": "The key space to cut (default: the strategy's categories).",
@@ -66,6 +67,8 @@ NOTES = {
     "ClusterParallelSpec.cluster_of": "`cluster_of(task_id) -> cluster`; whole clusters are "
                                       "leased by UCB.",
     "ClusterParallelSpec.c": "UCB exploration constant.",
+    "ClusterParallelSpec.per_worker": "Tasks of its cluster each worker rolls out per "
+                                      "round, a minibatch; omitted, the whole cluster.",
     "CustomParallelSpec.ref": "An object with `plan(n_workers, round_index, keys)`.",
     "Workers.local": "Worker threads in this process.",
     "Workers.processes": "Worker processes started on this machine.",

@@ -20,7 +20,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from actors import KeyedRules, evolve
+from actors import DataParallel, KeyedRules, evolve
 from actors.errors import ConfigError
 from actors.replay.engine import log_chain
 from actors.replay.resume import ResumePoint
@@ -53,6 +53,7 @@ categories = ["billing", "shipping", "technical", "account"]
 
 [parallel]
 kind = "DataParallel"
+per_worker = "shard"   # whole-shard rounds: a run long enough to kill at many moments
 
 [workers]
 local = 4
@@ -210,7 +211,7 @@ def test_a_second_run_refuses_the_log_path_and_never_changes_the_first_log(tmp_p
 def router_kwargs(**extra):
     kw = dict(tasks=router.tasks(), reward=router.reward, run=router.run,
               propose=router.propose, strategy=KeyedRules(router.CATEGORIES), rounds=2,
-              n_workers=4, seed=0, bus="memory")
+              n_workers=4, seed=0, bus="memory", parallel=DataParallel())
     kw.update(extra)
     return kw
 

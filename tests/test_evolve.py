@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from actors import AppendRules, ConfigError, SingleSlot, Task, evolve
+from actors import AppendRules, ConfigError, DataParallel, SingleSlot, Task, evolve
 from bus.log import read_log
 from protocol import decode
 from scenarios import router
@@ -16,13 +16,37 @@ from scenarios import router
 
 @pytest.mark.parametrize("bus", ["zmq", "memory"])
 def test_router_reaches_held_out_reward_one_with_four_workers(router_kwargs, bus):
-    result = evolve(**router_kwargs, rounds=8, n_workers=4, seed=0, bus=bus)
+    result = evolve(**router_kwargs, rounds=15, n_workers=4, seed=0, bus=bus)
     assert result.error is None
     assert result.initial_reward == 0.0
     assert result.final_reward == 1.0
     assert result.outcomes()["committed"] >= 4
     for category, words in router.KEYWORDS.items():
         assert router.rules(result.rendered)[category] == set(words)
+
+
+#: agentdescent 0.7.0's synchronous evolve() on the same tasks and split, 4 workers:
+#: run() calls to held-out 1.0, held-out scoring included (python -m bench.learning).
+AGENTDESCENT_SYNC_CALLS = 460
+
+
+def test_the_default_round_reaches_held_out_one_in_no_more_calls_than_agentdescent(
+        router_kwargs):
+    calls = [0]
+
+    def counted(rendered, task):
+        calls[0] += 1
+        return router.run(rendered, task)
+
+    kw = dict(router_kwargs, run=counted)
+    result = evolve(**kw, n_workers=4, seed=0, rounds=300, target_reward=1.0)
+    assert result.stop_reason == "target_reward"
+    assert calls[0] == result.rollouts + result.stats["scoring_calls"]
+    assert calls[0] <= AGENTDESCENT_SYNC_CALLS, calls[0]
+    # The whole-shard round, no longer the default, spends far more.
+    whole = evolve(**dict(router_kwargs), n_workers=4, seed=0, rounds=300,
+                   target_reward=1.0, parallel=DataParallel())
+    assert whole.rollouts + whole.stats["scoring_calls"] > AGENTDESCENT_SYNC_CALLS
 
 
 def test_same_seed_same_inputs_same_artifact(router_kwargs):
@@ -36,7 +60,7 @@ def test_same_seed_same_inputs_same_artifact(router_kwargs):
 def test_an_agent_object_works_like_run_and_propose(router_kwargs):
     kw = dict(router_kwargs)
     del kw["run"], kw["propose"]
-    result = evolve(**kw, agent=router.RouterAgent(), rounds=8, target_reward=1.0)
+    result = evolve(**kw, agent=router.RouterAgent(), rounds=15, target_reward=1.0)
     assert result.final_reward == 1.0 and result.stop_reason == "target_reward"
 
 

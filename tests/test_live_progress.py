@@ -83,13 +83,13 @@ def test_the_panel_shows_leases_done_inside_a_round(root):
 
 
 def test_the_eta_counts_the_open_rounds_share_of_leases(root):
-    scenario = load_scenario(root / "scenarios" / "router.toml")   # 8 rounds
+    scenario = load_scenario(root / "scenarios" / "router.toml")   # 15 rounds
     progress = RunProgress(scenario, live=False, stream=io.StringIO())
     from actors.cli.live import RoundSnapshot
 
     half = RoundSnapshot(round=0, leases_planned=4, leases_done=2, rollouts=10, calls=20,
                          evals_asked=0, evals_done=0, closed=False)
-    assert progress.eta(1.0, half) == "at most ~15.0s left (at this pace)"   # 0.5 of 8 in 1 s
+    assert progress.eta(1.0, half) == "at most ~29.0s left (at this pace)"   # 0.5 of 15 in 1 s
 
 
 def test_a_round_line_wraps_on_a_narrow_terminal_instead_of_being_cut(root):

@@ -276,7 +276,7 @@ def test_a_scenario_runs_the_agent_against_the_endpoint(tmp_path, key, capsys):
     try:
         scenario = tmp_path / "llm.toml"
         scenario.write_text(f'''name = "router-llm"
-rounds = 6
+rounds = 15
 [domain]
 tasks = "scenarios.router:tasks"
 reward = "scenarios.router:reward"

@@ -354,6 +354,22 @@ def test_cluster_parallel_gives_extra_workers_empty_units_rather_than_duplicate_
     assert sorted(all_keys(plan)) == sorted(CLUSTERED)
 
 
+def test_cluster_parallel_per_worker_leases_a_minibatch_of_each_ranked_cluster():
+    cp = ClusterParallel(cluster_of, per_worker=1)
+    assert [u.keys for u in cp.plan(3, 0, CLUSTERED)] == [("mixed-1",), ("easy-1",),
+                                                          ("hard-1",)]
+    assert [u.keys for u in cp.plan(3, 1, CLUSTERED)] == [("mixed-2",), ("easy-2",),
+                                                          ("hard-2",)]
+    assert cp.plan(3, 0, CLUSTERED)[0].keys == cp.plan(3, 2, CLUSTERED)[0].keys
+    assert [len(u.keys) for u in ClusterParallel(cluster_of, per_worker=5).plan(
+        3, 0, CLUSTERED)] == [2, 2, 2]                              # the whole cluster
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ParallelConfigError, match="per_worker"):
+            ClusterParallel(cluster_of, per_worker=bad)
+    assert repr(cp) == "ClusterParallel(c=1.4, pass_threshold=0.999, per_worker=1)"
+    assert repr(ClusterParallel(cluster_of)) == "ClusterParallel(c=1.4, pass_threshold=0.999)"
+
+
 def test_cluster_parallel_can_spread_extra_workers_over_clusters_without_duplicates():
     plan = ClusterParallel(cluster_of, spread=True).plan(4, 0, CLUSTERED)
     assert [u.keys for u in plan] == [("mixed-1",), ("easy-1", "easy-2"),

@@ -158,3 +158,17 @@ def test_a_scenario_declares_the_minibatch_round():
     text = toml.read_text().replace('kind = "DataParallel"\n',
                                     'kind = "DataParallel"\nper_worker = 2\n')
     assert build_parallel(parse_scenario(text).parallel) == DataParallel(per_worker=2)
+
+
+def test_a_scenario_round_is_one_task_per_worker_unless_it_asks_for_the_whole_shard():
+    from actors.runtime.launch import build_parallel
+    from protocol.scenario import parse_scenario
+
+    toml = Path(__file__).resolve().parent.parent / "scenarios" / "router.toml"
+    text = toml.read_text()
+    assert build_parallel(parse_scenario(text).parallel) == DataParallel(per_worker=1)
+    no_section = text.replace('[parallel]\nkind = "DataParallel"\n', "")
+    assert "[parallel]" not in no_section
+    assert build_parallel(parse_scenario(no_section).parallel) == DataParallel(per_worker=1)
+    shard = text.replace('kind = "DataParallel"\n', 'kind = "DataParallel"\nper_worker = "shard"\n')
+    assert build_parallel(parse_scenario(shard).parallel) == DataParallel()

@@ -65,7 +65,34 @@ def test_the_recorded_logs_cover_the_strategies_named_in_docs_replay_md():
     assert {"sync_data_parallel.evolog", "tensor_parallel_violations.evolog",
             "cluster_parallel.evolog", "resumed_after_kill.evolog",
             "resumed_after_kill.r1.evolog", "async_router.evolog",
-            "group_suspended_resumed.evolog", "redispatched_lease.evolog"} <= names
+            "group_suspended_resumed.evolog", "redispatched_lease.evolog",
+            "sync_default_round.evolog"} <= names
+
+
+def test_a_log_from_before_the_default_round_replays_with_the_round_and_rules_it_ran():
+    # Written when the default was the whole shard and no rule was recorded: its
+    # scenario names DataParallel without per_worker, its header DataParallel().
+    path = LOGS / "sync_data_parallel.evolog"
+    meta = read_log(path).header.meta
+    assert "per_worker" not in meta["scenario_toml"] and meta["parallel"] == "DataParallel()"
+    assert "screen" not in msgspec.json.decode(meta["machine_args"])["merger"]
+    assert replay_log(path).divergence is None
+    # Planned with today's default round instead, it diverges at the first LeaseBatch.
+    wrong = replay_log(path, parallel=DataParallel(per_worker=1)).divergence
+    assert wrong is not None and wrong.actor == PLANNER
+
+
+def test_a_log_written_now_records_the_round_and_every_rule_on_or_off(tmp_path):
+    log = tmp_path / "run.evolog"
+    evolve(tasks=router.tasks(), reward=router.reward, run=router.run,
+           propose=router.propose, strategy=KeyedRules(router.CATEGORIES), rounds=2,
+           seed=0, bus="memory", log=str(log), retire=True)
+    meta = read_log(log).header.meta
+    assert meta["parallel"] == "DataParallel(per_worker=1)"
+    merger = msgspec.json.decode(meta["machine_args"])["merger"]
+    assert {k: merger[k] for k in ("screen", "attribute", "retire", "recheck")} == {
+        "screen": False, "attribute": False, "retire": True, "recheck": False}
+    assert replay_log(log).divergence is None
 
 
 #: Workers' names: threads, process workers, a group's branch workers.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from actors import KeyedRules, evolve
+from actors import DataParallel, KeyedRules, evolve
 from actors.replay.verify import replay_log
 from actors.replay.resume import ResumePoint, next_log_path, resume
 from actors.testing import replay
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def router_kwargs(**extra):
     kw = dict(tasks=router.tasks(), reward=router.reward, run=router.run,
               propose=router.propose, strategy=KeyedRules(router.CATEGORIES), rounds=2,
-              n_workers=4, seed=0, bus="memory")
+              n_workers=4, seed=0, bus="memory", parallel=DataParallel())
     kw.update(extra)
     return kw
 
@@ -256,6 +256,7 @@ categories = ["billing", "shipping", "technical", "account"]
 
 [parallel]
 kind = "DataParallel"
+per_worker = "shard"   # whole-shard rounds: a run long enough to kill at many moments
 
 [workers]
 local = 4

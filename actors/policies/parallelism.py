@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -165,8 +166,10 @@ class DataParallel:
     shard when it holds ``k`` or fewer). Each round is still disjoint; every shard is
     walked through in ``ceil(len(shard) / k)`` rounds. Smaller rounds mean more
     merges (and held-out gates) per rollout: ``per_worker=1`` is agentdescent's
-    synchronous round, task for task, and learns in fewer train rollouts on domains
-    where one round's proposals conflict; the default (the whole shard) gates least
+    synchronous round, task for task, and learns in fewer train rollouts and model
+    calls on domains where one round's proposals conflict; it is what ``evolve()``
+    plans with when no ``parallel`` is given (:func:`default_parallel`).
+    ``DataParallel()`` (``per_worker=None``) rolls out the whole shard: it gates least
     often and spends the fewest messages a rollout.
 
     With more workers than tasks, the surplus shards are empty: those workers get
@@ -206,6 +209,26 @@ class DataParallel:
 
     def __hash__(self) -> int:
         return hash((DataParallel, self.per_worker))
+
+
+#: Tasks per worker per round when no ``parallel`` is given (docs/parallelism.md has
+#: the measurements that chose it).
+DEFAULT_PER_WORKER = 1
+
+
+def default_parallel() -> DataParallel:
+    """The parallelism strategy of a run that names none: a minibatch round of
+    :data:`DEFAULT_PER_WORKER` tasks per worker."""
+    return DataParallel(per_worker=DEFAULT_PER_WORKER)
+
+
+def data_parallel_from_repr(text: str) -> DataParallel | None:
+    """The :class:`DataParallel` whose ``repr`` is ``text`` (as a log header records
+    it), or None when ``text`` names something else."""
+    if text == "DataParallel()":
+        return DataParallel()
+    match = re.fullmatch(r"DataParallel\(per_worker=([1-9][0-9]*)\)", text)
+    return DataParallel(per_worker=int(match.group(1))) if match else None
 
 
 def assign_key_sections(keys: Iterable[str], n: int) -> dict[str, int]:
@@ -555,6 +578,11 @@ class ClusterParallel:
     to cluster ``i mod k``) and the workers holding one cluster split its tasks
     disjointly, rotating by round.
 
+    ``per_worker=k`` makes the round a minibatch, as for :class:`DataParallel`: a
+    worker rolls out ``k`` tasks of its cluster (the ``(r*k + j) mod len``-th for
+    ``j < k``), so the artifact is merged and gated after ``k`` rollouts a worker
+    instead of a whole cluster each.
+
     :meth:`observe` learns per rollout. ``plan`` changes no state, so the plan is
     a function of the task ids and of the observations received.
     """
@@ -563,7 +591,12 @@ class ClusterParallel:
 
     def __init__(self, cluster_of: Callable[[str], Any], c: float = 1.4,
                  pass_threshold: float = PASS_THRESHOLD, *, floor: float = 0.1,
-                 spread: bool = False) -> None:
+                 spread: bool = False, per_worker: int | None = None) -> None:
+        if per_worker is not None and (isinstance(per_worker, bool)
+                                       or not isinstance(per_worker, int) or per_worker < 1):
+            raise ParallelConfigError(
+                f"ClusterParallel(per_worker=...) takes tasks per worker per round, an "
+                f"integer >= 1, got {per_worker!r}; None leases each cluster whole")
         if not callable(cluster_of):
             raise ParallelConfigError(
                 f"ClusterParallel(cluster_of={cluster_of!r}): cluster_of must be a "
@@ -578,6 +611,7 @@ class ClusterParallel:
         self.pass_threshold = float(pass_threshold)
         self.floor = float(floor)
         self.spread = bool(spread)
+        self.per_worker = per_worker
         self._stats: dict[str, ClusterStats] = {}
         self._total = 0
 
@@ -614,12 +648,24 @@ class ClusterParallel:
         ranked = self._rank(list(grouped))
         k = len(ranked)
         if not self.spread or n_workers <= k:
-            return [WorkUnit(worker=i, keys=tuple(grouped[ranked[i]]) if i < k else ())
-                    for i in range(n_workers)]
-        units: list[WorkUnit] = []
-        for j, cid in enumerate(ranked):
-            units.extend(_rotated_split(grouped[cid], range(j, n_workers, k), round_index))
-        return sorted(units, key=lambda u: u.worker)
+            units = [WorkUnit(worker=i, keys=tuple(grouped[ranked[i]]) if i < k else ())
+                     for i in range(n_workers)]
+        else:
+            units = []
+            for j, cid in enumerate(ranked):
+                units.extend(_rotated_split(grouped[cid], range(j, n_workers, k),
+                                            round_index))
+            units.sort(key=lambda u: u.worker)
+        return [self._minibatch(u, round_index) for u in units]
+
+    def _minibatch(self, unit: WorkUnit, round_index: int) -> WorkUnit:
+        """``per_worker`` tasks of the unit, walking through it over the rounds."""
+        k, keys = self.per_worker, unit.keys
+        if k is None or len(keys) <= k:
+            return unit
+        start = round_index * k
+        return WorkUnit(worker=unit.worker, stage=unit.stage, section=unit.section,
+                        keys=tuple(keys[(start + i) % len(keys)] for i in range(k)))
 
     def observe(self, unit: WorkUnit, task_id: str, score: float) -> None:
         """Feed one rollout's reward into its cluster's estimate.
@@ -640,4 +686,5 @@ class ClusterParallel:
         return dict(self._stats)
 
     def __repr__(self) -> str:
-        return f"ClusterParallel(c={self.c}, pass_threshold={self.pass_threshold})"
+        return (f"ClusterParallel(c={self.c}, pass_threshold={self.pass_threshold}"
+                + (f", per_worker={self.per_worker})" if self.per_worker else ")"))

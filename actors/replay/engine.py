@@ -64,6 +64,7 @@ from actors.machines.collector import Collector
 from actors.machines.merger import Merger
 from actors.machines.planner import Planner
 from actors.machines.scheduler import Scheduler
+from actors.policies.parallelism import DataParallel, data_parallel_from_repr
 from actors.replay.report import (
     ActorReport,
     Divergence,
@@ -224,11 +225,13 @@ def _planner_strategy(meta: dict[str, str], start: Start, parallel, strategy, ta
         except ScenarioError as exc:
             raise ConfigError(f"cannot rebuild the planner from the scenario in the log "
                               f"header: {exc}") from None
-        parallel = build_parallel(scenario.parallel)
+        parallel = _recorded_round(meta, build_parallel(scenario.parallel))
         strategy = build_strategy(scenario.strategy)
     elif parallel is None:
         recorded = meta.get(META_PARALLEL, "")
-        if recorded and recorded != "DataParallel()":
+        # A log without the key predates it, when the default was the whole shard.
+        parallel = data_parallel_from_repr(recorded or "DataParallel()")
+        if parallel is None:
             raise ConfigError(
                 f"the log was written by evolve() with parallel={recorded} and carries no "
                 "scenario text, so replay cannot rebuild its planner: pass the same "
@@ -250,6 +253,17 @@ def _planner_strategy(meta: dict[str, str], start: Start, parallel, strategy, ta
             f"sections as {sections}, but the run used {start.sections}: pass the "
             "strategy and artifact strategy the run used")
     return plan_with, sampler
+
+
+def _recorded_round(meta: dict[str, str], built):
+    """The scenario's DataParallel as the run planned with it: its round size as the
+    header recorded it: a scenario that omits ``per_worker`` took the default of the
+    day it ran (the whole shard before the default became a minibatch), and a header
+    without the key predates ``per_worker`` itself."""
+    if not isinstance(built, DataParallel):
+        return built
+    recorded = data_parallel_from_repr(meta.get(META_PARALLEL) or "DataParallel()")
+    return recorded if recorded is not None else built
 
 
 class _Track:

@@ -23,7 +23,7 @@ from actors.artifacts import AppendRules, declared_keys, normaliser
 from actors.version import PACKAGE_VERSION
 from actors.errors import BackendFailing, ConfigError
 from actors.machines.merger import STALENESS, Merger
-from actors.policies.parallelism import DataParallel
+from actors.policies.parallelism import default_parallel
 from actors.policies.pipeline import PipelineParallel
 from actors.machines.planner import Planner, split_tasks
 from actors.machines.scheduler import Scheduler
@@ -121,7 +121,7 @@ def prepare_parallel(parallel, strategy, task_ids: list[str], n_workers: int):
     """Check the parallelism/artifact pairing before the first rollout; returns the
     strategy to plan with and the key -> section map the Merger enforces (or None)."""
     if parallel is None:
-        return DataParallel(), None
+        return default_parallel(), None
     if isinstance(parallel, PipelineParallel):
         raise ConfigError(parallel.refusal_message())
     if not callable(getattr(parallel, "plan", None)):
@@ -173,7 +173,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     harmful diffs of a fused commit, and remove accepted keys whose removal scores
     better; ``recheck``: score a close call twice, the head too, for noisy models.
 
-    ``rounds`` (default 15) counts synchronous rounds; in asynchronous mode it has no
+    ``parallel`` (default ``DataParallel(per_worker=1)``, one task per worker a round,
+    chosen by the benchmarks in docs/parallelism.md; ``DataParallel()`` rolls out each
+    worker's whole shard a round). ``rounds`` (default 15) counts synchronous rounds; in asynchronous mode it has no
     meaning (a warning says so if it is passed) and the run stops on a budget:
     ``max_rollouts``, ``max_calls``, ``max_tokens``, ``max_cost``, ``max_seconds``,
     ``target_reward`` or ``patience``. ``max_calls`` counts every call to run/propose
@@ -444,9 +446,11 @@ def _check_budgets(max_calls, max_tokens, max_cost, prices, agent, run, propose,
 
 
 def _gate(screen: bool, attribute: bool, retire: bool, recheck: bool) -> dict[str, bool]:
-    """The Merger's optional acceptance rules (docs/concepts.md), those switched on."""
-    return {name: True for name, on in (("screen", screen), ("attribute", attribute),
-                                        ("retire", retire), ("recheck", recheck)) if on}
+    """The Merger's optional acceptance rules (docs/concepts.md), each on or off: the
+    log header records them all, and a header that lacks one was written before it
+    existed (replay takes it as off)."""
+    return {"screen": bool(screen), "attribute": bool(attribute), "retire": bool(retire),
+            "recheck": bool(recheck)}
 
 
 def _start_tracker(tracking, params: dict[str, Any], plan_with, strategy,

@@ -54,12 +54,13 @@ def strategy_from_meta(meta: dict[str, str]):
 def build_parallel(spec: sc.Parallel):
     match spec:
         case sc.DataParallelSpec(per_worker=per_worker):
-            return DataParallel(per_worker=per_worker)
+            return DataParallel(per_worker=None if per_worker == "shard" else per_worker)
         case sc.TensorParallelSpec(n_sections=n, keys=keys, route=route):
             return TensorParallel(n, keys=keys,
                                   route=_resolve(route, "$.parallel.route") if route else None)
-        case sc.ClusterParallelSpec(cluster_of=cluster_of, c=c):
-            return ClusterParallel(_resolve(cluster_of, "$.parallel.cluster_of"), c=c)
+        case sc.ClusterParallelSpec(cluster_of=cluster_of, c=c, per_worker=per_worker):
+            return ClusterParallel(_resolve(cluster_of, "$.parallel.cluster_of"), c=c,
+                                   per_worker=per_worker)
         case sc.CustomParallelSpec(ref=ref):
             return _resolve(ref, "$.parallel.ref")
     raise AssertionError(f"unknown parallel spec {spec!r}")

@@ -40,10 +40,19 @@ local = 4
 """
 
 SCENARIOS: dict[str, str] = {
-    # Synchronous data parallel: disjoint rotating shards, conflicts and duplicates.
+    # Synchronous data parallel, whole-shard rounds: disjoint rotating shards, the
+    # conflicts and duplicates of 43 proposals a round. (Recorded when the whole shard
+    # was the default; per_worker = "shard" keeps that round.)
     "sync_data_parallel": 'name = "sync_data_parallel"\nrounds = 3\n' + _COMMON + """
 [parallel]
 kind = "DataParallel"
+per_worker = "shard"
+""",
+    # The default configuration, synchronous: no [parallel], so a round is one task
+    # per worker; to held-out 1.0.
+    "sync_default_round": 'name = "sync_default_round"\nrounds = 15\n' + _COMMON + """
+[budgets]
+target_reward = 1.0
 """,
     # Tensor parallel without route: tasks are sharded as in DP, so most proposals land
     # outside the proposer's section and are rejected (section-violation).
@@ -78,6 +87,10 @@ max_rollouts = 240
 #: Collector name, a new Collector per GroupStart.
 GROUP = "group_suspended_resumed"
 
+#: The redispatch and the kill logs keep whole-shard rounds (per_worker = "shard"):
+#: what they pin is a lease lost and re-sent, a run cut mid-round and resumed, not the
+#: round size; their headers predate the default round and the recorded rule keys, so
+#: they are also the older logs tests/test_replay.py replays as they ran.
 #: Two process workers; the first to start a rollout is stopped (SIGSTOP) past its
 #: heartbeat deadline, so the Scheduler presumes it lost and re-dispatches its lease
 #: under the same id; continued (SIGCONT), it comes back and its late answer is dropped.
@@ -99,6 +112,7 @@ categories = ["billing", "shipping", "technical", "account"]
 
 [parallel]
 kind = "DataParallel"
+per_worker = "shard"
 
 [workers]
 local = 0
@@ -114,6 +128,7 @@ KILLED = "resumed_after_kill"
 KILLED_SCENARIO = 'name = "resumed_after_kill"\nrounds = 2\n' + _COMMON + """
 [parallel]
 kind = "DataParallel"
+per_worker = "shard"
 """
 
 
