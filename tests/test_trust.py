@@ -576,10 +576,13 @@ def test_every_process_worker_killed_mid_lease_is_respawned_and_the_run_complete
 
 @pytest.mark.slow
 def test_process_workers_that_always_die_stop_the_run_with_a_resumable_log(
-        tmp_path, monkeypatch, capsys, reference_state):
+        tmp_path, monkeypatch, capsys):
     from actors.cli.main import main
     from actors.replay.resume import ResumePoint, resume_scenario_log
-    from test_remote import scenario_text
+    from test_remote import on_threads, scenario_text
+
+    # The default round is a task per worker: the reference has this run's one worker.
+    reference_state = on_threads(scenario_text("local = 0\nprocesses = 1"))
 
     log = tmp_path / "dying.evolog"
     path = tmp_path / "dying.toml"  # `evobus run FILE` records the scenario: resumable
