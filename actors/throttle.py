@@ -183,4 +183,5 @@ def parse_retry_after(headers) -> float | None:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
+    # An HTTP date is wall-clock time: only the wall clock can say how far off it is.
     return max(0.0, when.timestamp() - time.time())

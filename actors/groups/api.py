@@ -180,17 +180,7 @@ def resume_group(checkpoint: str | os.PathLike, *, target=None,
                            ckpt.approvers)
     if problem is not None:
         raise ResumeRefused(f"{path}: {problem}")
-    if target is None:
-        if ckpt.target is None:
-            raise ConfigError(f"{path}: the group's target was not named by import path, so "
-                              "the checkpoint cannot name it: pass target=the same callable")
-        target = ckpt.target
-    fn, ref = _resolve_target(target, options.get("allow"))
-    check_code(path, ckpt, fn)
-    returns = options.get("returns")
-    if returns is None and ckpt.returns:
-        returns = type_named(ckpt.returns, f"{path}: the checkpoint's returns")
-    returns = output_type(fn, returns, "resume_group()")
+    fn, ref, returns = _checkpoint_target(path, ckpt, target, options)
     suspend = options.setdefault("suspend", ckpt.suspend)
     answered = {pending[i].branch for i in [*user_inputs, *approvals]}
     answered |= {i for i in ckpt.not_started if i in ckpt.journals}
@@ -242,6 +232,23 @@ def _after_resume(path: Path, ckpt, outcome: GroupOutcome, used: list[str]) -> N
                                                         written_at=now))
 
 
+def _checkpoint_target(path: Path, ckpt, target, options: dict[str, Any]):
+    """The target a checkpoint is resumed with (the one given, else the one it names),
+    checked against the code that wrote it, and its output type R (given, else the
+    checkpoint's)."""
+    if target is None:
+        if ckpt.target is None:
+            raise ConfigError(f"{path}: the group's target was not named by import path, so "
+                              "the checkpoint cannot name it: pass target=the same callable")
+        target = ckpt.target
+    fn, ref = _resolve_target(target, options.get("allow"))
+    check_code(path, ckpt, fn)
+    returns = options.get("returns")
+    if returns is None and ckpt.returns:
+        returns = type_named(ckpt.returns, f"{path}: the checkpoint's returns")
+    return fn, ref, output_type(fn, returns, "resume_group()")
+
+
 def _restart(path: Path, ckpt, target, user_inputs, approvals, options) -> GroupOutcome:
     """Resume a checkpoint left ``running``: the process running its group died (or is
     still running it: then the checkpoint's lock refuses). The group runs again, under
@@ -251,23 +258,18 @@ def _restart(path: Path, ckpt, target, user_inputs, approvals, options) -> Group
         raise ResumeRefused(f"{path}: the group {ckpt.group_id} stopped while running (no "
                             "interaction is pending): resume it without user_inputs, "
                             "approvals or principal")
-    if target is None:
-        if ckpt.target is None:
-            raise ConfigError(f"{path}: the group's target was not named by import path, so "
-                              "the checkpoint cannot name it: pass target=the same callable")
-        target = ckpt.target
-    fn, ref = _resolve_target(target, options.get("allow"))
-    check_code(path, ckpt, fn)
+    fn, ref, returns = _checkpoint_target(path, ckpt, target, options)
     try:
         store = Store(ckpt.store)
     except TypeError as exc:
         raise ResumeRefused(f"{path}: the checkpoint's store does not load: {exc}") from None
     options = {**options, "chunk": options.get("chunk", ckpt.chunk),
-               "cancel_deadline": options.get("cancel_deadline", ckpt.cancel_deadline)}
+               "cancel_deadline": options.get("cancel_deadline", ckpt.cancel_deadline),
+               "suspend": options.get("suspend", ckpt.suspend)}
     plan = _Plan(nested=run_group, group_id=ckpt.group_id, fn=fn, ref=ref or ckpt.target,
                  items=ckpt.items, max_concurrency=ckpt.max_concurrency,
                  max_items=ckpt.max_items, options=options, parent=_ambient_parent(None),
                  budgets=ckpt.budgets, consumed=ckpt.consumed, store=store,
                  approvers=ckpt.approvers, checkpoint=path,
-                 branches_to_run=len(ckpt.items))
+                 branches_to_run=len(ckpt.items), returns=returns)
     return _checkpointed(plan, again=True)
