@@ -268,7 +268,8 @@ def _execute(plan: _Plan) -> GroupOutcome:
                  depth=settings.depth, limits=settings.limits, ledger=ledger, store=store,
                  live=live, external=external, parent=parent, trace=bool(opts.get("trace")),
                  runtime=runtime, nested=plan.nested,
-                 order=(_StartOrder(len(plan.items), settings.concurrency)
+                 order=(_StartOrder(len(plan.items), settings.concurrency,
+                                    done=start.finished)
                         if plan.resume is None else None),
                  convert=converter(plan.returns), suspend_all=settings.suspend == "all")
     # A top-level group with a checkpoint writes its effects ahead (EffectLog).

@@ -25,10 +25,17 @@ class _StartOrder:
     once every branch up to ``j - bound`` has started, and no branch at or past ``bound``
     starts before the first ``bound`` have. ``started`` is written once per start (one
     atomic store); ``low`` (every branch below it has started) only ever lags behind the
-    truth, so reading a stale one can only make a worker look again, never start early."""
+    truth, so reading a stale one can only make a worker look again, never start early.
 
-    def __init__(self, n: int, bound: int) -> None:
+    Every start is marked, whatever lease it came in (an ``in_order`` one waits for its
+    turn, a batched one does not, but a branch that waits may need it to have started),
+    and so is every branch ``done`` before this run: a branch marked nowhere would keep
+    every later ``in_order`` start waiting."""
+
+    def __init__(self, n: int, bound: int, done=()) -> None:
         self.started = bytearray(n)
+        for j in done:    # finished before this run: they never start again
+            self.started[j] = 1
         self.n = n
         self.bound = bound
         self.low = 0

@@ -54,14 +54,16 @@ class _LeaseBox:
             return self.queued.pop(lease_id, None)
 
     def steal(self, need: int) -> Branch | None:
-        """An in-order lease queued behind one this box's worker runs, holding a branch
-        below ``need``, taken out (a worker not running yet starts its first lease soon:
-        nothing is taken from it)."""
+        """A lease queued behind one this box's worker runs, holding a branch below
+        ``need``, taken out (a worker not running yet starts its first lease soon:
+        nothing is taken from it). Any lease: a batched one may hold such a branch too
+        (one that came back unstarted and went out again once branches were measured
+        cheap)."""
         with self.lock:
             if not self.running:
                 return None
             for lease_id, lease in self.queued.items():
-                if lease.in_order and lease.indices[0] < need:
+                if min(lease.indices) < need:
                     return self.queued.pop(lease_id)
         return None
 
@@ -229,7 +231,8 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
         box = self.box
         settle = self.settle
         starts = 0
-        order = host.order if lease.in_order else None
+        order = host.order      # every start is marked in it, whatever the lease
+        in_order = order is not None and lease.in_order   # this lease waits for its turn
         convert = host.convert
         suspend_all = host.suspend_all
         waiting: list[Suspension] = []
@@ -247,7 +250,7 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
         try:
             for pos, index in enumerate(indices):
                 # Before taking a live-branch slot: a worker waiting for its turn holds none.
-                if order is not None and not order.wait(index, give_up, self._steal):
+                if in_order and not order.wait(index, give_up, self._steal):
                     return answer(unstarted=indices[pos:])
                 if live:
                     if not _enter_all(live, lambda: host.cancelled or host.holding):
