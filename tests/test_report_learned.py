@@ -7,16 +7,22 @@ headless Chromium renders it (skipped only when Chromium is not installed)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from actors import evolve
+from actors.cli.inspect import history_lines
 from actors.cli.learned import learned_from, read_chain
 from actors.cli.main import main
 from actors.cli.render import STAT_NAMES, analyse, render_html
+from actors.policies.parallelism import ClusterParallel
+from actors.runtime.grouping import TaskGroups, task_groups
 from bus.log import FORMAT_VERSION, LogHeader, LogWriter
+from protocol import Task
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -56,7 +62,9 @@ def test_the_page_shows_the_artifact_the_diffs_and_the_failing_tasks():
     assert "worker-0 on <code>account-password-5</code> (round 1)" in page
     assert "0.517 → 0.793" in page
     assert "<h2>Tasks the head still fails (6)</h2>" in page and "billing-invoice-5" in page
-    assert page.count("<details") == 3   # the artifact at v0, v1 and v2
+    assert "Grouped by the tasks' <code>category</code>" in page
+    assert "<tr><td class=l>billing</td><td>3</td><td>10</td>" in page
+    assert page.count("<details") == 4   # every failing task; the artifact at v0, v1, v2
     assert "A resumed run: 2 logs" in page
 
 
@@ -83,7 +91,8 @@ def test_inspect_history_of_a_resumed_run_covers_the_chain(capsys):
     out = capsys.readouterr().out
     assert "v1  round 0: held-out 0.000 -> 0.517" in out
     assert "v2  round 1: held-out 0.517 -> 0.793" in out
-    assert "tasks the head (v2) still fails (6):" in out and "held-out billing-invoice-1" in out
+    assert "tasks the head (v2) still fails (6), by category:" in out
+    assert "billing   3 of 10 scored: billing-invoice-1 (held-out 0.00)" in out
 
 
 @needs_matplotlib
@@ -98,7 +107,8 @@ def test_headless_chromium_renders_the_artifact_diffs_and_failing_tasks(tmp_path
                          text=True, timeout=60)
     assert dom.returncode == 0, dom.stderr[-2000:]
     for text in ("The artifact (v2)", "What each commit changed", "account-password-5",
-                 "Tasks the head still fails (6)", "billing-invoice-5"):
+                 "Tasks the head still fails (6)", "billing-invoice-5",
+                 "Grouped by the tasks' ", "for example"):
         assert text in dom.stdout
     shot = tmp_path / "shot.png"
     done = subprocess.run([*browser, "--window-size=1100,2000", f"--screenshot={shot}",
@@ -119,3 +129,56 @@ def test_headless_chromium_renders_the_artifact_diffs_and_failing_tasks(tmp_path
 
     assert has("#f7f7f7")   # the artifact's box
     assert has("#176b1f") and has("#aa3333")   # a diff's new (green) and old (red) text
+
+
+def test_failing_tasks_are_counted_per_category_with_examples(capsys):
+    assert main(["inspect", str(LOGS / "resumed_after_kill.evolog"), "--history"]) == 0
+    out = capsys.readouterr().out
+    assert "tasks the head (v1) still fails (14), by category:" in out
+    # Most failing first, three examples a group, the rest counted.
+    assert out.index("    billing ") < out.index("    account ") < out.index("    shipping ")
+    assert ("billing    6 of 10 scored: billing-invoice-1 (held-out 0.00), billing-invoice-4 "
+            "(held-out 0.00), billing-invoice-5 (held-out 0.00), and 3 more") in out
+
+
+def test_inspect_json_names_each_failing_tasks_group(capsys):
+    assert main(["inspect", str(RESUMED), "--history", "--json"]) == 0
+    last = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert last["grouped_by"] == "category"
+    assert last["groups"] == {"billing": {"failing": 3, "scored": 10},
+                              "account": {"failing": 2, "scored": 9},
+                              "shipping": {"failing": 1, "scored": 4}}
+    assert {f["task"]: f["group"] for f in last["failing"]}["shipping-tracking-1"] == "shipping"
+
+
+def test_a_cluster_parallel_runs_groups_are_its_clusters():
+    tasks = [Task(f"t{i}", "p", {"category": "same"}) for i in range(6)]
+    groups = task_groups(tasks, ClusterParallel(lambda tid: f"c{int(tid[1:]) % 3}"))
+    assert groups.by == "cluster_of"
+    assert groups.groups == {"c0": ["t0", "t3"], "c1": ["t1", "t4"], "c2": ["t2", "t5"]}
+    # Without cluster_of the meta field groups them; one group only is no grouping.
+    assert task_groups(tasks) is None
+    assert task_groups(tasks[:4], None) is None
+
+
+def test_a_meta_field_that_is_an_id_is_no_grouping():
+    tasks = [Task(f"t{i}", "p", {"topic": f"x{i}", "kind": "a" if i < 2 else "b"})
+             for i in range(4)]
+    found = task_groups(tasks)
+    assert (found.by, found.groups) == ("kind", {"a": ["t0", "t1"], "b": ["t2", "t3"]})
+    assert task_groups([Task("a", "p"), Task("b", "p")]) is None
+
+
+def test_evolve_records_the_task_groups_in_the_log_header(tmp_path, capsys):
+    from scenarios import router
+    log = tmp_path / "run.evolog"
+    evolve(router.tasks(), router.reward, agent=router.RouterAgent(), rounds=1, n_workers=2,
+           log=str(log), bus="memory",
+           parallel=ClusterParallel(router.cluster_of, per_worker=1))
+    meta = read_chain(log)[0].header.meta
+    groups = TaskGroups.from_json(meta["task_groups"])
+    assert groups.by == "cluster_of"
+    assert sorted(groups.groups) == ["account", "billing", "shipping", "technical"]
+    lines = history_lines(learned_from(read_chain(log)))
+    assert any(line.endswith("still fails (%d), by cluster_of:" % n) for line in lines
+               for n in range(1, 73)), lines[-6:]

@@ -23,7 +23,7 @@ from typing import Any, get_args
 
 import msgspec
 
-from actors.cli.learned import Learned, learned_from, read_chain, renderer
+from actors.cli.learned import Learned, failing_groups, learned_from, read_chain, renderer
 from actors.cli.replay import format_summary, summarize, unreadable_log
 from actors.errors import ConfigError
 from bus.log import LogCorrupt, follow_log, read_log
@@ -240,8 +240,14 @@ def _learned(args, chain) -> int:
     if args.json:
         for v in learned.versions:
             print(json.dumps(_version_json(v)))
-        print(json.dumps({"failing": [{"split": s, "task": t, "score": x}
-                                      for s, t, x in learned.failing()]}))
+        by, groups = failing_groups(learned)
+        group_of = {t: g.group for g in groups for _, t, _ in g.failing}
+        print(json.dumps({"failing": [{"split": s, "task": t, "score": x,
+                                       **({"group": group_of[t]} if by else {})}
+                                      for s, t, x in learned.failing()],
+                          **({"grouped_by": by, "groups": {
+                              g.group: {"failing": len(g.failing), "scored": g.scored}
+                              for g in groups}} if by else {})}))
         return 0
     print("\n".join(history_lines(learned)))
     return 0
@@ -287,8 +293,28 @@ def history_lines(learned: Learned) -> list[str]:
     elif not failing:
         lines.append(f"the head (v{head.version}) fails no task it was scored on")
     else:
-        lines.append(f"tasks the head (v{head.version}) still fails ({len(failing)}):")
-        lines += [f"    {split:<8} {task}  {score:.3f}" for split, task, score in failing]
+        lines += _failing_lines(learned, failing)
+    return lines
+
+
+#: Failing tasks named per group by ``inspect --history`` (--json lists them all).
+EXAMPLES = 3
+
+
+def _failing_lines(learned: Learned, failing: list) -> list[str]:
+    head = learned.head
+    by, groups = failing_groups(learned)
+    if by is None:
+        return [f"tasks the head (v{head.version}) still fails ({len(failing)}):"] + [
+            f"    {split:<8} {task}  {score:.3f}" for split, task, score in failing]
+    width = max(len(g.group) for g in groups)
+    lines = [f"tasks the head (v{head.version}) still fails ({len(failing)}), by {by}:"]
+    for g in groups:
+        names = ", ".join(f"{task} ({split} {score:.2f})"
+                          for split, task, score in g.failing[:EXAMPLES])
+        more = f", and {len(g.failing) - EXAMPLES} more" if len(g.failing) > EXAMPLES else ""
+        lines.append(f"    {g.group:<{width}}  {len(g.failing)} of {g.scored} scored: "
+                     f"{names}{more}")
     return lines
 
 

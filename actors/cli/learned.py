@@ -16,13 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+import msgspec
+
 from actors.replay.engine import log_chain
-from actors.runtime.launch import strategy_from_meta
+from actors.runtime.grouping import TaskGroups, task_groups
+from actors.runtime.launch import build_parallel, strategy_from_meta, tasks_of
 from bus.log import LogContents, read_log
+from protocol import scenario as sc
 from protocol import (Baseline, Commit, EvalDone, EvalRequest, LeaseDone, Open, Progress,
                       RoundClosed, Start, decode)
 
-__all__ = ["Edit", "Learned", "Version", "learned_from", "read_chain", "renderer"]
+__all__ = ["Edit", "FailingGroup", "Learned", "Version", "failing_groups", "groups_from_meta",
+           "learned_from", "read_chain", "renderer"]
 
 #: A task scoring below this on the head is listed as still failing.
 SOLVED = 0.999
@@ -70,6 +75,8 @@ class Learned:
     train_scores: dict[str, float] = field(default_factory=dict)
     #: "round" in a synchronous run; "merge" (and waves for proposals) in an async one.
     word: str = "round"
+    #: The chain's header meta (the newest segment's keys win): how tasks are grouped.
+    meta: dict[str, str] = field(default_factory=dict)
 
     def at(self, version: int) -> Version | None:
         return next((v for v in self.versions if v.version == version), None)
@@ -106,6 +113,7 @@ def learned_from(chain: Iterable[LogContents]) -> Learned:
     heldout: frozenset = frozenset()
     offset = 0.0
     for contents in chain:
+        out.meta.update(contents.header.meta)
         for rec in contents.records:
             try:
                 msg = decode(rec.body)
@@ -195,3 +203,57 @@ def renderer(meta: dict[str, str]):
     if strategy is not None:
         return strategy.render
     return lambda state: "\n".join(f"{k}: {v}" for k, v in sorted(state.items())) or "(empty)"
+
+
+@dataclass
+class FailingGroup:
+    """The tasks of one group the head still fails, of those it was scored on."""
+
+    group: str
+    failing: list[tuple[str, str, float]]   # (split, task id, score)
+    scored: int
+
+
+def groups_from_meta(meta: dict[str, str]) -> TaskGroups | None:
+    """The run's task groups: the header's ``task_groups`` (recorded by evolve()), else
+    the ones its scenario's tasks and ``cluster_of`` give (a log written before that
+    key); None when the domain gives none or its code cannot be imported here."""
+    if meta.get("task_groups"):
+        try:
+            return TaskGroups.from_json(meta["task_groups"])
+        except (ValueError, KeyError, AttributeError, TypeError):  # damaged: said as none
+            return None
+    if not meta.get("scenario_toml"):
+        return None
+    try:
+        with warnings.catch_warnings():   # said when the run started, not again here
+            warnings.simplefilter("ignore")
+            scenario = sc.parse_scenario(meta["scenario_toml"], "the log's scenario")
+            plan_with = build_parallel(scenario.parallel) \
+                if isinstance(scenario.parallel, sc.ClusterParallelSpec) else None
+            return task_groups(tasks_of(scenario), plan_with)
+    # The domain's code as it is here cannot give them: the report lists tasks ungrouped.
+    except (ValueError, msgspec.ValidationError, OSError, ImportError):
+        return None
+
+
+def failing_groups(learned: Learned) -> tuple[str | None, list[FailingGroup]]:
+    """What the tasks are grouped by (None: the domain gives no grouping) and the head's
+    failing tasks per group, most failing first, with how many of each group's tasks it
+    was scored on."""
+    failing = learned.failing()
+    groups = groups_from_meta(learned.meta) if failing else None
+    if groups is None:
+        return None, []
+        return []
+    head = learned.head
+    scored: dict[str, int] = {}
+    for task in [*head.scores, *learned.train_scores]:
+        g = groups.of(task) or "(no group)"
+        scored[g] = scored.get(g, 0) + 1
+    by: dict[str, list[tuple[str, str, float]]] = {}
+    for split, task, score in failing:
+        by.setdefault(groups.of(task) or "(no group)", []).append((split, task, score))
+    return groups.by, sorted((FailingGroup(g, f, scored.get(g, len(f)))
+                              for g, f in by.items()),
+                             key=lambda fg: (-len(fg.failing), fg.group))

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 from typing import Iterator
 
-from actors.cli.learned import SOLVED, Learned, learned_from, read_chain, renderer
+from actors.cli.learned import (SOLVED, Learned, failing_groups, learned_from, read_chain,
+                                renderer)
 from bus.log import Record
 from protocol import decode
 
@@ -828,18 +829,7 @@ def _learned_html(a: RunAnalysis) -> list[str]:
                        f"<td class=l>{who}</td></tr>")
     if commits:
         out.append("</table>")
-    failing = learned.failing()
-    out.append(f"<h2>Tasks the head still fails ({len(failing)})</h2>")
-    if failing:
-        out.append("<table class=failing><tr><th class=l>task</th><th class=l>split</th>"
-                   "<th>score</th></tr>" + "".join(
-                       f"<tr><td class=l><code>{e(t)}</code></td><td class=l>{e(split)}</td>"
-                       f"<td>{score:.3f}</td></tr>" for split, t, score in failing)
-                   + "</table>")
-    else:
-        out.append(f"<p class=note>None: v{head.version} scores at least {SOLVED} on every "
-                   "held-out task it was scored on and every training task it was rolled "
-                   "out on.</p>")
+    out += _failing_html(learned)
     out.append("<h2>The artifact at every version</h2>")
     for v in reversed(learned.versions):
         label = f"v{v.version}" + (f" ({learned.word} {v.round})" if v.round is not None
@@ -852,6 +842,37 @@ def _learned_html(a: RunAnalysis) -> list[str]:
 
 def _score(x: float | None) -> str:
     return "—" if x is None else f"{x:.3f}"
+
+
+def _failing_html(learned: Learned) -> list[str]:
+    """The tasks the head still fails: counted per group with examples where the domain
+    groups its tasks, then every one of them."""
+    e = html.escape
+    head, failing = learned.head, learned.failing()
+    out = [f"<h2>Tasks the head still fails ({len(failing)})</h2>"]
+    if not failing:
+        return out + [f"<p class=note>None: v{head.version} scores at least {SOLVED} on "
+                      "every held-out task it was scored on and every training task it "
+                      "was rolled out on.</p>"]
+    by, groups = failing_groups(learned)
+    rows = "".join(f"<tr><td class=l><code>{e(t)}</code></td><td class=l>{e(split)}</td>"
+                   f"<td>{score:.3f}</td></tr>" for split, t, score in failing)
+    table = ("<table class=failing><tr><th class=l>task</th><th class=l>split</th>"
+             f"<th>score</th></tr>{rows}</table>")
+    if by is None:
+        return out + [table]
+    out.append(f"<p class=note>Grouped by the tasks' <code>{e(by)}</code>: per group, the "
+               "tasks v{0} fails of those it was scored on (held-out, and training tasks "
+               "rolled out at this version), and a few of them.</p>".format(head.version))
+    out.append("<table class=failing-groups><tr><th class=l>group</th><th>failing</th>"
+               "<th>of scored</th><th class=l>for example</th></tr>" + "".join(
+                   f"<tr><td class=l>{e(g.group)}</td><td>{len(g.failing)}</td>"
+                   f"<td>{g.scored}</td><td class=l>" + ", ".join(
+                       f"<code>{e(t)}</code> ({e(split)} {score:.2f})"
+                       for split, t, score in g.failing[:3]) + "</td></tr>"
+                   for g in groups) + "</table>")
+    return out + [f"<details><summary>every failing task ({len(failing)})</summary>"
+                  f"{table}</details>"]
 
 
 def default_dir(log: str | Path) -> Path:

@@ -34,6 +34,7 @@ from protocol import (Halted, Hello, Progress, Refused, RoundRecord, RunDone, St
                       Tick, Unhalt)
 from actors.runtime.clock import Ticker
 from actors.runtime.runtime import Runtime, make_log_directory
+from actors.runtime.grouping import task_groups
 from actors.runtime import pools as coordinator
 from actors.tracking import as_tracking
 
@@ -212,6 +213,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                               run_id=run_id)
     meta = _log_meta(seed, run_id, log_meta, plan_with, task_sampler, modes, remote,
                      strategy)
+    groups = task_groups(tasks, plan_with)   # how report/inspect group failing tasks
+    if groups is not None:
+        meta.setdefault("task_groups", groups.to_json())
     start = Start(run_id=run_id, seed=seed, task_ids=task_ids, n_workers=n_workers,
                   rounds=modes.rounds, held_out_frac=held_out_frac,
                   max_concurrency=max_concurrency or n_workers, initial_state=state0,

@@ -66,14 +66,17 @@ def build_parallel(spec: sc.Parallel):
     raise AssertionError(f"unknown parallel spec {spec!r}")
 
 
+def tasks_of(scenario: sc.Scenario) -> list:
+    """The scenario's tasks: ``[domain] tasks`` resolved (a list, or a function called)."""
+    tasks = _resolve(scenario.domain.tasks, "$.domain.tasks")
+    return list(tasks() if callable(tasks) else tasks)
+
+
 def evolve_kwargs(scenario: sc.Scenario, source: str = "") -> dict[str, Any]:
     """The keyword arguments of :func:`evolve` a scenario describes."""
     d = scenario.domain
-    tasks = _resolve(d.tasks, "$.domain.tasks")
-    if callable(tasks):
-        tasks = tasks()
     kwargs: dict[str, Any] = dict(
-        tasks=list(tasks), reward=_resolve(d.reward, "$.domain.reward"),
+        tasks=tasks_of(scenario), reward=_resolve(d.reward, "$.domain.reward"),
         strategy=build_strategy(scenario.strategy), parallel=build_parallel(scenario.parallel),
         n_workers=n_workers_of(scenario.workers),
         max_concurrency=scenario.workers.max_concurrency, held_out_frac=scenario.held_out_frac,
