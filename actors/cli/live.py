@@ -1,25 +1,29 @@
 """Progress inside a round, for the live panel of ``evobus run``: how many of the
-round's leases are done, rollouts and backend calls so far, held-out evaluations done
-of those asked for.
+round's leases are done, rollouts, calls, tokens and cost so far, held-out evaluations
+done of those asked for, and the working time they took.
 
 The runtime hands every delivered message to :meth:`InRound.push` on the bus's thread
-(``Runtime(watch=...)``); ``push`` only queues the bytes. The panel calls
+(``Runtime(watch=...)``); ``push`` only stamps and queues the bytes. The panel calls
 :meth:`InRound.snapshot` a few times a second, which decodes what was queued and folds
-it in: the bus never waits on the display, and nothing is sampled or dropped.
+it into a :class:`actors.cli.figures.RunFigures`, the fold `evobus inspect --summary`
+runs over the log: the bus never waits on the display, nothing is sampled or dropped,
+and the live figures are the summary's.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
-from protocol import (EvalDone, EvalRequest, LeaseBatch, LeaseDone, RoundClosed, decode)
+from actors.cli.figures import RunFigures
+from protocol import decode
 
 __all__ = ["InRound", "RoundSnapshot"]
 
-#: Receivers of the messages that say how far a round has got (the rest is not queued).
-_WATCHED = ("scheduler", "merger")
+#: Receivers of the messages the figures are folded from (the rest is not queued).
+_WATCHED = ("scheduler", "merger", "planner")
 
 
 @dataclass(frozen=True)
@@ -28,60 +32,53 @@ class RoundSnapshot:
     leases_planned: int      # rollout leases of that round
     leases_done: int         # ... answered
     rollouts: int            # every rollout answered so far in the run
-    calls: int               # backend calls those rollouts report (run + propose)
+    calls: int               # every backend call answered so far (what max_calls counts)
     evals_asked: int         # held-out scorings the merger asked for in this round
     evals_done: int
     closed: bool             # the round has closed (its line is printed)
+    working: float = 0.0     # seconds since work began (not waiting for workers)
+    tokens: int = 0
+    cost: float = 0.0
+    usage: dict = field(default_factory=dict)   # RunFigures.usage(): by kind, limits
+    closes: int = 0          # rounds (async: merges) closed
+    committed: int = 0       # ... of them committed
+    per_close: float | None = None   # rollouts per recorded round (async: merge)
 
 
 class InRound:
     """Folds the messages of a live run into a :class:`RoundSnapshot`."""
 
-    def __init__(self) -> None:
-        self._queue: collections.deque[tuple[str, str, bytes]] = collections.deque()
+    def __init__(self, clock=time.monotonic) -> None:
+        self._queue: collections.deque[tuple[float, str, str, bytes]] = collections.deque()
         self._lock = threading.Lock()
-        self._answered: set[str] = set()
-        self.round: int | None = None
-        self.planned = self.done = self.rollouts = self.calls = 0
-        self.evals_asked = self.evals_done = 0
-        self.closed = False
+        self._clock = clock
+        self.figures = RunFigures()
 
     def push(self, sender: str, receiver: str, body: bytes) -> None:
-        """Called by the bus for every delivered message: queue it (a deque append)."""
+        """Called by the bus for every delivered message: stamp and queue it."""
         if receiver in _WATCHED:
-            self._queue.append((sender, receiver, body))
+            self._queue.append((self._clock(), sender, receiver, body))
 
-    def snapshot(self) -> RoundSnapshot:
+    def fold(self) -> RunFigures:
+        """Fold in what was queued; the figures (read them under no other thread)."""
         with self._lock:
             while self._queue:
-                sender, receiver, body = self._queue.popleft()
+                t, sender, receiver, body = self._queue.popleft()
                 try:
-                    self._fold(sender, receiver, decode(body))
+                    self.figures.add(sender, receiver, decode(body), t)
                 except ValueError:   # a frame the bus rejects too: not progress
                     continue
-            return RoundSnapshot(self.round, self.planned, self.done, self.rollouts,
-                                 self.calls, self.evals_asked, self.evals_done, self.closed)
+            return self.figures
 
-    def _fold(self, sender: str, receiver: str, msg) -> None:
-        match msg:
-            case LeaseBatch(round=r, leases=leases) if sender == "planner":
-                if r != self.round:
-                    self.round, self.planned, self.done, self.closed = r, 0, 0, False
-                    self.evals_asked = self.evals_done = 0
-                self.planned += sum(1 for lease in leases if lease.kind == "rollout")
-            case LeaseDone(lease_id=lid) if receiver == "scheduler":
-                if lid in self._answered:   # a late answer of a re-dispatched lease
-                    return
-                self._answered.add(lid)
-                if msg.kind == "rollout":   # what the planner counts as calls and rollouts
-                    self.calls += sum(r.calls for r in msg.results)
-                    self.rollouts += len(msg.results)
-                    self.done += msg.round == self.round
-            case EvalRequest() if sender == "merger":
-                self.evals_asked += 1
-            case EvalDone() if receiver == "merger":
-                self.evals_done += 1
-            case RoundClosed(round=r) if r == self.round:
-                self.closed = True
-            case _:
-                pass
+    def snapshot(self, now: float | None = None) -> RoundSnapshot:
+        f = self.fold()
+        with self._lock:
+            usage = f.usage()
+            return RoundSnapshot(f.round, f.planned, f.done,
+                                 max(f.answered_rollouts, f.rollouts),
+                                 usage["calls"]["total"], f.evals_asked, f.evals_done,
+                                 f.round_closed,
+                                 f.working(self._clock() if now is None else now),
+                                 usage["tokens"]["total"], usage["cost"]["total"], usage,
+                                 len(f.closed), sum(c.committed for c in f.closed),
+                                 f.rollouts_per_close)

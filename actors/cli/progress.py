@@ -134,12 +134,13 @@ class RunProgress(_Lines):
         self._live = None
         self.live = self._want_live(live, quiet)
         self.in_round = InRound()
-        if self.live:
-
-            self._console = Console(file=self.stream, highlight=False)
+        if not quiet:
             # evolve() hands the runtime this, which tells it of every message: the
-            # panel moves inside a round, not only when one closes.
+            # panel moves inside a round, and rates are over working time (the figures
+            # `inspect --summary` folds from the log, folded live).
             self.watch = self.in_round.push
+        if self.live:
+            self._console = Console(file=self.stream, highlight=False)
 
     # -- the run ------------------------------------------------------------------------
 
@@ -197,14 +198,22 @@ class RunProgress(_Lines):
             return f"{total} {parts[0][1]} worker{plural}"
         return f"{total} worker{plural} ({', '.join(f'{n} {k}' for n, k in parts)})"
 
+    def working(self) -> float:
+        """Seconds of work so far: since the run's first lease or scoring request, not
+        counting the wait for workers to connect (the figures' clock); the time since
+        the display started when nothing was watched."""
+        working = self.in_round.snapshot().working
+        return working if working > 0 else time.monotonic() - self.t0
+
     def _round_line(self, r: Any) -> str:
         mark = "committed" if r.committed else "kept"
         elapsed = r.elapsed or (time.monotonic() - self.t0)
         reasons = outcome_text(dict(r.reasons))
         return (f"{elapsed:8.2f}s  {self.word} {r.round:<3} v{r.version:<3} held-out "
                 f"{r.heldout_reward:.3f}  {mark:<9}  {r.rollouts:>4} rollouts "
-                f"{'(' + _rate(self.rollouts, elapsed) + ')':<10} {r.proposals:>3} proposals"
-                + (f": {reasons}" if r.proposals or r.reasons else ""))
+                f"{'(' + _rate(self.rollouts, self.working()) + ')':<10} "
+                f"{r.proposals:>3} proposals" + (f": {reasons}" if r.proposals or r.reasons
+                                                 else ""))
 
     def _round_line_rich(self, r: Any, prev: float | None):
 
@@ -229,28 +238,37 @@ class RunProgress(_Lines):
 
     # -- the live panel --------------------------------------------------------------------
 
-    def budget_left(self, elapsed: float) -> list[str]:
-        """What is left of each budget, in words (rounds always; others when set)."""
+    def budget_left(self, elapsed: float, now: RoundSnapshot | None = None) -> list[str]:
+        """What is left of each budget, in words (rounds always; others when set):
+        calls, tokens and cost as the Scheduler's ledger counts them, live."""
         s = self.scenario
         b = s.budgets
         done = len(self.records)
+        now = now if now is not None else self.in_round.snapshot()
         out = [f"{max(0, s.rounds - done)} of {s.rounds} rounds"] if self.word == "round" else []
         if b.max_rollouts is not None:
-            out.append(f"{max(0, b.max_rollouts - self.rollouts):,} of {b.max_rollouts:,} rollouts")
+            rollouts = max(self.rollouts, now.rollouts)
+            out.append(f"{max(0, b.max_rollouts - rollouts):,} of {b.max_rollouts:,} rollouts")
         if b.max_seconds is not None:
             out.append(f"{_clock(b.max_seconds - elapsed)} of {_clock(b.max_seconds)}")
-        calls = getattr(self.records[-1], "calls", None) if self.records else None
-        live = self.in_round.snapshot() if self.live else None
-        if live is not None and live.calls:
-            calls = max(calls or 0, live.calls)
-        if b.max_calls is not None:
-            out.append(f"{max(0, b.max_calls - calls):,} of {b.max_calls:,} calls"
-                       if calls is not None else f"max {b.max_calls:,} calls")
+        for limit, used, what, fmt in _usage_rows(b, now):
+            if limit is not None:
+                out.append(f"{fmt(max(0, limit - used))} of {fmt(limit)} {what}")
         if b.patience is not None:
             out.append(f"patience {max(0, b.patience - self.since_commit)} of {b.patience}")
         if b.target_reward is not None:
             out.append(f"target {b.target_reward:.3f}")
         return out
+
+    def used_text(self, now: RoundSnapshot) -> str:
+        """``144 calls · 52,310 tokens · $0.0231``: what the run used so far (tokens
+        and cost once a call reported any, or when a budget is on them)."""
+        b = self.scenario.budgets
+        parts = [f"{now.calls:,} calls"]
+        for limit, used, what, fmt in _usage_rows(b, now)[1:]:
+            if used or limit is not None:
+                parts.append(f"{fmt(used)} {what}")
+        return " · ".join(parts)
 
     @staticmethod
     def in_round_text(now: RoundSnapshot) -> str:
@@ -261,22 +279,27 @@ class RunProgress(_Lines):
         return text
 
     def eta(self, elapsed: float, now: RoundSnapshot) -> str | None:
-        """Time left at most, from the pace so far: sync runs by rounds (the open round's
-        share of leases done counts), async runs by the rollout budget. None until there
-        is a pace to go by. The run may stop sooner (a target reached, patience)."""
-        s = self.scenario
-        if self.word == "round":
+        """Time left at most, from the pace so far over working time: the budget nearest
+        its end decides (rounds, with the open round's share of leases done; rollouts;
+        calls, tokens, cost; seconds). None until there is a pace to go by. The run may
+        stop sooner (a target reached, patience)."""
+        s, b = self.scenario, self.scenario.budgets
+        shares = []
+        if self.word == "round" and s.rounds:
             closed = len(self.records)
             part = closed + (now.leases_done / now.leases_planned
                              if now.leases_planned and not now.closed else 0.0)
-            whole = s.rounds
-        else:
-            part, whole = max(self.rollouts, now.rollouts), s.budgets.max_rollouts
-        if not whole or part <= 0 or elapsed <= 0:
+            shares.append(part / s.rounds)
+        if b.max_rollouts:
+            shares.append(max(self.rollouts, now.rollouts) / b.max_rollouts)
+        shares += [used / limit for limit, used, _, _ in _usage_rows(b, now) if limit]
+        working = now.working if now.working > 0 else elapsed
+        share = min(1.0, max(shares, default=0.0))
+        if share <= 0 or working <= 0:
             return None
-        left = elapsed / part * max(0.0, whole - part)
-        if s.budgets.max_seconds is not None:
-            left = min(left, max(0.0, s.budgets.max_seconds - elapsed))
+        left = working / share * (1.0 - share)
+        if b.max_seconds is not None:
+            left = min(left, max(0.0, b.max_seconds - elapsed))
         return f"at most ~{_clock(left)} left (at this pace)"
 
     def _panel(self):
@@ -314,11 +337,16 @@ class RunProgress(_Lines):
         if eta is not None:
             grid.add_row("ETA", Text(eta))
         grid.add_row("held-out", reward)
-        grid.add_row("commits", f"{commits} of {done} {self.word}s")
-        grid.add_row("rollouts", f"{rollouts:,}  ({_rate(rollouts, elapsed)})"
-                     + (f" · {now.calls:,} calls" if now.calls else ""))
+        if now.closes:   # the figures `inspect --summary` shows, folded live
+            commits, done = now.committed, now.closes
+        per = f" · {now.per_close:.1f} rollouts per {self.word}" if now.per_close else ""
+        grid.add_row("commits", f"{commits} of {done} {self.word}s{per}")
+        working = now.working if now.working > 0 else elapsed   # else: nothing tapped
+        grid.add_row("rollouts", f"{rollouts:,}  ({_rate(rollouts, working)} over "
+                     f"{_clock(working)} of work)")
+        grid.add_row("used", Text(self.used_text(now)))
         grid.add_row("workers", workers)
-        grid.add_row("budget left", Text(" · ".join(self.budget_left(elapsed))))
+        grid.add_row("budget left", Text(" · ".join(self.budget_left(elapsed, now))))
         title = Text(f" evobus run {self.source} ", style="bold")
         return Panel(grid, title=title, title_align="left", border_style="blue",
                      subtitle=Text(" Ctrl-C stops cleanly ", style="dim"),
@@ -334,7 +362,8 @@ class RunProgress(_Lines):
         s = self.scenario
         head = (f"{s.name}: held-out reward {result.initial_reward:.3f} -> "
                 f"{result.final_reward:.3f} at version {result.version} "
-                f"({result.stop_reason}; {result.rollouts} rollouts in {result.elapsed:.2f} s)")
+                f"({result.stop_reason}; {result.rollouts} rollouts in {result.elapsed:.2f} s"
+                f"{self._waited(result.elapsed)})")
         lines = [f"outcomes: {outcome_text(result.outcomes())}"]
         usage = getattr(result, "usage", None)
         if usage:
@@ -367,6 +396,14 @@ class RunProgress(_Lines):
         c.print(Panel(Text(result.rendered), title=f"artifact v{result.version}",
                       title_align="left", border_style="dim", expand=False))
 
+    def _waited(self, elapsed: float) -> str:
+        """``, 2.10 s of work``: said when the run waited a second or more for its
+        workers (the rest of ``elapsed``), so no one reads the wait as slowness."""
+        working = self.in_round.snapshot().working
+        if working <= 0 or elapsed - working < WAIT_WORTH_SAYING_S:
+            return ""
+        return f", {working:.2f} s of work after {elapsed - working:.2f} s waiting for workers"
+
     def interrupted(self, log_path: str | None, how: str = "interrupted") -> str:
         """The message for a run stopped with Ctrl-C, SIGTERM or SIGHUP (the caller
         prints it to stderr); ``how`` says which."""
@@ -390,6 +427,9 @@ class RunProgress(_Lines):
         return (f"{what}; the log {log_path}{held} is closed. Resume the run with:\n"
                 f"    evobus resume {log_path}")
 
+
+#: A wait for workers this long (seconds) or longer is said in the run's summary line.
+WAIT_WORTH_SAYING_S = 1.0
 
 #: How often a group's plain progress line is printed (seconds).
 GROUP_LINE_EVERY_S = 5.0
@@ -517,6 +557,13 @@ def interrupt_guard(stream: TextIO | None = None) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _usage_rows(b: Any, now: RoundSnapshot) -> list[tuple[Any, float, str, Any]]:
+    """(limit, used, what, format) of calls, tokens and cost, as the ledger counts them."""
+    return [(b.max_calls, now.calls, "calls", lambda v: f"{int(v):,}"),
+            (getattr(b, "max_tokens", None), now.tokens, "tokens", lambda v: f"{int(v):,}"),
+            (getattr(b, "max_cost", None), now.cost, "cost", lambda v: f"${v:,.4f}")]
 
 
 def budget_lines(budget: dict) -> list[str]:

@@ -19,9 +19,8 @@ from actors.replay.resume import ResumePoint, next_log_path, resume_scenario_log
 from actors.cli.progress import exit_code, interrupt_guard
 from bus.log import LogCorrupt
 from actors.cli.render import _GROUP_KINDS, track_group
+from actors.cli.figures import RunFigures
 from actors.cli.fork import cmd_fork
-from protocol import (Commit, Lease, LeaseBatch, LeaseDone, RoundClosed, Settled,
-                      SettledBatch)
 
 __all__ = ["LogSummary", "cmd_replay", "cmd_resume", "format_summary", "register",
            "summarize"]
@@ -210,67 +209,74 @@ def _stopped(exc: KeyboardInterrupt, newest: Path) -> int:
 
 
 class LogSummary:
-    """Per-round figures and totals of a log (or of the messages a filter selected)."""
+    """Per-round figures and totals of a log (or of the messages a filter selected):
+    the rounds (async: merges) and counts come from :class:`RunFigures`, the fold the
+    live panel of ``evobus run`` reads, over the same messages."""
 
     def __init__(self) -> None:
-        self.rounds: dict[int, dict[str, Any]] = {}
-        self.commits = 0
-        self.dispatched: Counter[str] = Counter()
-        self.redispatches = 0
-        self.discards: Counter[str] = Counter()
-        self.late_answers = 0
-        self._answered: set[str] = set()
+        self.figures = RunFigures()
         self.groups: dict[str, dict[str, Any]] = {}   # parallel groups (actors.cli.render)
 
-    def _round(self, r: int) -> dict[str, Any]:
-        return self.rounds.setdefault(r, {"leases": 0, "rollouts": 0, "proposals": 0,
-                                          "result": "", "version": "", "heldout": "",
-                                          "discards": Counter()})
-
-    def add(self, sender: str, receiver: str, msg: Any) -> None:
-
+    def add(self, sender: str, receiver: str, msg: Any, t: float = 0.0) -> None:
         kind = type(msg).__name__
         if kind in _GROUP_KINDS:
             track_group(self.groups, kind, msg)
             return
-        match msg:
-            case LeaseBatch(round=r, leases=leases) if sender == "planner":
-                self._round(r)["leases"] += len(leases)
-            case Lease(lease_id=lease_id) if sender == "scheduler":
-                if self.dispatched[lease_id]:
-                    self.redispatches += 1
-                self.dispatched[lease_id] += 1
-            case Settled(round=r, scores=scores):
-                self._round(r)["rollouts"] += len(scores)
-            case SettledBatch(settled=settled):
-                for one in settled:
-                    self._round(one.round)["rollouts"] += len(one.scores)
-            case LeaseDone(lease_id=lease_id) if receiver == "scheduler":
-                if lease_id in self._answered:
-                    self.late_answers += 1
-                self._answered.add(lease_id)
-            case Commit() if sender == "merger":
-                self.commits += 1
-            case RoundClosed(round=r) as rc:
-                row = self._round(r)
-                row["proposals"] += rc.proposals
-                row["result"] = "committed" if rc.committed else "kept"
-                row["version"] = rc.version
-                row["heldout"] = f"{rc.heldout_reward:.3f}"
-                for reason, n in rc.outcomes.items():
-                    if reason != "committed":
-                        row["discards"][reason] += n
-                        self.discards[reason] += n
-            case _:
-                pass
+        self.figures.add(sender, receiver, msg, t)
+
+    @property
+    def word(self) -> str:
+        return self.figures.word
+
+    @property
+    def commits(self) -> int:
+        return self.figures.commits
+
+    @property
+    def redispatches(self) -> int:
+        return self.figures.redispatches
+
+    @property
+    def late_answers(self) -> int:
+        return self.figures.late_answers
+
+    @property
+    def discards(self) -> Counter:
+        out: Counter[str] = Counter()
+        for c in self.figures.closed:
+            out.update({k: v for k, v in c.outcomes.items() if k != "committed"})
+        return out
+
+    @property
+    def rounds(self) -> dict[int, dict[str, Any]]:
+        """Round (async: merge) -> its row; an open last row when rollouts settled
+        after the last recorded close (keyed one past it)."""
+        out = {c.round: {"leases": c.leases, "rollouts": c.rollouts,
+                         "proposals": c.proposals,
+                         "result": "committed" if c.committed else "kept",
+                         "version": c.version, "heldout": f"{c.heldout:.3f}",
+                         "discards": Counter({k: v for k, v in c.outcomes.items()
+                                              if k != "committed"})}
+               for c in self.figures.closed}
+        f = self.figures
+        if f.open_rollouts or (f.round is not None and not f.closed):
+            key = max(out, default=-1) + 1
+            out[key] = {"leases": f._pending[1], "rollouts": f.open_rollouts,
+                        "proposals": 0, "result": "", "version": "", "heldout": "",
+                        "discards": Counter()}
+        return out
 
 
 def summarize(items: Iterable[tuple[Any, Any]]) -> LogSummary:
     """``items``: (record, decoded message) pairs, as `evobus inspect` reads them."""
     s = LogSummary()
     for rec, msg in items:
-        s.add(rec.sender, rec.receiver, msg)
+        s.add(rec.sender, rec.receiver, msg, rec.t)
     return s
+
+
+def _per_second(n: float, seconds: float) -> str:
+    return f"{n / seconds:,.1f}/s" if seconds > 0 else "-"
 
 
 def _columns(header: tuple[str, ...], rows: list[tuple]) -> list[str]:
@@ -293,16 +299,22 @@ def format_summary(s: LogSummary) -> str:
         discards = ", ".join(f"{k} {v}" for k, v in sorted(row["discards"].items())) or "-"
         rows.append((r, row["leases"], row["rollouts"], row["proposals"],
                      row["result"] or "open", row["version"], row["heldout"], discards))
-    lines = _columns(("round", "leases", "rollouts", "proposals", "result", "version",
+    lines = _columns((s.word, "leases", "rollouts", "proposals", "result", "version",
                       "held-out", "discards"), rows)
     closed = sum(1 for row in s.rounds.values() if row["result"])
     total = sum(s.discards.values())
     by_reason = ", ".join(f"{k} {v}" for k, v in sorted(s.discards.items()))
     lines.append("")
-    lines.append(f"rounds {closed} closed ({len(s.rounds)} seen), commits {s.commits}, "
+    per = s.figures.rollouts_per_close
+    lines.append(f"{s.word}s {closed} closed ({len(s.rounds)} seen), commits {s.commits}, "
                  f"re-dispatches {s.redispatches}, discards {total}"
                  + (f" ({by_reason})" if by_reason else "")
                  + f", late answers {s.late_answers}")
+    if s.figures.rollouts:
+        lines.append(f"rollouts {s.figures.rollouts:,} in {s.figures.working():.2f} s of work "
+                     f"({_per_second(s.figures.rollouts, s.figures.working())})"
+                     + (f", {per:.1f} per {s.word}" if per is not None else "")
+                     + f"; calls {s.figures.usage()['calls']['total']:,}")
     if group_lines:
         lines += [""] + group_lines
     return "\n".join(lines)
