@@ -141,7 +141,8 @@ def test_under_a_pseudo_terminal_the_panel_shows_an_open_rounds_leases(root, tmp
     text = (root / "scenarios" / "router.toml").read_text().replace(
         'agent = "scenarios.router:RouterAgent"',
         f'agent = {{ref = "test_live_progress:FileGatedAgent", kwargs = {{held = "{held}"}}}}')
-    assert "FileGatedAgent" in text
+    text = text.replace("[budgets]\n", "[budgets]\nmax_calls = 5000\n")
+    assert "FileGatedAgent" in text and "max_calls = 5000" in text
     path = tmp_path / "gated.toml"
     path.write_text(text)
     release = tmp_path / "release"
@@ -167,5 +168,6 @@ def test_under_a_pseudo_terminal_the_panel_shows_an_open_rounds_leases(root, tmp
     screen = inside.decode("utf-8", "replace")
     assert "3/4 leases done" in screen, screen[-2000:]
     assert "round 0" in screen and "ETA" in screen
+    assert "of 5,000 calls" in screen and "of work" in screen   # budgets, working time
     assert "v1   held-out" not in screen   # round 0 had not closed yet
     assert b"artifact v" in rest
