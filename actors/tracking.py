@@ -8,7 +8,9 @@
 
 What is logged: the run's parameters (mode, rounds, workers, seed, strategies,
 budgets, run id, log path), per round (or merge) the held-out reward, rollouts,
-proposals, commits, backend calls and, when the agent keeps a usage count, tokens;
+proposals, commits, backend calls, and every call (scoring too), tokens and cost as
+the Scheduler's ledger counts them against the budgets (``all_calls``, ``tokens``,
+``cost``; tokens and cost are what calls reported through actors.usage);
 each committed artifact version as a text artifact (``artifact/v0003.txt``); and at
 the end the final figures and the stop reason. MLflow is an optional extra
 (``pip install "evobus[tracking]"``); without it, asking for tracking is a
@@ -72,12 +74,13 @@ class MlflowTracking:
             self._commits.append(body)
 
     def on_round(self, record: Any, *, rollouts: int, calls: int,
-                 usage: dict[str, int] | None) -> None:
+                 usage: dict[str, int] | None, budget: dict | None = None) -> None:
         self._step += 1
         metrics = {"heldout_reward": record.heldout_reward, "rollouts": rollouts,
                    "calls": calls, "round_rollouts": record.rollouts,
                    "proposals": record.proposals, "committed": float(record.committed),
                    "version": record.version}
+        metrics.update(_ledger_metrics(budget))
         metrics.update({f"tokens_{k}": v for k, v in (usage or {}).items()
                         if isinstance(v, (int, float))})
         self._guard(lambda: self._metrics(metrics, self._step))
@@ -90,6 +93,8 @@ class MlflowTracking:
                  "final_version": result.version}
         final.update({f"total_tokens_{k}": v for k, v in (usage or {}).items()
                       if isinstance(v, (int, float))})
+        final.update({f"total_{k}": v for k, v in
+                      _ledger_metrics(getattr(result, "budget", None)).items()})
         self._guard(lambda: self._finish(final, result))
 
     # -- MLflow -----------------------------------------------------------------------------
@@ -162,3 +167,13 @@ def as_tracking(tracking: Any) -> MlflowTracking | None:
         return MlflowTracking(tracking)
     raise ConfigError(f"tracking={tracking!r}: pass an MLflow tracking URI (e.g. "
                       "'file:./mlruns') or actors.tracking.MlflowTracking(uri, experiment=...)")
+
+
+def _ledger_metrics(budget: dict | None) -> dict[str, float]:
+    """Every call (scoring too), the tokens and the cost the Scheduler's ledger counted
+    (docs/budgets.md), as ``all_calls``, ``tokens`` and ``cost``."""
+    if not budget:
+        return {}
+    return {name: float((budget.get(what) or {}).get("total", 0))
+            for name, what in (("all_calls", "calls"), ("tokens", "tokens"),
+                               ("cost", "cost"))}

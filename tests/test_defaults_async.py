@@ -11,6 +11,7 @@ import sys
 import threading
 import warnings
 
+import msgspec
 import pytest
 
 from actors import AppendRules, Task
@@ -138,3 +139,30 @@ def test_parallel_async_returns_the_results_in_input_order_without_blocking():
 
     ticks, results = asyncio.run(main())
     assert results == [2 * x for x in range(20)] and ticks >= 1
+
+
+def test_evolve_and_a_minimal_scenario_file_start_the_same_run(tmp_path):
+    """Every default evolve() fills in is the scenario file's: the Start message and the
+    header's machine settings of the two runs are the same but for their ids."""
+    from actors.runtime.launch import run_scenario
+    from protocol import Start, decode
+    from protocol.scenario import parse_scenario
+    from bus.log import read_log
+    from scenarios import router
+
+    evolve(router.tasks(), router.reward, agent=router.RouterAgent(),
+           log=str(tmp_path / "py.evolog"))
+    run_scenario(parse_scenario('name = "x"\n[domain]\ntasks = "scenarios.router:tasks"\n'
+                                'reward = "scenarios.router:reward"\n'
+                                'agent = "scenarios.router:RouterAgent"\n', "x.toml"),
+                 log=str(tmp_path / "file.evolog"))
+    seen = []
+    for name in ("py", "file"):
+        contents = read_log(tmp_path / f"{name}.evolog")
+        start = next(m for m in map(decode, (r.body for r in contents.records))
+                     if isinstance(m, Start))
+        meta = contents.header.meta
+        seen.append((msgspec.structs.replace(start, run_id="", lease_key=""),
+                     {k: meta.get(k) for k in ("parallel", "machine_args", "strategy",
+                                               "task_groups")}))
+    assert seen[0] == seen[1]

@@ -96,3 +96,43 @@ def test_the_scenario_tracking_table_is_validated(tmp_path, root):
     with pytest.raises(Exception, match=r"tracking.*uri"):
         load_scenario(path)
     assert repr(MlflowTracking("file:./m")) == "MlflowTracking('file:./m', experiment='evobus')"
+
+
+class _Reporting:
+    """The router agent, reporting 10 input and 5 output tokens of model "m" a call."""
+
+    reports_usage = True
+
+    def __init__(self):
+        from scenarios.router import RouterAgent
+        self.inner = RouterAgent()
+
+    def solve(self, rendered, task):
+        from actors.usage import report
+        report(model="m", input_tokens=10, output_tokens=5)
+        return self.inner.solve(rendered, task)
+
+    def propose(self, rendered, task, output, score):
+        from actors.usage import report
+        report(model="m", input_tokens=10, output_tokens=5)
+        return self.inner.propose(rendered, task, output, score)
+
+
+@needs_mlflow
+def test_each_round_logs_the_ledgers_calls_tokens_and_cost(tmp_path, store, router_kwargs):
+    from mlflow.tracking import MlflowClient
+
+    router_kwargs.pop("run"), router_kwargs.pop("propose")
+    router_kwargs.update(agent=_Reporting(), prices={"m": (1.0, 2.0)}, max_tokens=10**6,
+                         rounds=3)
+    tracker = MlflowTracking(store, experiment="ledger")
+    result = evolve(**router_kwargs, tracking=tracker)
+    client = MlflowClient(tracking_uri=store)
+    tokens = client.get_metric_history(tracker.run_id, "tokens")
+    cost = client.get_metric_history(tracker.run_id, "cost")
+    assert len(tokens) == len(cost) == len(result.history)
+    assert [m.value for m in tokens] == sorted(m.value for m in tokens) and tokens[0].value > 0
+    assert cost[-1].value == pytest.approx(tokens[-1].value / 15 * (10 + 10) / 1e6)
+    run = client.get_run(tracker.run_id)
+    assert run.data.metrics["total_tokens"] == result.budget["tokens"]["total"]
+    assert run.data.metrics["total_all_calls"] == result.budget["calls"]["total"]

@@ -329,8 +329,9 @@ def _spawn_workers(rt: Runtime, top: _Topology, start: Start, resume_from) -> No
 def _on_round(tracker, agent) -> Callable | None:
     if tracker is None:
         return None
-    return lambda p: tracker.on_round(p.record, rollouts=p.rollouts, calls=p.calls,
-                                      usage=_usage_of(agent))
+    return lambda p, budget=None: tracker.on_round(p.record, rollouts=p.rollouts,
+                                                   calls=p.calls, usage=_usage_of(agent),
+                                                   budget=budget)
 
 
 def _result(ran: _Ran, strategy, log, t0: float, agent) -> "EvolveResult":
@@ -521,8 +522,8 @@ def _drive(rt: Runtime, t0: float, max_seconds, asynchronous: bool, remote,
         match delivery.msg:
             case Progress(record=record) as progress:
                 elapsed_by_round[record.round] = time.monotonic() - t0
-                if on_round is not None:   # tracking, between messages
-                    on_round(progress)
+                if on_round is not None:   # tracking, between messages (the ledger too)
+                    on_round(progress, rt.machines[SCHEDULER].ledger.summary())
                 if on_progress is not None:
                     # The Scheduler's registry, read between messages: a count, for
                     # display only (decisions never depend on it).
