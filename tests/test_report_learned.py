@@ -182,3 +182,11 @@ def test_evolve_records_the_task_groups_in_the_log_header(tmp_path, capsys):
     lines = history_lines(learned_from(read_chain(log)))
     assert any(line.endswith("still fails (%d), by cluster_of:" % n) for line in lines
                for n in range(1, 73)), lines[-6:]
+
+
+def test_the_quickstarts_failing_groups_are_what_inspect_prints(capsys):
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "quickstart.md").read_text()
+    shown = doc.split("tasks the head (v2) still fails (6), by category:\n")[1].split("```")[0]
+    assert main(["inspect", str(LOGS / "redispatched_lease.evolog"), "--history"]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith("tasks the head (v2) still fails (6), by category:\n" + shown)
