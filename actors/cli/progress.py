@@ -309,6 +309,10 @@ class RunProgress(_Lines):
             last = self.records[-1] if self.records else None
             done = len(self.records)
             rollouts, commits, best = self.rollouts, self.commits, self.best
+        now = self.in_round.snapshot()
+        rollouts = max(rollouts, now.rollouts)   # answered ahead of the round's record
+        if now.closes:   # the figures `inspect --summary` shows, folded live
+            commits, done = now.committed, now.closes
         s = self.scenario
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="dim", justify="right", no_wrap=True)
@@ -328,17 +332,14 @@ class RunProgress(_Lines):
             reward.append(f"  (v{last.version}, best {best:.3f})", style="dim")
         alive = getattr(last, "workers_alive", None) if last is not None else None
         workers = self._workers_text() if alive is None else f"{alive} alive"
-        now = self.in_round.snapshot()
-        rollouts = max(rollouts, now.rollouts)
         grid.add_row("progress", bar)
-        if now.round is not None and not now.closed:
-            grid.add_row(f"{self.word} {now.round}", Text(self.in_round_text(now)))
+        if now.round is not None and not now.closed:   # async: waves, merged as they come
+            open_word = "round" if self.word == "round" else "wave"
+            grid.add_row(f"{open_word} {now.round}", Text(self.in_round_text(now)))
         eta = self.eta(elapsed, now)
         if eta is not None:
             grid.add_row("ETA", Text(eta))
         grid.add_row("held-out", reward)
-        if now.closes:   # the figures `inspect --summary` shows, folded live
-            commits, done = now.committed, now.closes
         per = f" · {now.per_close:.1f} rollouts per {self.word}" if now.per_close else ""
         grid.add_row("commits", f"{commits} of {done} {self.word}s{per}")
         working = now.working if now.working > 0 else elapsed   # else: nothing tapped
