@@ -8,6 +8,7 @@ ETA at a moment inside a round."""
 from __future__ import annotations
 
 import io
+import json
 import threading
 from pathlib import Path
 
@@ -64,6 +65,10 @@ def test_live_figures_and_inspect_summary_agree_on_a_recorded_async_log(capsys):
     out = capsys.readouterr().out
     assert f"{now.per_close:.1f} per merge" in out and "merges 29 closed" in out
     assert f"calls {now.calls:,}" in out
+    assert main(["inspect", str(path), "--summary", "--json"]) == 0
+    as_json = json.loads(capsys.readouterr().out)
+    assert as_json["rollouts_per_merge"] == pytest.approx(now.per_close)
+    assert as_json["budget"]["calls"]["total"] == now.calls and as_json["rollouts"] == 240
     # The panel, fed the same run, shows the same figures.
     progress = RunProgress(parse_scenario(read_log(path).header.meta["scenario_toml"], "x"),
                            live=False, stream=io.StringIO())

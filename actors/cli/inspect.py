@@ -189,6 +189,11 @@ def _lines(args, records) -> int:
                               "redispatches": summary.redispatches,
                               "discards": dict(summary.discards),
                               "late_answers": summary.late_answers,
+                              "rollouts": summary.figures.rollouts,
+                              "working_seconds": round(summary.figures.working(), 6),
+                              f"rollouts_per_{summary.word}":
+                                  summary.figures.rollouts_per_close,
+                              "budget": summary.figures.usage(),
                               "groups": summary.groups, "messages": dict(counts)},
                              default=dict))
             return 0
