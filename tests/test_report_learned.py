@@ -12,6 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from actors import evolve
@@ -190,3 +191,19 @@ def test_the_quickstarts_failing_groups_are_what_inspect_prints(capsys):
     assert main(["inspect", str(LOGS / "redispatched_lease.evolog"), "--history"]) == 0
     out = capsys.readouterr().out
     assert out.endswith("tasks the head (v2) still fails (6), by category:\n" + shown)
+
+
+def test_an_old_log_whose_domain_cannot_be_imported_lists_failing_tasks_ungrouped(tmp_path,
+                                                                                 capsys):
+    contents = read_chain(LOGS / "redispatched_lease.evolog")[0]
+    meta = dict(contents.header.meta)
+    meta["scenario_toml"] = meta["scenario_toml"].replace("tests.remote_domain:tasks",
+                                                          "no_such_module:tasks")
+    moved = tmp_path / "moved.evolog"
+    with LogWriter(moved, msgspec.structs.replace(contents.header, meta=meta),
+                   fsync="never") as w:
+        for r in contents.records:
+            w.append(r.seq, r.t, r.sender, r.receiver, r.body)
+    assert main(["inspect", str(moved), "--history"]) == 0
+    out = capsys.readouterr().out
+    assert "tasks the head (v2) still fails (6):\n    held-out account-username-0  0.000" in out
