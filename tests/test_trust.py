@@ -1024,8 +1024,19 @@ def test_a_run_whose_every_remote_worker_is_lost_stops_after_wait_seconds(tmp_pa
     worker = subprocess.Popen(
         [sys.executable, "-m", "actors.cli", "worker", "--connect", addr, "--id", "w0",
          "--allow", "tests.remote_domain", "--allow", "scenarios", "--give-up", "30"],
-        cwd=ROOT.parent, env=env_with(EVOBUS_TEST_GATE=gate), stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
+        cwd=ROOT.parent, env=env_with(EVOBUS_TEST_GATE=gate), stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True)
+    # wait_seconds = 2 bounds the first registration too: the run starts only once the
+    # worker process has imported and is connecting, else a loaded machine fails it early.
+    connecting = threading.Event()
+
+    def drain() -> None:
+        for line in worker.stdout:
+            if "connecting to" in line:
+                connecting.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    assert connecting.wait(60), "the worker process never said it was connecting"
 
     def kill_mid_lease() -> None:
         wait_for(lambda: list(gate.glob("started-*")), "the worker mid-lease", 60)
