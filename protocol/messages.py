@@ -315,6 +315,15 @@ class Heartbeat(Msg, frozen=True):
     worker: str
 
 
+class Lost(Msg, frozen=True):
+    """A shell -> the Scheduler or a Collector: this worker is gone (its process exited,
+    its connection closed for good), without waiting for its heartbeat deadline. Its
+    leases are re-dispatched under their ids, as for a worker silent past the deadline."""
+
+    worker: str
+    reason: str = ""
+
+
 class Cancel(Msg, frozen=True):
     """Anyone -> a worker: stop the lease (cooperatively) if it is still running."""
 
@@ -632,7 +641,7 @@ Message = (
     Start | Budget | Open | Baseline | Tick | Finish | Halted | Unhalt | Shutdown | Lease | LeaseBatch | LeaseDone
     | Settled | SettledBatch | Barrier | EvalRequest | EvalDone | Commit | RoundClosed
     | Progress | RunDone
-    | Hello | Heartbeat | Cancel | Stop | NeedWork | Merged | Refresh | Drain | Flush
+    | Hello | Heartbeat | Lost | Cancel | Stop | NeedWork | Merged | Refresh | Drain | Flush
     | GroupStart | Branch | BranchDone | BranchFailed | Interaction | Hold | UserInputs
     | GroupCancel | GroupResult | GroupSuspended | Revoke
     | Join | Spec | Refused  # workers in other processes
@@ -641,7 +650,7 @@ Message = (
 __all__ = [
     "Msg", "Message", "Start", "Budget", "Open", "Baseline", "Tick", "Finish", "Halted", "Unhalt", "Shutdown", "Lease",
     "LeaseBatch", "LeaseDone", "Settled", "SettledBatch", "Barrier", "EvalRequest", "EvalDone", "Commit",
-    "RoundClosed", "RoundRecord", "Progress", "RunDone", "Hello", "Heartbeat", "Cancel", "Stop", "NeedWork", "Merged", "Refresh", "Drain", "Flush",
+    "RoundClosed", "RoundRecord", "Progress", "RunDone", "Hello", "Heartbeat", "Lost", "Cancel", "Stop", "NeedWork", "Merged", "Refresh", "Drain", "Flush",
     "Diff", "RolloutResult", "Usage",
     "JournalEntry", "PendingInteraction", "Suspension", "GroupStart", "Branch", "BranchDone",
     "BranchFailed", "Interaction", "Hold", "UserInputs", "GroupCancel", "GroupResult",

@@ -148,13 +148,13 @@ class LeaseTable(RuleBasedStateMachine):
         if not hasattr(self, "s"):
             return
         for w in self.s.workers.values():
-            assert len(w.running) <= w.capacity, (w.name, w.running, w.capacity)
+            assert len(w.held) <= w.capacity, (w.name, w.held, w.capacity)
         assert self.s.active <= self.max_concurrency
-        assert self.s.active == sum(min(len(w.running), w.slots)
+        assert self.s.active == sum(min(len(w.held), w.slots)
                                     for w in self.s.workers.values())
         for lid, name in self.s.holder.items():
             assert name in self.s.workers, f"{lid} held by {name}, not a live worker"
-            assert lid in self.s.workers[name].running
+            assert lid in self.s.workers[name].held
 
     @invariant()
     def a_barrier_closes_a_round_once_every_lease_of_it_settled(self) -> None:

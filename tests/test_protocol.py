@@ -46,6 +46,7 @@ EXAMPLES = {
                                 initial_reward=0.0, history=[RECORD]),
     "Hello": protocol.Hello(worker="worker-0", slots=2, fingerprint="abc"),
     "Heartbeat": protocol.Heartbeat(worker="worker-0"),
+    "Lost": protocol.Lost(worker="worker-0", reason="its process exited (code -9)"),
     "Cancel": protocol.Cancel(lease_id="x"),
     "Stop": protocol.Stop(reason="done"),
     "NeedWork": protocol.NeedWork(wave=2),

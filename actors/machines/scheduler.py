@@ -41,22 +41,14 @@ import msgspec
 
 from actors.addresses import MERGER, PLANNER, Out
 from actors.machines.budget import Ledger
+from actors.machines.leases import Holder, LeaseTable
 from protocol import (Barrier, Budget, Commit, Drain, EvalDone, EvalRequest, Flush,
-                      Heartbeat, Hello, Lease, LeaseBatch, LeaseDone, Merged, Message,
+                      Heartbeat, Hello, Lease, LeaseBatch, LeaseDone, Lost, Merged, Message,
                       NeedWork, Refresh, RolloutResult, Settled, SettledBatch, Shutdown,
                       Stop, Tick)
 
 log = logging.getLogger(__name__)
 
-
-
-@dataclass
-class _Worker:
-    name: str
-    slots: int
-    #: Leases it may hold: ``slots`` running plus those queued behind them (prefetch).
-    capacity: int = 0
-    running: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -76,17 +68,14 @@ class Scheduler:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.max_concurrency = max_concurrency
-        # Liveness: workers whose Hello declares a heartbeat are presumed lost
-        # after ``deadline`` seconds of silence (time arrives only as Tick messages);
-        # their leases are re-dispatched under the same id, up to ``max_tries`` losses.
+        # The lease table (actors/machines/leases.py): which lease is with which worker,
+        # capacity and prefetch, late answers, liveness. Workers whose Hello declares a
+        # heartbeat are presumed lost after ``deadline`` seconds of silence (time
+        # arrives only as Tick messages) or on ``Lost``; their leases are re-dispatched
+        # under the same id, up to ``max_tries`` losses.
         self.deadline = deadline
         self.max_tries = max(1, max_tries)
-        self.last_seen: dict[str, float] = {}
-        self.lost: dict[str, _Worker] = {}
-        self.tries: dict[str, int] = {}
-        self.redispatched = 0
-        self.lost_workers = 0
-        self.given_up = 0
+        self.table: LeaseTable[Lease] = LeaseTable(max_tries=self.max_tries)
         self.asynchronous = asynchronous
         self.async_ratio = async_ratio
         self.backlog_bound = max(1, async_ratio * n_workers)
@@ -108,28 +97,64 @@ class Scheduler:
         self.starved_seconds = 0.0
         self.held_back = 0
         self.refreshes = 0
-        self.workers: dict[str, _Worker] = {}
+        # The leases waiting for a worker, in the order they go out (evals first, leases
+        # taken back at the head); every one of them is in the table, unheld.
         self.queue: collections.deque[Lease] = collections.deque()
-        # Leases not yet answered. An answered (or cancelled) lease leaves this table, and
-        # lease ids are never reused, so an answer for an id not in it is late or a
-        # duplicate: no set of answered ids grows with the run (memory stays bounded by
-        # the work in flight).
-        self.leases: dict[str, Lease] = {}
-        self.holder: dict[str, str] = {}
-        # Every worker an open lease was dispatched to (re-dispatch adds one): who may
-        # answer it (admit). Dropped with the lease, so it is bounded like the table.
-        self.given_to: dict[str, set[str]] = {}
         self.open_rounds: dict[int, set[str]] = {}
         self.evals: dict[str, _Eval] = {}
         self.head: Commit | None = None
         # Settlements not yet reported to the Planner (see _report).
         self.unreported: list[Settled] = []
         self.report_each = False
-        self.running = 0      # leases held by workers (running or queued behind)
-        self.active = 0       # leases running: sum over workers of min(held, slots)
         self.peak_running = 0  # the most leases running at once (<= max_concurrency)
-        self.duplicates_dropped = 0
         self.shut = False
+
+    # -- the table, read (the runtime, bench and tests read these) --------------------
+
+    @property
+    def leases(self) -> dict[str, Lease]:
+        """Leases not yet answered (queued or held). An answered (or cancelled) lease
+        leaves the table, and lease ids are never reused, so an answer for an id not in
+        it is late or a duplicate."""
+        return self.table.payload
+
+    @property
+    def holder(self) -> dict[str, str]:
+        return self.table.holder
+
+    @property
+    def workers(self) -> dict[str, Holder]:
+        return self.table.workers
+
+    @property
+    def lost(self) -> dict[str, Holder]:
+        return self.table.lost
+
+    @property
+    def running(self) -> int:
+        """Leases held by workers (running or queued behind)."""
+        return self.table.held
+
+    @property
+    def active(self) -> int:
+        """Leases running: the sum over workers of min(held, slots)."""
+        return self.table.active
+
+    @property
+    def duplicates_dropped(self) -> int:
+        return self.table.late
+
+    @property
+    def redispatched(self) -> int:
+        return self.table.redispatched
+
+    @property
+    def lost_workers(self) -> int:
+        return self.table.lost_workers
+
+    @property
+    def given_up(self) -> int:
+        return self.table.given_up
 
     def admit(self, sender: str, msg: Message) -> str | None:
         """Why ``msg`` from ``sender`` must not reach :meth:`handle` (None: it may).
@@ -144,10 +169,11 @@ class Scheduler:
         if msg.worker != sender:
             return (f"a LeaseDone for {msg.lease_id!r} that names worker {msg.worker!r}, "
                     f"sent by {sender!r}")
-        lease = self.leases.get(msg.lease_id)
+        table = self.table
+        lease = table.payload.get(msg.lease_id)
         if lease is not None:
-            if sender not in self.given_to.get(msg.lease_id, ()):
-                state = "still queued (never dispatched)" if msg.lease_id not in self.holder \
+            if not table.may_answer(msg.lease_id, sender):
+                state = "still queued (never dispatched)" if msg.lease_id not in table.holder \
                     else "held by another worker"
                 return f"an answer for lease {msg.lease_id!r} it does not hold ({state})"
             said = (msg.round, msg.kind, msg.unit, msg.section)
@@ -156,7 +182,7 @@ class Scheduler:
                 return (f"an answer for lease {msg.lease_id!r} that gives its round, kind, "
                         f"unit and section as {said}, where the lease has {known}")
             return None
-        if sender in self.workers or sender in self.lost or sender in self.last_seen:
+        if table.known(sender):
             return None
         return f"an answer for lease {msg.lease_id!r} from {sender!r}, not a known worker"
 
@@ -166,6 +192,10 @@ class Scheduler:
                 return self._rejoin(msg) + self._on_hello(msg)
             case Heartbeat(worker=name):
                 return self._on_heartbeat(name)
+            case Lost(worker=name, reason=reason):
+                if name not in self.table.workers:
+                    return []
+                return self._lose(name, reason or "reported lost") + self._dispatch()
             case Budget():
                 self.ledger.limits = msg
                 return []
@@ -192,7 +222,7 @@ class Scheduler:
                 return self._on_drain()
             case Tick(elapsed=elapsed):
                 if self._starving():
-                    free = sum(1 for w in self.workers.values() if len(w.running) < w.slots)
+                    free = sum(1 for w in self.workers.values() if len(w.held) < w.slots)
                     self.starved_seconds += max(0.0, elapsed - self.elapsed) * free
                 self.elapsed = elapsed
                 return self._check_liveness()
@@ -215,8 +245,8 @@ class Scheduler:
         its queue, under its original id, in the order they were dispatched: eval leases
         at the front (a merge waits on them), rollout leases after the evals already
         queued and before the rollouts not yet dispatched. Returns the re-issued ids."""
-        order = [lease_id for lease_id in self.holder if lease_id in self.leases]
-        again = [self.leases[lease_id] for lease_id in order]
+        order = self.table.forget_workers()
+        again = [self.table.payload[lease_id] for lease_id in order]
         # Keep the queue's discipline: eval leases (a merge waits on them) ahead of rollout
         # leases, which backpressure may hold back; each group in its order.
         waiting = list(self.queue)
@@ -227,20 +257,15 @@ class Scheduler:
                           + waiting[:split]
                           + [lease for lease in again if lease.kind == "rollout"]
                           + waiting[split:])
-        self.holder.clear()
-        self.given_to.clear()
-        self.workers.clear()
-        self.running = self.active = 0
         return order
 
     # -- inputs -------------------------------------------------------------------------
 
     def _on_hello(self, msg: Hello) -> list[Out]:
         out: list[Out] = []
-        if msg.worker not in self.workers:
-            slots = max(1, msg.slots)
+        if msg.worker not in self.table.workers:
             queued = max(0, msg.prefetch) if self.asynchronous else 0
-            self.workers[msg.worker] = _Worker(msg.worker, slots, slots + queued)
+            self.table.join(msg.worker, max(1, msg.slots), queued)
         if self.head is not None:
             out.append((msg.worker, self.head))
             self.worker_version[msg.worker] = self.head.version
@@ -254,7 +279,7 @@ class Scheduler:
         if not self.asynchronous:
             self.open_rounds[msg.round] = {lease.lease_id for lease in msg.leases}
         for lease in msg.leases:
-            self.leases[lease.lease_id] = lease
+            self.table.add(lease.lease_id, lease)
             self.queue.append(lease)
         if self.asynchronous:
             return self._dispatch()
@@ -266,8 +291,7 @@ class Scheduler:
         for lease in self.queue:
             if lease.kind == "rollout":
                 self.cancelled += 1
-                del self.leases[lease.lease_id]
-                self.given_to.pop(lease.lease_id, None)
+                self.table.drop(lease.lease_id)
             else:
                 kept.append(lease)
         self.queue = kept
@@ -297,7 +321,7 @@ class Scheduler:
         """Rollout work is waiting, a worker is free, and only backpressure stops it."""
         return (self.asynchronous and self.unmerged > self.backlog_bound
                 and any(lease.kind == "rollout" for lease in self.queue)
-                and any(len(w.running) < w.slots for w in self.workers.values()))
+                and any(len(w.held) < w.slots for w in self.workers.values()))
 
     def _on_eval_request(self, msg: EvalRequest) -> list[Out]:
         n = max(1, min(len(msg.task_ids), len(self.workers) or 1, self.max_concurrency))
@@ -314,25 +338,23 @@ class Scheduler:
         for i, chunk in reversed(list(enumerate(chunks))):
             lease = Lease(lease_id=f"{msg.eval_id}.{i}", round=-1, kind="eval",
                           task_ids=chunk, state=msg.state)
-            self.leases[lease.lease_id] = lease
+            self.table.add(lease.lease_id, lease)
             self.queue.appendleft(lease)
         return self._dispatch()
 
     def _on_done(self, msg: LeaseDone) -> list[Out]:
-        lease = self.leases.get(msg.lease_id)
+        table = self.table
+        waiting = table.waiting(msg.lease_id)   # taken back, and its first holder answers
+        lease = table.answer(msg.lease_id)
         if lease is None:  # answered already (or never ours): late, dropped and counted
-            self.duplicates_dropped += 1
             # An answer, even a late one, is a sign of life like a heartbeat (a
             # remote worker heartbeats only when it has sent nothing else for a while): it
             # takes a worker presumed lost back.
             return self._on_heartbeat(msg.worker)
-        self._seen_done(msg)  # evidence of life; a re-queued copy is withdrawn
-        holder = self.holder.pop(msg.lease_id, None)
-        if holder is not None and holder in self.workers:
-            self._release(self.workers[holder], msg.lease_id)
-            self.running -= 1
-        del self.leases[msg.lease_id]
-        self.given_to.pop(msg.lease_id, None)
+        table.heard(msg.worker, self.elapsed)
+        if waiting:  # its re-queued copy is withdrawn
+            self.queue = collections.deque(q for q in self.queue
+                                           if q.lease_id != msg.lease_id)
         fatal = self._account(lease, msg)
         if fatal is not None and msg.fatal is None:
             msg = msgspec.structs.replace(msg, fatal=fatal)
@@ -432,87 +454,75 @@ class Scheduler:
         out: list[Out] = []
         if self.shut or (not self.queue and not self.asynchronous):
             return out  # nothing waits and nothing to ask
-        workers, queue = self.workers, self.queue
-        order = list(workers)
-        # The free lists are built once per call (only when work waits) and kept
-        # up to date below; rebuilding them per lease cost O(workers) each time (~30 ms
-        # to dispatch a round to 256 remote workers). ``idle``: a slot is free, the lease
-        # starts at once (while fewer than max_concurrency run). ``spare``: every slot
-        # runs, but the worker can queue a rollout lease behind them (async prefetch: it
-        # starts the moment a slot frees, with no round trip through the bus); evals
-        # never queue behind rollouts, a merge waits on them.
-        idle = [w for w in order if len(workers[w].running) < workers[w].slots] \
-            if queue else []
-        idle_set = set(idle)
-        spare = [w for w in order if workers[w].slots <= len(workers[w].running)
-                 < workers[w].capacity] if queue and self.asynchronous else []
-        spare_set = set(spare)
+        queue = self.queue
+        free = _Free(self.table, self.asynchronous) if queue else None
         while queue:
             lease = queue[0]
             rollout = lease.kind == "rollout"
-            if idle and self.active < self.max_concurrency:
-                free, free_set = idle, idle_set
-            elif spare and rollout:
-                free, free_set = spare, spare_set
-            else:
+            chosen = free.choose(rollout, self.table.active < self.max_concurrency)
+            if chosen is None:
                 break  # no lease may start or queue now
             if rollout and self.asynchronous and self.unmerged > self.backlog_bound:
                 self.held_back += 1
                 break  # backpressure: the merger is behind; evals still jump the queue
             if rollout and self.ledger.limits is not None:
-                admitted, cut, spent = self.ledger.admit(lease)
-                if admitted is None:  # a budget is spent: this lease never starts
-                    queue.popleft()
-                    out += self._refuse(lease, spent)
+                lease = self._within_budget(lease, out)
+                if lease is None:
                     continue
-                if cut:
-                    self.exhausted[lease.lease_id] = (spent, cut)
-                    lease = self.leases[lease.lease_id] = queue[0] = admitted
             queue.popleft()
             # Affinity: logical unit i prefers the i-th registered worker.
-            preferred = order[lease.unit % len(order)] if rollout else None
-            name = preferred if preferred in free_set else free[0]
-            worker = workers[name]
-            if free is idle:
-                self.active += 1
-                if self.active > self.peak_running:
-                    self.peak_running = self.active
-            worker.running.add(lease.lease_id)
-            held = len(worker.running)
-            if free is idle and held >= worker.slots:
-                idle.remove(name)
-                idle_set.discard(name)
-                if held < worker.capacity:
-                    spare.append(name)
-                    spare_set.add(name)
-            elif free is spare and held >= worker.capacity:
-                spare.remove(name)
-                spare_set.discard(name)
-            self.holder[lease.lease_id] = name
-            self.given_to.setdefault(lease.lease_id, set()).add(name)
-            self.running += 1
-            if self.head is not None and rollout:
-                known = self.worker_version.get(name, 0)
-                if self.asynchronous and self.head.version - known > self.async_ratio:
-                    self.worker_version[name] = self.head.version
-                    out.append((name, self.head))  # the lag budget is spent: refresh
-                lease = msgspec.structs.replace(
-                    lease, version=self.worker_version.get(name, self.head.version))
-            out.append((name, lease))
+            name = free.take(chosen, lease.unit if rollout else None)
+            out += self._send(lease, name)
+        return out + self._ask_or_report()
+
+    def _within_budget(self, lease: Lease, out: list[Out]) -> Lease | None:
+        """The rollout lease at the queue's head as a budget allows it (cut to what
+        ``max_calls`` leaves), or None: no budget allows it, and it is settled unrun."""
+        admitted, cut, spent = self.ledger.admit(lease)
+        if admitted is None:  # a budget is spent: this lease never starts
+            self.queue.popleft()
+            out += self._refuse(lease, spent)
+            return None
+        if cut:
+            self.exhausted[lease.lease_id] = (spent, cut)
+            self.table.set(lease.lease_id, admitted)
+            self.queue[0] = admitted
+        return admitted
+
+    def _send(self, lease: Lease, name: str) -> list[Out]:
+        """Give ``lease`` to worker ``name``, with the head first if its snapshot lags
+        more than the lag budget (async), stamped with the version it rolls out on."""
+        self.table.give(lease.lease_id, name)
+        if self.table.active > self.peak_running:
+            self.peak_running = self.table.active
+        out: list[Out] = []
+        if self.head is not None and lease.kind == "rollout":
+            known = self.worker_version.get(name, 0)
+            if self.asynchronous and self.head.version - known > self.async_ratio:
+                self.worker_version[name] = self.head.version
+                out.append((name, self.head))  # the lag budget is spent: refresh
+            lease = msgspec.structs.replace(
+                lease, version=self.worker_version.get(name, self.head.version))
+        out.append((name, lease))
+        return out
+
+    def _ask_or_report(self) -> list[Out]:
+        """Async: the queue ran dry and a worker has room, so the Planner is asked for a
+        wave; or nothing is left running, so what settled is reported now."""
         if (self.asynchronous and not self.queue and not self.asked and not self.draining
                 and not self.shut and self._room()):
             self.asked = True
-            out += self._report()  # what settled, before the Planner plans the next wave
-            out.append((PLANNER, NeedWork()))
-        elif self.asynchronous and self.unreported and not self.running:
-            out += self._report()  # nothing left running: nothing else would report them
-        return out
+            # What settled, before the Planner plans the next wave.
+            return self._report() + [(PLANNER, NeedWork())]
+        if self.asynchronous and self.unreported and not self.table.held:
+            return self._report()  # nothing left running: nothing else would report them
+        return []
 
     def _refuse(self, lease: Lease, spent: str) -> list[Out]:
         """Settle a lease a budget keeps from starting: a rollout lease as settled with
         nothing run (the Planner stops on ``exhausted``); an eval lease is never refused
         here (its request reserved every chunk)."""
-        del self.leases[lease.lease_id]
+        self.table.drop(lease.lease_id)
         done = LeaseDone(lease_id=lease.lease_id, worker=self.name, round=lease.round,
                          kind=lease.kind, unit=lease.unit, section=lease.section)
         self.exhausted[lease.lease_id] = (spent, len(lease.task_ids))
@@ -520,18 +530,11 @@ class Scheduler:
 
     def _room(self) -> bool:
         """Could a rollout lease be handed out now (to start, or to queue at a worker)?"""
-        if self.active < self.max_concurrency and any(
-                len(w.running) < w.slots for w in self.workers.values()):
+        workers = self.table.workers.values()
+        if self.table.active < self.max_concurrency and any(
+                len(w.held) < w.slots for w in workers):
             return True
-        return any(w.slots <= len(w.running) < w.capacity for w in self.workers.values())
-
-    def _release(self, worker: _Worker, lease_id: str) -> None:
-        """``lease_id`` leaves ``worker`` (answered, or taken back): one lease fewer runs
-        if the worker held no more than its slots (else a queued one starts instead)."""
-        if lease_id in worker.running:
-            worker.running.discard(lease_id)
-            if len(worker.running) < worker.slots:
-                self.active -= 1
+        return any(w.slots <= len(w.held) < w.capacity for w in workers)
 
     # -- liveness (remote and process workers) -----------------------------------
 
@@ -539,91 +542,67 @@ class Scheduler:
         """A worker that heartbeats registers, or registers again after a reconnect."""
         if msg.heartbeat <= 0:
             return []  # an in-process worker: never presumed lost
-        self.last_seen[msg.worker] = self.elapsed
-        back = self.lost.pop(msg.worker, None)
-        if back is not None:
+        table = self.table
+        table.watch(msg.worker, self.elapsed)
+        if table.back(msg.worker) is not None:
             log.warning("scheduler: worker %s is back after being presumed lost (it "
                         "registered again); its old leases were re-dispatched", msg.worker)
             return []  # _on_hello takes it back with an empty lease set
-        known = self.workers.get(msg.worker)
-        if known is None:
+        if msg.worker not in table.workers:
             return []
-        self.active -= min(len(known.running), known.slots)
-        known.capacity += max(1, msg.slots) - known.slots
-        known.slots = max(1, msg.slots)
-        self.active += min(len(known.running), known.slots)
         # The connection dropped: leases it does not list were lost on the way.
-        gone = sorted(known.running - set(msg.leases))
-        return self._requeue(known, gone, lost=False)
+        self._requeue(sorted(table.reconnect(msg.worker, msg.slots, msg.leases)),
+                      msg.worker)
+        return []
 
     def _on_heartbeat(self, name: str) -> list[Out]:
-        back = self.lost.pop(name, None)
+        back = self.table.back(name)
         if back is not None:
             # Presumed lost, alive after all (a stopped process, a slow network): take it
             # back; its old leases were re-dispatched and its late answers are dropped.
             log.warning("scheduler: worker %s is back after being presumed lost", name)
-            self.last_seen[name] = self.elapsed
-            return self._on_hello(Hello(worker=name, slots=back.slots))
-        if name in self.last_seen:
-            self.last_seen[name] = self.elapsed
+            self.table.watch(name, self.elapsed)
+            return self._on_hello(Hello(worker=name, slots=back.slots, prefetch=back.queued))
+        self.table.heard(name, self.elapsed)
         return []
-
-    def _seen_done(self, msg: LeaseDone) -> None:
-        if msg.worker in self.last_seen:
-            self.last_seen[msg.worker] = self.elapsed
-        self.tries.pop(msg.lease_id, None)
-        if msg.lease_id not in self.holder and any(q.lease_id == msg.lease_id
-                                                   for q in self.queue):
-            self.queue = collections.deque(q for q in self.queue
-                                           if q.lease_id != msg.lease_id)
 
     def _check_liveness(self) -> list[Out]:
         if self.deadline is None:
             return []
-        silent = [name for name, seen in self.last_seen.items()
-                  if name in self.workers and self.elapsed - seen > self.deadline]
+        silent = self.table.silent(self.elapsed, self.deadline)
         out: list[Out] = []
         for name in silent:
-            worker = self.workers.pop(name)
-            self.lost[name] = worker
-            self.lost_workers += 1
-            log.warning("scheduler: worker %s silent for %.2f s (deadline %.2f s): presumed "
-                        "lost; re-dispatching %s", name, self.elapsed - self.last_seen[name],
-                        self.deadline, sorted(worker.running) or "nothing")
-            out += self._requeue(worker, sorted(worker.running), lost=True)
-        if silent and not self.workers:
+            quiet = self.elapsed - self.table.seen[name]
+            out += self._lose(name, f"silent for {quiet:.2f} s (deadline "
+                                    f"{self.deadline:.2f} s)")
+        if silent and not self.table.workers:
             log.warning("scheduler: no worker left; %d lease(s) wait for one to (re)join",
                         len(self.queue))
         return out + (self._dispatch() if silent else [])
 
-    def _requeue(self, worker: _Worker, lease_ids: list[str], *, lost: bool) -> list[Out]:
-        """Put a worker's leases back at the head of the queue (same lease ids)."""
+    def _lose(self, name: str, why: str) -> list[Out]:
+        """Worker ``name`` is presumed lost: the leases it held go back to the head of the
+        queue under their ids, those lost ``max_tries`` times are given up."""
+        log.warning("scheduler: worker %s %s: presumed lost; re-dispatching %s", name, why,
+                    sorted(self.table.workers[name].held) or "nothing")
+        again, given_up = self.table.lose(name)
         out: list[Out] = []
+        for lease_id in sorted(given_up):
+            out += self._give_up(self.table.payload[lease_id], self.max_tries)
+        self._requeue(sorted(again), name)
+        return out
+
+    def _requeue(self, lease_ids: list[str], was_with: str) -> None:
+        """Put leases taken back from ``was_with`` at the head of the queue (same ids)."""
         back: list[Lease] = []
         for lease_id in lease_ids:
-            self._release(worker, lease_id)
-            if self.holder.get(lease_id) == worker.name:
-                del self.holder[lease_id]
-                self.running -= 1
-            lease = self.leases.get(lease_id)
-            if lease is None:  # answered meanwhile
-                continue
-            if lost:
-                tries = self.tries[lease_id] = self.tries.get(lease_id, 0) + 1
-                if tries >= self.max_tries:
-                    out += self._give_up(lease, tries)
-                    continue
-            self.redispatched += 1
-            log.info("scheduler: lease %s re-dispatched (was with %s)", lease_id, worker.name)
-            back.append(lease)
+            log.info("scheduler: lease %s re-dispatched (was with %s)", lease_id, was_with)
+            back.append(self.table.payload[lease_id])
         self.queue.extendleft(reversed(back))
-        return out
 
     def _give_up(self, lease: Lease, tries: int) -> list[Out]:
         """Workers died holding this lease ``tries`` times: settle it as an
         infrastructure failure (reported to the Planner, counted) so the round closes."""
-        self.given_up += 1
-        self.tries.pop(lease.lease_id, None)
         reason = (f"infrastructure failure: lease {lease.lease_id} given up after {tries} "
                   f"worker(s) were lost running it")
         log.error("scheduler: %s", reason)
@@ -633,3 +612,49 @@ class Scheduler:
                          results=[RolloutResult(task_id=t, error=reason)
                                   for t in lease.task_ids])
         return self._on_done(done)
+
+
+class _Free:
+    """The workers a lease may go to now, for one dispatch pass: built once per pass (only
+    when work waits) and kept up to date as leases go out; rebuilding them per lease cost
+    O(workers) each time (~30 ms to dispatch a round to 256 remote workers).
+
+    ``idle``: a slot is free, the lease starts at once (while fewer than max_concurrency
+    run). ``spare``: every slot runs, but the worker can queue a rollout lease behind them
+    (async prefetch: it starts the moment a slot frees, with no round trip through the
+    bus); evals never queue behind rollouts, a merge waits on them."""
+
+    def __init__(self, table: LeaseTable[Lease], asynchronous: bool) -> None:
+        workers = self.workers = table.workers
+        self.order = list(workers)
+        self.idle = [w for w in self.order if len(workers[w].held) < workers[w].slots]
+        self.spare = [w for w in self.order if workers[w].slots <= len(workers[w].held)
+                      < workers[w].capacity] if asynchronous else []
+        self.idle_set, self.spare_set = set(self.idle), set(self.spare)
+
+    def choose(self, rollout: bool, may_start: bool) -> list[str] | None:
+        """The list to take a worker from for the next lease, or None."""
+        if self.idle and may_start:
+            return self.idle
+        if self.spare and rollout:
+            return self.spare
+        return None
+
+    def take(self, free: list[str], unit: int | None) -> str:
+        """A worker from ``free`` (unit i's preferred one, the i-th registered, if it is
+        there), the lists updated as if the lease were given to it."""
+        free_set = self.idle_set if free is self.idle else self.spare_set
+        preferred = self.order[unit % len(self.order)] if unit is not None else None
+        name = preferred if preferred in free_set else free[0]
+        worker = self.workers[name]
+        held = len(worker.held) + 1
+        if free is self.idle and held >= worker.slots:
+            self.idle.remove(name)
+            free_set.discard(name)
+            if held < worker.capacity:
+                self.spare.append(name)
+                self.spare_set.add(name)
+        elif free is self.spare and held >= worker.capacity:
+            self.spare.remove(name)
+            free_set.discard(name)
+        return name
