@@ -448,6 +448,12 @@ class GroupStart(Msg, frozen=True):
     #: False (older logs): guided leases from the first.
     ordered: bool = False
     batch_below: float = 0.0
+    #: Liveness: a worker whose Hello declares a heartbeat is presumed lost after
+    #: ``deadline`` seconds of silence (None: never), or on ``Lost``; its branch leases are
+    #: re-dispatched under their ids, and a lease whose workers were lost ``max_tries``
+    #: times fails the group.
+    deadline: float | None = None
+    max_tries: int = 3
     #: ``"all"``: an interaction blocks its own branch only; the group suspends once every
     #: branch has ended or waits. ``"first"`` (older logs): the first interaction stops
     #: new starts (``Hold``).

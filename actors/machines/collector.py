@@ -42,10 +42,11 @@ import logging
 from typing import Any, Iterable, Mapping
 
 from actors.addresses import Out
+from actors.machines.leases import LeaseTable
 from protocol import (Branch, BranchDone, BranchFailed, Cancel, GroupCancel, GroupResult,
-                      GroupStart, GroupSuspended, Hello, Hold, Interaction, JournalEntry,
-                      Message,
-                      PendingInteraction, Revoke, Stop, Tick, UserInputs)
+                      GroupStart, GroupSuspended, Heartbeat, Hello, Hold, Interaction,
+                      JournalEntry, Lost, Message, PendingInteraction, Revoke, Stop, Tick,
+                      UserInputs)
 
 log = logging.getLogger(__name__)
 
@@ -126,10 +127,12 @@ class Collector:
         self.planned: list[str] = []  # the workers to use: at most max_concurrency
         self.pool: list[str] = []     # those of them ready for leases
         self.slots = 1
-        self.by_worker: dict[str, list[str]] = {}   # worker -> its leases out, in order
-        self.revoking: set[str] = set()
+        # The branch leases out (actors/machines/leases.py): who holds which, capacity
+        # and prefetch, leases being revoked, late answers, watched workers and losses.
+        self.table: LeaseTable[Branch] = LeaseTable()
+        self.again: collections.deque[str] = collections.deque()  # taken back, to re-send
         self.released: set[str] = set()   # workers sent Stop: no lease goes to them
-        self.leases: dict[str, tuple[str, list[int]]] = {}
+        self.lost_at = 0.0                # when a worker was last presumed lost
         self.journals: dict[int, list[JournalEntry]] = {}
         self.pending: dict[str, PendingInteraction] = {}
         self.used: list[str] = []
@@ -144,20 +147,34 @@ class Collector:
         self.busy_items = 0
         self.n_leases = 0
         self.peak_leases = 0
-        self.late = 0
+        self.dropped = 0             # messages not for this group, or out of turn
         self.batching = True         # several branches per lease (see GroupStart.ordered)
+
+    # -- the table, read -------------------------------------------------------------
+
+    @property
+    def leases(self) -> dict[str, Branch]:
+        """The branch leases out (held, or taken back and waiting to be sent again)."""
+        return self.table.payload
+
+    @property
+    def late(self) -> int:
+        """Dropped and counted: answers for leases no longer out (late, duplicate), and
+        messages for another group or out of turn."""
+        return self.dropped + self.table.late
 
     # -- the machine ------------------------------------------------------------------
 
     def admit(self, sender: str, msg: Message) -> str | None:
         """Why ``msg`` from ``sender`` must not reach :meth:`handle` (None: it may): an
-        answer for a branch lease that is out must come from the worker it went to.
+        answer for a branch lease that is out must come from a worker it went to.
         Pure; asked by the shell and by replay, as the Scheduler's is."""
         if isinstance(msg, (BranchDone, BranchFailed, Interaction)):
-            held = self.leases.get(msg.lease_id)
-            if held is not None and held[0] != sender:
+            table = self.table
+            if msg.lease_id in table.payload and not table.may_answer(msg.lease_id, sender):
+                went = ", ".join(repr(w) for w in sorted(table.given.get(msg.lease_id, ())))
                 return (f"an answer for branch lease {msg.lease_id!r}, which went to "
-                        f"{held[0]!r}, not to {sender!r}")
+                        f"{went}, not to {sender!r}")
         return None
 
     def handle(self, msg: Message) -> list[Out]:
@@ -165,36 +182,140 @@ class Collector:
             case GroupStart():
                 return self._on_start(msg)
             case BranchDone() | BranchFailed() | Interaction():
-                if not self._current(msg.group_id, msg.lease_id):
-                    return []
-                return self._on_answer(msg)
+                lease = self._settle(msg)
+                if lease is None:
+                    return self._on_heartbeat(msg.worker)
+                return self._on_answer(msg, lease.indices)
             case UserInputs():
                 return self._on_inputs(msg)
-            case Hello(worker=worker):
-                if worker not in self.by_worker or worker in self.pool \
-                        or worker in self.released:
-                    self.late += 1
-                    return []
-                self.pool.append(worker)
-                return self._dispatch() + self._maybe_end()
+            case Hello():
+                return self._on_hello(msg)
+            case Heartbeat(worker=worker):
+                return self._on_heartbeat(worker)
+            case Lost(worker=worker, reason=reason):
+                return self._lose(worker, reason or "reported lost") + self._dispatch() \
+                    + self._maybe_end()
             case Tick(elapsed=elapsed):
                 return self._on_tick(elapsed)
             case GroupCancel(group_id=gid, reason=reason):
                 if gid != self.gid or self.phase in (IDLE, ENDED):
-                    self.late += 1
+                    self.dropped += 1
                     return []
                 return self._fail(None, reason, "GroupCancelled") + self._maybe_end()
             case _:
                 log.warning("%s: unexpected %s", self.name, type(msg).__name__)
                 return []
 
-    def _current(self, gid: str, lease_id: str) -> bool:
-        """An answer for a lease still out; anything else (a late answer after the lease
-        was abandoned, another group's message) is dropped and counted."""
-        if gid != self.gid or lease_id not in self.leases:
-            self.late += 1
-            return False
-        return True
+    def _settle(self, msg: BranchDone | BranchFailed | Interaction) -> Branch | None:
+        """The lease this answer settles, out of the table; None for an answer to a lease
+        no longer out (late, a duplicate, after the lease was abandoned, or after another
+        worker it went to answered first) or another group's: dropped and counted."""
+        if msg.group_id != self.gid:
+            self.dropped += 1
+            return None
+        table = self.table
+        table.heard(msg.worker, self.elapsed)
+        waiting = table.waiting(msg.lease_id)   # taken back: its first holder answers
+        lease = table.answer(msg.lease_id)
+        if lease is not None and waiting:
+            self.again.remove(msg.lease_id)
+        return lease
+
+    # -- workers ------------------------------------------------------------------------
+
+    def _on_hello(self, msg: Hello) -> list[Out]:
+        """A planned worker is on the bus (``announce``), registers again after a
+        reconnect, or is back after being presumed lost."""
+        worker, table = msg.worker, self.table
+        if worker not in self.planned or worker in self.released:
+            self.dropped += 1
+            return []
+        if msg.heartbeat > 0:
+            table.watch(worker, self.elapsed)
+        if table.back(worker) is not None:
+            return self._rejoin(worker)
+        if worker in self.pool:
+            if msg.heartbeat <= 0:
+                self.dropped += 1
+                return []
+            # The connection dropped: leases it does not list were lost on the way.
+            self.again.extend(table.reconnect(worker, 1, msg.leases))
+            return self._dispatch()
+        self.pool.append(worker)
+        return self._dispatch() + self._maybe_end()
+
+    def _on_heartbeat(self, worker: str) -> list[Out]:
+        """A sign of life (a heartbeat, an answer even a late one): a worker presumed lost
+        is taken back, holding nothing (its leases went elsewhere)."""
+        if self.table.back(worker) is None:
+            self.table.heard(worker, self.elapsed)
+            return []
+        self.table.watch(worker, self.elapsed)
+        return self._rejoin(worker)
+
+    def _rejoin(self, worker: str) -> list[Out]:
+        log.warning("%s: worker %s is back after being presumed lost; its leases were "
+                    "re-dispatched", self.name, worker)
+        self.table.join(worker, 1, self.slots - 1)
+        if worker not in self.pool:
+            self.pool.append(worker)
+        return self._dispatch() + self._maybe_end()
+
+    def _lose(self, worker: str, why: str) -> list[Out]:
+        """``worker`` is presumed lost: its leases wait again under their ids (and go to
+        the next worker with room), those lost ``max_tries`` times fail the group."""
+        table = self.table
+        if worker not in table.workers or worker in self.released:
+            return []
+        log.warning("%s: worker %s %s: presumed lost; re-dispatching %s", self.name, worker,
+                    why, table.workers[worker].held or "nothing")
+        again, given_up = table.lose(worker)
+        self.lost_at = self.elapsed
+        if worker in self.pool:
+            self.pool.remove(worker)
+        out: list[Out] = []
+        for lease_id in given_up:
+            out += self._give_up(lease_id)
+        if self.phase == RUNNING:
+            self.again.extend(again)
+        else:  # stopping or pausing: nothing new starts, and this worker will not answer
+            for lease_id in again:
+                self._unlease(lease_id, ABANDONED if self.phase == STOPPING else PENDING)
+        return out
+
+    def _give_up(self, lease_id: str) -> list[Out]:
+        indices = self.table.payload[lease_id].indices
+        error = (f"infrastructure failure: branch lease {lease_id} (branches "
+                 f"{indices[:10]}) given up after {self.table.max_tries} worker(s) were "
+                 "lost running it")
+        log.error("%s: %s", self.name, error)
+        self._unlease(lease_id, FAILED)
+        for i in indices:
+            self.errors[i] = f"WorkersLost: {error}"
+        return self._fail(indices[0], error, "WorkersLost")
+
+    def _unlease(self, lease_id: str, state: str) -> None:
+        """A lease leaves the table unanswered; its branches are now ``state``."""
+        for i in self.table.drop(lease_id).indices:
+            if self.state[i] == LEASED:
+                self.state[i] = state
+
+    def _check_liveness(self) -> list[Out]:
+        deadline = self.start.deadline
+        if deadline is None:
+            return []
+        out: list[Out] = []
+        silent = self.table.silent(self.elapsed, deadline)
+        for worker in silent:
+            quiet = self.elapsed - self.table.seen[worker]
+            out += self._lose(worker, f"silent for {quiet:.2f} s (deadline {deadline:.2f} s)")
+        if self.phase == RUNNING and not self.pool and self.table.lost \
+                and (self.again or self.queue) and self.elapsed - self.lost_at > deadline:
+            out += self._fail(None, f"every worker of the group was presumed lost "
+                              f"({', '.join(sorted(self.table.lost))}) and none came back "
+                              f"within {deadline:g} s; branches wait for a worker",
+                              "WorkersLost")
+        return out + (self._dispatch() if silent else [])
 
     # -- inputs -------------------------------------------------------------------------
 
@@ -202,7 +323,7 @@ class Collector:
         if self.start is not None:
             log.warning("%s: a second GroupStart (%s) ignored: one group per collector",
                         self.name, msg.group_id)
-            self.late += 1
+            self.dropped += 1
             return []
         self.start = msg
         self.gid = msg.group_id
@@ -231,7 +352,9 @@ class Collector:
         # work starts with the first worker instead of waiting for all of them.
         self.pool = [] if msg.announce else list(self.planned)
         self.slots = 1 + max(0, msg.prefetch)
-        self.by_worker = {w: [] for w in self.planned}
+        self.table = LeaseTable(max_tries=msg.max_tries)
+        for worker in self.planned:
+            self.table.join(worker, 1, self.slots - 1)
         self.batching = not msg.ordered
         if msg.resume:
             self.phase = AWAITING_INPUTS
@@ -244,7 +367,7 @@ class Collector:
 
     def _on_inputs(self, msg: UserInputs) -> list[Out]:
         if msg.group_id != self.gid or self.phase != AWAITING_INPUTS:
-            self.late += 1
+            self.dropped += 1
             return []
         problem = check_inputs(self.pending, self.used, msg.answers, msg.approvals,
                                msg.principal, self.start.approvers)
@@ -271,10 +394,8 @@ class Collector:
         self.phase = RUNNING if self.queue else PAUSING
         return self._dispatch() + self._maybe_end()
 
-    def _on_answer(self, msg: BranchDone | BranchFailed | Interaction) -> list[Out]:
-        worker, indices = self.leases.pop(msg.lease_id)
-        self.by_worker[worker].remove(msg.lease_id)
-        self.revoking.discard(msg.lease_id)
+    def _on_answer(self, msg: BranchDone | BranchFailed | Interaction,
+                   indices: list[int]) -> list[Out]:
         for i, value in zip(msg.indices, msg.values):
             self.state[i] = FINISHED
             self.values[i] = value
@@ -365,12 +486,9 @@ class Collector:
                               "BudgetExhausted")
         if self.phase == STOPPING and self.leases \
                 and elapsed - self.stop_at >= self.start.cancel_deadline:
-            for _worker, indices in self.leases.values():
-                for i in indices:
-                    if self.state[i] == LEASED:
-                        self.state[i] = ABANDONED
-            self.leases.clear()
-        return out + self._maybe_end()
+            for lease_id in list(self.leases):
+                self._unlease(lease_id, ABANDONED)
+        return out + self._check_liveness() + self._maybe_end()
 
     # -- decisions ------------------------------------------------------------------------
 
@@ -387,63 +505,82 @@ class Collector:
         self.phase = STOPPING
         self.stop_at = self.elapsed
         self.queue.clear()
-        return [(worker, Cancel(lease_id=lease_id))
-                for lease_id, (worker, _) in self.leases.items()]
+        self._drop_waiting()
+        return [(self.table.holder[lease_id], Cancel(lease_id=lease_id))
+                for lease_id in self.leases]
 
     def _pause(self) -> list[Out]:
         if self.phase != RUNNING:
             return []
         self.phase = PAUSING
         self.queue.clear()
-        return [(worker, Hold(lease_id=lease_id))
-                for lease_id, (worker, _) in self.leases.items()]
+        self._drop_waiting()
+        return [(self.table.holder[lease_id], Hold(lease_id=lease_id))
+                for lease_id in self.leases]
+
+    def _drop_waiting(self) -> None:
+        """Leases taken back and not sent again never will be: their branches are not
+        started (a continuation keeps its journal)."""
+        while self.again:
+            self._unlease(self.again.popleft(), PENDING)
 
     def _dispatch(self) -> list[Out]:
         out: list[Out] = []
         if self.phase != RUNNING:
             return out
-        start = self.start
-        popleft = self.queue.popleft
+        table = self.table
+        workers = table.workers
         # The worker with the fewest leases out, the first in pool order among them (an
         # idle one first); counted once here, then kept up to date as leases go out
         # (the pool does not change in this loop).
         pool = self.pool
-        counts = [len(self.by_worker[w]) for w in pool]
-        # Queue leases behind running ones only once every planned worker is ready:
-        # the first workers up must not hoard what the next ones would start at once.
-        # (An in-order lease queued behind a long branch is not stuck there: a worker
-        # whose next start waits for it takes it, see actors.groups.host._StartOrder.)
+        counts = [len(workers[w].held) for w in pool]
+        # Queue leases behind running ones only once every planned worker is ready (or
+        # presumed lost): the first workers up must not hoard what the next ones would
+        # start at once. (An in-order lease queued behind a long branch is not stuck
+        # there: a worker whose next start waits for it takes it, see
+        # actors.groups.host._StartOrder.)
         batching = self.batching
-        cap = self.slots if len(pool) == len(self.planned) else 1
-        while self.queue and counts:
+        cap = self.slots if len(pool) + len(table.lost) >= len(self.planned) else 1
+        again = self.again
+        while (again or self.queue) and counts:
             fewest = min(counts)
             if fewest >= cap:
                 break
             j = counts.index(fewest)
             counts[j] += 1
             worker = pool[j]
-            k = self._lease_size() if batching else 1
-            indices = [popleft() for _ in range(k)]
-            first, last = indices[0], indices[-1]
-            contiguous = last - first == k - 1 and indices == list(range(first, last + 1))
-            if contiguous:
-                self.state[first:last + 1] = [LEASED] * k
-                items = start.items[first:last + 1]
+            if again:  # taken back from a lost worker: the same lease, under its id
+                lease = table.payload[again.popleft()]
             else:
-                for i in indices:
-                    self.state[i] = LEASED
-                items = [start.items[i] for i in indices]
-            lease_id = f"{self.gid}.{self.n_leases}"
-            self.n_leases += 1
-            self.leases[lease_id] = (worker, indices)
-            self.by_worker[worker].append(lease_id)
-            self.peak_leases = max(self.peak_leases, len(self.leases))
-            journals = ({i: self.journals[i] for i in indices if i in self.journals}
-                        if self.journals else {})
-            out.append((worker, Branch(group_id=self.gid, lease_id=lease_id, indices=indices,
-                                       items=items, journals=journals,
-                                       in_order=not batching)))
+                lease = self._cut(batching)
+                table.add(lease.lease_id, lease)
+            table.give(lease.lease_id, worker)
+            self.peak_leases = max(self.peak_leases, len(table.payload))
+            out.append((worker, lease))
         return out + self._rebalance() + self._release()
+
+    def _cut(self, batching: bool) -> Branch:
+        """The next lease, from the head of the queue (its branches are leased now)."""
+        start = self.start
+        popleft = self.queue.popleft
+        k = self._lease_size() if batching else 1
+        indices = [popleft() for _ in range(k)]
+        first, last = indices[0], indices[-1]
+        contiguous = last - first == k - 1 and indices == list(range(first, last + 1))
+        if contiguous:
+            self.state[first:last + 1] = [LEASED] * k
+            items = start.items[first:last + 1]
+        else:
+            for i in indices:
+                self.state[i] = LEASED
+            items = [start.items[i] for i in indices]
+        lease_id = f"{self.gid}.{self.n_leases}"
+        self.n_leases += 1
+        journals = ({i: self.journals[i] for i in indices if i in self.journals}
+                    if self.journals else {})
+        return Branch(group_id=self.gid, lease_id=lease_id, indices=indices, items=items,
+                      journals=journals, in_order=not batching)
 
     def _lease_size(self) -> int:
         start = self.start
@@ -464,17 +601,19 @@ class Collector:
     def _rebalance(self) -> list[Out]:
         """Nothing left to lease, yet a worker is idle while another holds a lease queued
         behind the one it runs (perhaps a long branch): ask for that lease back."""
-        if self.phase != RUNNING or self.queue or self.slots == 1:
+        if self.phase != RUNNING or self.queue or self.again or self.slots == 1:
             return []
-        idle = sum(1 for w in self.pool if not self.by_worker[w])
-        need = idle - len(self.revoking)
+        table = self.table
+        workers, revoking = table.workers, table.revoking
+        idle = sum(1 for w in self.pool if not workers[w].held)
+        need = idle - len(revoking)
         out: list[Out] = []
         if need <= 0:
             return out
         for worker in self.pool:
-            for lease_id in reversed(self.by_worker[worker][1:]):   # never the running one
-                if lease_id not in self.revoking:
-                    self.revoking.add(lease_id)
+            for lease_id in reversed(workers[worker].held[1:]):   # never the running one
+                if lease_id not in revoking:
+                    table.revoke(lease_id)
                     out.append((worker, Revoke(lease_id=lease_id)))
                     need -= 1
                     break
@@ -487,20 +626,23 @@ class Collector:
         still come back (one being revoked, or one queued behind a running lease that
         ``_rebalance`` may revoke): as many idle workers as those stay, the others are
         sent ``Stop`` now, so they end while the rest finish, not at the group's end."""
-        if self.phase != RUNNING or self.queue or not self.leases:
+        if self.phase != RUNNING or self.queue or self.again or not self.leases:
             return []   # (no lease out: the group ends now, and every worker with it)
-        idle = [w for w in self.pool if not self.by_worker[w]]
+        workers = self.table.workers
+        idle = [w for w in self.pool if not workers[w].held]
         if not idle:
             return []
-        may_return = set(self.revoking)
-        for leases in self.by_worker.values():
-            may_return.update(leases[1:])
+        may_return = set(self.table.revoking)
+        for worker in workers.values():
+            may_return.update(worker.held[1:])
         go = idle[len(may_return):]
         if not go:
             return []
         self.released.update(go)
         gone = set(go)
         self.pool = [w for w in self.pool if w not in gone]
+        for w in go:
+            self.table.leave(w)   # holds nothing; no longer watched
         return [(w, Stop(reason="the group has no more branches for this worker"))
                 for w in go]
 
@@ -511,7 +653,7 @@ class Collector:
             if not self.planned:
                 return self._fail(None, "no worker to run the branches on", "ConfigError") \
                     + self._maybe_end()
-            if self.released and not self.pool:
+            if self.released and not self.pool and not self.table.lost:
                 # Defensive: branches came back (a lease that did not account for them)
                 # after every worker was let go; never wait for a worker that left.
                 return self._fail(None, f"branches {list(self.queue)[:10]} came back after "
