@@ -183,9 +183,12 @@ class Collector:
                 return self._on_start(msg)
             case BranchDone() | BranchFailed() | Interaction():
                 lease = self._settle(msg)
+                # Any answer, even a late one, is a sign of life: it takes a worker
+                # presumed lost back.
+                out = self._on_heartbeat(msg.worker)
                 if lease is None:
-                    return self._on_heartbeat(msg.worker)
-                return self._on_answer(msg, lease.indices)
+                    return out
+                return out + self._on_answer(msg, lease.indices)
             case UserInputs():
                 return self._on_inputs(msg)
             case Hello():
@@ -214,7 +217,6 @@ class Collector:
             self.dropped += 1
             return None
         table = self.table
-        table.heard(msg.worker, self.elapsed)
         waiting = table.waiting(msg.lease_id)   # taken back: its first holder answers
         lease = table.answer(msg.lease_id)
         if lease is not None and waiting:
@@ -230,13 +232,14 @@ class Collector:
         if worker not in self.planned or worker in self.released:
             self.dropped += 1
             return []
+        known = worker in table.seen    # it said Hello with a heartbeat before
         if msg.heartbeat > 0:
             table.watch(worker, self.elapsed)
         if table.back(worker) is not None:
             return self._rejoin(worker)
         if worker in self.pool:
-            if msg.heartbeat <= 0:
-                self.dropped += 1
+            if not known:   # registers its heartbeat (else: a Hello out of turn)
+                self.dropped += msg.heartbeat <= 0
                 return []
             # The connection dropped: leases it does not list were lost on the way.
             self.again.extend(table.reconnect(worker, 1, msg.leases))
@@ -633,8 +636,11 @@ class Collector:
         if not idle:
             return []
         may_return = set(self.table.revoking)
+        # A lease queued behind a running one may be revoked; with liveness on, any lease
+        # out comes back if its worker is lost.
+        first = 0 if self.start.deadline is not None else 1
         for worker in workers.values():
-            may_return.update(worker.held[1:])
+            may_return.update(worker.held[first:])
         go = idle[len(may_return):]
         if not go:
             return []
