@@ -1,12 +1,15 @@
-"""A model-based test of the Scheduler's lease table (hypothesis RuleBasedStateMachine).
+"""A model-based test of the one lease table (hypothesis RuleBasedStateMachine), through
+both of its users: the Scheduler (rollout leases) and the Collector (branch leases).
 
-Random workers register, rounds of leases arrive, holders answer, answers come late or
-twice, workers go silent and are presumed lost (their leases re-dispatched under the
-same id), come back, and the Scheduler is compared after every step with a plain-dict
-model of who should hold what. Invariants: no lease is answered twice, none is lost
-(every lease is queued, held, settled or given up), no worker holds more than its
-capacity, no more than ``max_concurrency`` leases run, and ``Barrier(r)`` goes out once,
-only when every lease of round r is settled.
+Random workers register, leases arrive (rounds of rollout leases; a group's branches),
+holders answer, answers come late or twice, workers go silent or are reported lost
+(their leases re-dispatched under the same id), come back, and each machine is compared
+after every step with a plain-dict model of who should hold what. The table's own
+invariants are checked the same way for both (:func:`the_table_is_consistent`): a lease
+is held by one live worker at most, no worker holds more than its capacity, the running
+count is the sum over workers. Per user: no lease (and no branch) is settled twice, none
+is lost, no more than ``max_concurrency`` run; ``Barrier(r)`` goes out once, only when
+every lease of round r is settled; a group's result is in input order.
 """
 
 from __future__ import annotations
@@ -18,16 +21,36 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  rule)
 
 from actors.addresses import MERGER, PLANNER
+from actors.machines.collector import FINISHED, LEASED, PENDING, RUNNING, Collector
+from actors.machines.leases import LeaseTable
 from actors.machines.scheduler import Scheduler
-from protocol import (Barrier, Heartbeat, Hello, Lease, LeaseBatch, LeaseDone,
-                      RolloutResult, Settled, SettledBatch, Tick)
+from protocol import (Barrier, Branch, BranchDone, GroupResult, GroupStart, Heartbeat, Hello,
+                      Lease, LeaseBatch, LeaseDone, Lost, Revoke, RolloutResult, Settled,
+                      SettledBatch, Stop, Tick)
 
 DEADLINE = 1.0
 MAX_TRIES = 3
 NAMES = [f"w{i}" for i in range(4)]
 
 
-class LeaseTable(RuleBasedStateMachine):
+def the_table_is_consistent(t: LeaseTable, model: dict[str, str]) -> None:
+    """The table's invariants, whoever uses it; ``model``: lease id -> the worker the
+    user last sent it to (from the messages it sent), for the leases still out."""
+    assert set(t.holder) <= set(t.payload), "a held lease that is not in the table"
+    for lid, name in t.holder.items():
+        assert name in t.workers, f"{lid} held by {name}, not a live worker"
+        assert t.workers[name].held.count(lid) == 1, (lid, name, t.workers[name].held)
+        assert model.get(lid) == name, f"{lid}: held by {name}, last sent to {model.get(lid)}"
+        assert name in t.given[lid], f"{lid}: its holder {name} may not answer it"
+    assert sum(len(w.held) for w in t.workers.values()) == len(t.holder)
+    for w in t.workers.values():
+        assert len(w.held) <= w.capacity, (w.name, w.held, w.capacity)
+    assert t.active == sum(min(len(w.held), w.slots) for w in t.workers.values())
+    assert not set(t.lost) & set(t.workers), "a worker both live and presumed lost"
+    assert set(t.given) <= set(t.payload) and t.revoking <= set(t.holder)
+
+
+class SchedulerLeases(RuleBasedStateMachine):
     @initialize(max_concurrency=st.integers(1, 4))
     def start(self, max_concurrency: int) -> None:
         self.s = Scheduler(max_concurrency, deadline=DEADLINE, max_tries=MAX_TRIES)
@@ -117,6 +140,10 @@ class LeaseTable(RuleBasedStateMachine):
     def heartbeat(self, name: str) -> None:
         self.feed(Heartbeat(worker=name))
 
+    @rule(name=st.sampled_from(NAMES))
+    def a_worker_is_reported_lost(self, name: str) -> None:
+        self.feed(Lost(worker=name, reason="its process exited"))
+
     @rule(dt=st.sampled_from([0.1, 0.6, 1.5]))
     def time_passes(self, dt: float) -> None:
         self.clock += dt
@@ -147,14 +174,8 @@ class LeaseTable(RuleBasedStateMachine):
     def capacity_and_concurrency_are_never_exceeded(self) -> None:
         if not hasattr(self, "s"):
             return
-        for w in self.s.workers.values():
-            assert len(w.held) <= w.capacity, (w.name, w.held, w.capacity)
+        the_table_is_consistent(self.s.table, self.held_by)
         assert self.s.active <= self.max_concurrency
-        assert self.s.active == sum(min(len(w.held), w.slots)
-                                    for w in self.s.workers.values())
-        for lid, name in self.s.holder.items():
-            assert name in self.s.workers, f"{lid} held by {name}, not a live worker"
-            assert lid in self.s.workers[name].held
 
     @invariant()
     def a_barrier_closes_a_round_once_every_lease_of_it_settled(self) -> None:
@@ -169,9 +190,9 @@ class LeaseTable(RuleBasedStateMachine):
                            if rr == r), f"round {r} settled but no Barrier"
 
 
-LeaseTable.TestCase.settings = settings(max_examples=100, stateful_step_count=40,
-                                        deadline=None, derandomize=True)
-test_the_schedulers_lease_table_matches_its_model = LeaseTable.TestCase
+SchedulerLeases.TestCase.settings = settings(max_examples=100, stateful_step_count=40,
+                                             deadline=None, derandomize=True)
+test_the_schedulers_lease_table_matches_its_model = SchedulerLeases.TestCase
 
 
 @pytest.mark.parametrize("slots", [1, 2])
@@ -192,3 +213,160 @@ def test_a_lost_workers_lease_is_redispatched_under_the_same_id(slots):
     late = s.handle(msgspec.structs.replace(done, worker="a"))
     assert not any(to == PLANNER for to, _ in late)   # a is back, but nothing settles again
     assert s.duplicates_dropped == 1 and not s.holder
+
+
+class CollectorLeases(RuleBasedStateMachine):
+    """The Collector's branch leases on the same table: a group of heartbeating workers,
+    answered in any order, with revokes, losses, comebacks and late answers."""
+
+    @initialize(n=st.integers(1, 10), n_workers=st.integers(1, 4), bound=st.integers(1, 4),
+                prefetch=st.integers(0, 2), chunk=st.integers(0, 3))
+    def start(self, n: int, n_workers: int, bound: int, prefetch: int, chunk: int) -> None:
+        self.c = Collector("c")
+        self.n = n
+        self.names = NAMES[:n_workers]
+        self.bound = min(bound, n_workers)
+        self.clock = 0.0
+        self.sent_to: dict[str, str] = {}          # lease id -> the worker it last went to
+        self.went_to: dict[str, set[str]] = {}     # lease id -> every worker it went to
+        self.indices: dict[str, list[int]] = {}    # lease id -> its branches
+        self.answered: list[tuple[str, str]] = []  # (lease id, worker) settled
+        self.results: dict[int, int] = {}          # branch -> times its value was taken
+        self.result: GroupResult | None = None
+        self.feed(GroupStart(group_id="g", items=list(range(n)), workers=list(self.names),
+                             max_concurrency=bound, max_items=n, driver="d", chunk=chunk,
+                             prefetch=prefetch, deadline=DEADLINE, max_tries=MAX_TRIES))
+        for name in self.names:
+            self.feed(Hello(worker=name, heartbeat=0.5))
+
+    def feed(self, msg) -> None:
+        for to, out in self.c.handle(msg):
+            match out:
+                case Branch(lease_id=lid, indices=indices):
+                    assert lid not in {a for a, _ in self.answered}, f"{lid} sent again"
+                    if lid in self.indices:   # re-dispatched: the same lease, same branches
+                        assert self.indices[lid] == indices
+                    self.indices[lid] = indices
+                    self.sent_to[lid] = to
+                    self.went_to.setdefault(lid, set()).add(to)
+                case GroupResult():
+                    assert self.result is None, "a second GroupResult"
+                    self.result = out
+                case Revoke() | Stop():
+                    pass
+
+    def answer(self, lid: str, worker: str, unstarted: bool = False) -> None:
+        indices = self.indices[lid]
+        msg = BranchDone(group_id="g", lease_id=lid, worker=worker,
+                         unstarted=list(indices) if unstarted else [],
+                         indices=[] if unstarted else list(indices),
+                         values=[] if unstarted else [10 * i for i in indices])
+        assert self.c.admit(worker, msg) is None, self.c.admit(worker, msg)
+        settles = lid in self.c.leases
+        before = self.c.late
+        self.feed(msg)
+        if settles:
+            self.answered.append((lid, worker))
+            for i in () if unstarted else indices:
+                self.results[i] = self.results.get(i, 0) + 1
+        else:
+            assert self.c.late == before + 1, "a late answer not counted"
+
+    def out(self) -> list[str]:
+        return sorted(self.c.leases)
+
+    # -- rules -----------------------------------------------------------------------
+
+    @precondition(lambda self: any(lid in self.c.table.holder for lid in self.c.leases))
+    @rule(data=st.data())
+    def the_holder_answers(self, data) -> None:
+        lid = data.draw(st.sampled_from(sorted(self.c.table.holder)))
+        self.answer(lid, self.c.table.holder[lid])
+
+    @precondition(lambda self: any(len(self.went_to.get(lid, ())) > 1
+                                   for lid in self.c.leases))
+    @rule(data=st.data())
+    def an_earlier_holder_answers_first(self, data) -> None:
+        lid = data.draw(st.sampled_from([lid for lid in self.out()
+                                         if len(self.went_to[lid]) > 1]))
+        self.answer(lid, data.draw(st.sampled_from(sorted(self.went_to[lid]))))
+
+    @precondition(lambda self: bool(self.c.table.revoking))
+    @rule(data=st.data())
+    def a_revoked_lease_comes_back_unstarted(self, data) -> None:
+        lid = data.draw(st.sampled_from(sorted(self.c.table.revoking)))
+        self.answer(lid, self.c.table.holder[lid], unstarted=True)
+
+    @precondition(lambda self: bool(self.answered))
+    @rule(data=st.data())
+    def a_late_or_duplicate_answer_is_dropped(self, data) -> None:
+        lid, worker = data.draw(st.sampled_from(self.answered))
+        results = dict(self.results)
+        self.answer(lid, worker)
+        assert self.results == results, "a late answer settled a branch again"
+
+    @precondition(lambda self: bool(self.c.leases))
+    @rule(data=st.data())
+    def a_stranger_is_refused(self, data) -> None:
+        lid = data.draw(st.sampled_from(self.out()))
+        msg = BranchDone(group_id="g", lease_id=lid, worker="mallory", indices=[0],
+                         values=[0])
+        assert "which went to" in self.c.admit("mallory", msg)
+
+    @rule(name=st.sampled_from(NAMES))
+    def heartbeat(self, name: str) -> None:
+        self.feed(Heartbeat(worker=name))
+
+    @rule(name=st.sampled_from(NAMES))
+    def a_worker_is_reported_lost(self, name: str) -> None:
+        self.feed(Lost(worker=name, reason="its connection closed"))
+
+    @rule(dt=st.sampled_from([0.1, 0.6, 1.5]))
+    def time_passes(self, dt: float) -> None:
+        self.clock += dt
+        self.feed(Tick(elapsed=self.clock))
+
+    # -- invariants ------------------------------------------------------------------
+
+    @invariant()
+    def the_table_matches_what_was_sent(self) -> None:
+        if not hasattr(self, "c"):
+            return
+        c = self.c
+        the_table_is_consistent(c.table, self.sent_to)
+        waiting = [lid for lid in c.leases if lid not in c.table.holder]
+        assert sorted(waiting) == sorted(c.again) and len(c.again) == len(set(c.again))
+        assert c.table.active <= self.bound
+
+    @invariant()
+    def no_branch_is_settled_twice_or_lost(self) -> None:
+        if not hasattr(self, "c"):
+            return
+        c = self.c
+        assert all(k == 1 for k in self.results.values()), self.results
+        if c.phase != RUNNING:
+            return
+        leased = [i for lid in c.leases for i in c.leases[lid].indices]
+        assert len(leased) == len(set(leased)), "a branch in two leases"
+        queued = set(c.queue)
+        for i, state in enumerate(c.state):
+            assert state in (FINISHED, PENDING, LEASED), (i, state)
+            assert (state == FINISHED) == (i in self.results), (i, state)
+            assert (state == PENDING) == (i in queued), (i, state)
+            assert (state == LEASED) == (i in leased), (i, state)
+
+    @invariant()
+    def the_group_ends_once_in_input_order_or_fails_by_name(self) -> None:
+        if not hasattr(self, "c") or self.result is None:
+            return
+        r = self.result
+        if r.status == "completed":
+            assert r.results == [10 * i for i in range(self.n)]
+        else:
+            assert r.status == "failed" and r.error_type == "WorkersLost", r
+            assert set(r.finished) == set(self.results)
+
+
+CollectorLeases.TestCase.settings = settings(max_examples=60, stateful_step_count=40,
+                                             deadline=None, derandomize=True)
+test_the_collectors_lease_table_matches_its_model = CollectorLeases.TestCase

@@ -31,6 +31,14 @@ interactions waiting for an answer, the first error. What it decides:
   other unless one comes back (a lease being revoked, or queued behind a running one):
   the idle workers beyond those are sent ``Stop`` at once, so they end while the others
   finish instead of at the group's end;
+- liveness (``GroupStart.deadline``): a worker whose Hello declares a heartbeat and is
+  silent past the deadline, or one reported ``Lost``, is presumed lost; the branch
+  leases it held go, under their ids, to the next worker with room (before any new
+  lease). The first answer settles a lease; any later one is dropped and counted, so a
+  branch whose answer arrived never runs again. A lease lost ``max_tries`` times, or a
+  group whose every worker is lost and none back within the deadline, fails the group
+  (``WorkersLost``). Holders, capacity, revokes and losses live in the one lease table
+  (actors/machines/leases.py), shared with the Scheduler;
 - the end: ``GroupResult`` with every result in input order, or the first error and
   where every branch stands. No partial result is ever published as a success.
 """
@@ -183,12 +191,10 @@ class Collector:
                 return self._on_start(msg)
             case BranchDone() | BranchFailed() | Interaction():
                 lease = self._settle(msg)
+                out = [] if lease is None else self._on_answer(msg, lease.indices)
                 # Any answer, even a late one, is a sign of life: it takes a worker
                 # presumed lost back.
-                out = self._on_heartbeat(msg.worker)
-                if lease is None:
-                    return out
-                return out + self._on_answer(msg, lease.indices)
+                return out + self._on_heartbeat(msg.worker)
             case UserInputs():
                 return self._on_inputs(msg)
             case Hello():
@@ -276,26 +282,28 @@ class Collector:
         self.lost_at = self.elapsed
         if worker in self.pool:
             self.pool.remove(worker)
-        out: list[Out] = []
-        for lease_id in given_up:
-            out += self._give_up(lease_id)
         if self.phase == RUNNING:
             self.again.extend(again)
         else:  # stopping or pausing: nothing new starts, and this worker will not answer
             for lease_id in again:
                 self._unlease(lease_id, ABANDONED if self.phase == STOPPING else PENDING)
-        return out
+        return self._give_up(given_up) if given_up else []
 
-    def _give_up(self, lease_id: str) -> list[Out]:
-        indices = self.table.payload[lease_id].indices
-        error = (f"infrastructure failure: branch lease {lease_id} (branches "
-                 f"{indices[:10]}) given up after {self.table.max_tries} worker(s) were "
-                 "lost running it")
-        log.error("%s: %s", self.name, error)
-        self._unlease(lease_id, FAILED)
-        for i in indices:
-            self.errors[i] = f"WorkersLost: {error}"
-        return self._fail(indices[0], error, "WorkersLost")
+    def _give_up(self, lease_ids: list[str]) -> list[Out]:
+        """Workers were lost running these leases ``max_tries`` times: their branches
+        fail, by name, and the group with them."""
+        errors = []
+        for lease_id in lease_ids:
+            indices = self.table.payload[lease_id].indices
+            error = (f"infrastructure failure: branch lease {lease_id} (branches "
+                     f"{indices[:10]}) given up after {self.table.max_tries} worker(s) "
+                     "were lost running it")
+            log.error("%s: %s", self.name, error)
+            self._unlease(lease_id, FAILED)
+            for i in indices:
+                self.errors[i] = f"WorkersLost: {error}"
+            errors.append((indices[0], error))
+        return self._fail(*errors[0], "WorkersLost")
 
     def _unlease(self, lease_id: str, state: str) -> None:
         """A lease leaves the table unanswered; its branches are now ``state``."""

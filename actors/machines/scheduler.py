@@ -1,5 +1,7 @@
-"""The Scheduler: owns the lease table (which lease is with which worker), worker
-registrations and credits, and the round barrier. A pure state machine.
+"""The Scheduler: rollout and eval leases to workers, and the round barrier. A pure state
+machine. Which lease is with which worker, capacity and prefetch, late answers, liveness
+and re-dispatch are the one lease table's (actors/machines/leases.py, shared with the
+Collector); the Scheduler keeps rounds, barriers, evals, budgets and the queue's order.
 
 - Rollout leases come from the Planner in batches; eval leases are cut from the
   Merger's ``EvalRequest`` (held-out scoring is work done by workers too) and go first.
@@ -9,6 +11,9 @@ registrations and credits, and the round barrier. A pure state machine.
 - ``Barrier(r)`` goes to the Merger once every lease of round r is settled, after the
   results themselves (one sender, FIFO: the Merger always sees results first).
 - A late answer for a lease already answered is dropped and counted.
+- A worker whose Hello declares a heartbeat is presumed lost after ``deadline`` seconds
+  of silence, or at once on ``Lost``: its leases go back to the head of the queue under
+  their ids; one lost ``max_tries`` times is settled as an infrastructure failure.
 - Only a worker the lease went to may answer it (:meth:`Scheduler.admit`, asked by the
   shell and by replay before ``handle``): an answer for a lease another worker holds, or
   one still queued (never dispatched), never reaches ``handle``.
