@@ -370,3 +370,31 @@ class CollectorLeases(RuleBasedStateMachine):
 CollectorLeases.TestCase.settings = settings(max_examples=60, stateful_step_count=40,
                                              deadline=None, derandomize=True)
 test_the_collectors_lease_table_matches_its_model = CollectorLeases.TestCase
+
+
+def test_a_worker_reported_lost_has_its_leases_redispatched_at_once():
+    s = Scheduler(2, deadline=DEADLINE, max_tries=MAX_TRIES)
+    s.handle(Hello(worker="a", slots=1, heartbeat=0.5))
+    s.handle(Hello(worker="b", slots=1, heartbeat=0.5))
+    out = s.handle(LeaseBatch(round=0, leases=[Lease(lease_id=f"r0.u{u}", round=0, unit=u)
+                                               for u in range(3)]))
+    assert [(to, m.lease_id) for to, m in out] == [("a", "r0.u0"), ("b", "r0.u1")]
+    done = LeaseDone(lease_id="r0.u1", worker="b", round=0, unit=1,
+                     results=[RolloutResult(task_id="t", score=1.0, calls=1)])
+    assert [(to, m.lease_id) for to, m in s.handle(done)
+            if isinstance(m, Lease)] == [("b", "r0.u2")]
+    assert s.handle(Lost(worker="a", reason="its process exited")) == []   # b is busy
+    assert [q.lease_id for q in s.queue] == ["r0.u0"] and "a" in s.lost
+    assert s.admit("a", LeaseDone(lease_id="r0.u0", worker="a", round=0)) is None
+    out = s.handle(msgspec.structs.replace(done, lease_id="r0.u2", unit=2))
+    assert [(to, m.lease_id) for to, m in out if isinstance(m, Lease)] == [("b", "r0.u0")]
+    assert s.redispatched == 1 and s.lost_workers == 1 and s.handle(Lost(worker="a")) == []
+
+
+def test_a_lost_worker_back_by_heartbeat_keeps_its_prefetch():
+    s = Scheduler(1, asynchronous=True, deadline=DEADLINE)
+    s.handle(Hello(worker="a", slots=1, prefetch=2, heartbeat=0.5))
+    assert s.workers["a"].capacity == 3
+    s.handle(Lost(worker="a"))
+    s.handle(Heartbeat(worker="a"))
+    assert "a" not in s.lost and s.workers["a"].capacity == 3
