@@ -66,6 +66,7 @@ def test_a_worker_reported_lost_has_its_leases_sent_at_once_to_one_with_room():
     assert _branches(out) == [("w2", "g.0", [0])]
     assert c.admit("w2", _done(sent[0][1], "w2")) is None
     assert "which went to" in c.admit("mallory", _done(sent[0][1], "mallory"))
+    assert "never reports another lost" in c.admit("w1", Lost(worker="w2"))
 
 
 def test_a_branch_whose_answer_arrived_is_never_run_again():

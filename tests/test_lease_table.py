@@ -386,6 +386,8 @@ def test_a_worker_reported_lost_has_its_leases_redispatched_at_once():
     assert s.handle(Lost(worker="a", reason="its process exited")) == []   # b is busy
     assert [q.lease_id for q in s.queue] == ["r0.u0"] and "a" in s.lost
     assert s.admit("a", LeaseDone(lease_id="r0.u0", worker="a", round=0)) is None
+    assert "never reports another lost" in s.admit("b", Lost(worker="a"))
+    assert s.admit("driver", Lost(worker="a")) is None
     out = s.handle(msgspec.structs.replace(done, lease_id="r0.u2", unit=2))
     assert [(to, m.lease_id) for to, m in out if isinstance(m, Lease)] == [("b", "r0.u0")]
     assert s.redispatched == 1 and s.lost_workers == 1 and s.handle(Lost(worker="a")) == []

@@ -177,6 +177,9 @@ class Collector:
         """Why ``msg`` from ``sender`` must not reach :meth:`handle` (None: it may): an
         answer for a branch lease that is out must come from a worker it went to.
         Pure; asked by the shell and by replay, as the Scheduler's is."""
+        if type(msg) is Lost and (sender in self.planned or self.table.known(sender)):
+            return (f"a Lost for {msg.worker!r} from worker {sender!r}: a worker never "
+                    "reports another lost (the runtime does)")
         if isinstance(msg, (BranchDone, BranchFailed, Interaction)):
             table = self.table
             if msg.lease_id in table.payload and not table.may_answer(msg.lease_id, sender):

@@ -169,6 +169,9 @@ class Scheduler:
         duplicate) from a worker this Scheduler knows, which ``handle`` then drops and
         counts. Pure: the shell and replay ask it alike, so a log holding refused
         messages replays to the same outcome."""
+        if type(msg) is Lost and self.table.known(sender):
+            return (f"a Lost for {msg.worker!r} from worker {sender!r}: a worker never "
+                    "reports another lost (the runtime does)")
         if type(msg) is not LeaseDone:
             return None
         if msg.worker != sender:
