@@ -38,7 +38,7 @@ import pykka
 from actors.workers import code as refs
 from actors.machines.collector import Collector
 from actors.errors import ConfigError, RunFailed
-from actors.runtime.shell import teller
+from actors.runtime.shell import pass_to
 from bus.base import MAX_FRAME_BYTES, Delivery
 from protocol import GroupCancel, GroupResult, GroupStart, GroupSuspended, Ref, Tick, UserInputs
 from actors.errors import (BranchError, BudgetExhausted, HostLimitExceeded, ResultTooLarge,
@@ -48,7 +48,7 @@ from actors.groups.limits import (CANCEL_DEADLINE_S, MAX_RESULT_BYTES, TICK_S, B
 from actors.groups.checkpoint import (EffectLog, GroupCheckpoint, _write_checkpoint,
                                       target_fingerprint, target_name)
 from actors.groups.outcome import GroupOutcome, GroupProgress
-from actors.groups.worker import GroupWorker, _CollectorActor, _LeaseBox, _worker_deliver
+from actors.groups.worker import GroupWorker, _LeaseBox, _worker_deliver
 from actors.groups.store import _encoder, Store, _Gate, _enter_all
 from actors.groups.host import _Host, _StartOrder, _ambient
 from actors.groups.types import as_partial, as_results, converter, type_name
@@ -290,7 +290,7 @@ def _execute(plan: _Plan) -> GroupOutcome:
         if settings.on_progress is not None:
             progress = _reporter(plan, host, boxes, settings.on_progress, t0)
         result_msg, actors.crash = _drive(runtime, actors.inbox, host, names.driver,
-                                          names.collector, gid, t0,
+                                          actors.collector, gid, t0,
                                           ticks=ledger.remaining_seconds() is not None,
                                           progress=progress)
         actors.phases["run"] = time.monotonic() - t0 - actors.phases["start"]
@@ -473,6 +473,7 @@ class _Actors:
         self.attached: list[str] = []
         self.phases: dict[str, float] = {}
         self.crash: _Crash | None = None
+        self.collector = _CollectorShell(runtime.bus, names.collector)
 
     def on_crash(self, name: str, exc: BaseException) -> None:
         self.inbox.put(_Crash(name, exc))
@@ -482,14 +483,12 @@ class _Actors:
         # The driver attaches every name itself, one after the other from one socket (a
         # socket per actor thread costs ~10x more). Attach returns once the broker routes
         # the name; pykka queues what arrives before the actor's thread has started.
+        # The Collector's deliveries come into the driver's inbox too (_CollectorShell).
         runtime, names = self.runtime, self.names
         bus = runtime.bus
-        ref = runtime.start_actor(_CollectorActor, bus, names.collector,
-                                  Collector(names.collector), self.on_crash)
-        self.started.append(ref)
         # Every name routes before any work flows, in one round trip to the broker.
         boxes = host.boxes = [_LeaseBox(name) for name in names.workers]
-        routes = [(names.driver, self.inbox.put), (names.collector, teller(bus, ref))] + [
+        routes = [(names.driver, self.inbox.put), (names.collector, self.inbox.put)] + [
             (name, _worker_deliver(bus, host, box, name, names.collector))
             for name, box in zip(names.workers, boxes)]
         attach_many = getattr(bus, "attach_many", None)
@@ -513,8 +512,8 @@ class _Actors:
 
     def stop(self, *, abandoned: bool, t0: float) -> None:
         runtime = self.runtime
-        # Workers the Collector let go, and the Collector once the group ended, have
-        # stopped already: asking a dead actor to stop costs an exception (~20 us each).
+        # Workers the Collector let go have stopped already: asking a dead actor to stop
+        # costs an exception (~20 us each).
         alive = [ref for ref in self.started if ref.is_alive()]
         stuck = runtime.stop_actors(alive, 0.2 if abandoned or self.crash else STOP_GRACE_S)
         if len(alive) < len(self.started):   # the runtime forgets the dead ones too
@@ -574,15 +573,31 @@ def _group_start(plan: _Plan, gid: str, driver: str, workers: list[str],
     return start
 
 
-def _drive(runtime, inbox, host: _Host, driver: str, collector: str, gid: str, t0: float,
-           ticks: bool, progress: Callable[[bool], None] | None = None):
-    """Wait for the group's end, sending the time as ``Tick`` and a parent's cancellation
-    as ``GroupCancel``, and calling ``progress`` every ``PROGRESS_S``. Every wait is
-    bounded (one tick); a crashed actor ends it.
+class _CollectorShell:
+    """The group's Collector, run on its driver's thread: what arrives for it on the bus
+    comes into the driver's inbox and :func:`pass_to` hands it over, as a ControlActor
+    would on a thread of its own (which cost a thread start and stop per group, and a
+    hand-over between threads per message). Its messages cross the bus as before."""
+
+    def __init__(self, bus, name: str) -> None:
+        self.bus = bus
+        self.name = name
+        self.machine = Collector(name)
+        self._admit = self.machine.admit
+        self._send_many = getattr(bus, "send_many", None)
+
+
+def _drive(runtime, inbox, host: _Host, driver: str, collector: _CollectorShell, gid: str,
+           t0: float, ticks: bool, progress: Callable[[bool], None] | None = None):
+    """Wait for the group's end, running its Collector (``collector``) on what arrives
+    for it, sending the time as ``Tick`` and a parent's cancellation as ``GroupCancel``,
+    and calling ``progress`` every ``PROGRESS_S``. Every wait is bounded (one tick); a
+    crashed actor (the Collector included) ends it.
 
     The Collector needs the time only for a seconds budget and for the cancel deadline
     once the group is stopping, so ticks go out only then."""
     bus = runtime.bus
+    name = collector.name
     ticker = Ticker(TICK_S, first=t0 + TICK_S)
     reporting = Ticker(PROGRESS_S, first=t0 + PROGRESS_S)
     cancel_sent = False
@@ -594,12 +609,12 @@ def _drive(runtime, inbox, host: _Host, driver: str, collector: str, gid: str, t
         now = time.monotonic()
         if ticker.due(now):
             if ticks or host.stopping:
-                bus.send(driver, collector, Tick(elapsed=round(now - t0, 6)))
+                bus.send(driver, name, Tick(elapsed=round(now - t0, 6)))
             if not cancel_sent and host.parent is not None and host.parent.cancelled:
                 cancel_sent = True
                 host.cancel()
-                bus.send(driver, collector, GroupCancel(group_id=gid,
-                                                        reason="the parent branch was cancelled"))
+                bus.send(driver, name, GroupCancel(group_id=gid,
+                                                   reason="the parent branch was cancelled"))
             if progress is not None and reporting.due(now):
                 progress(False)
         if item is None:
@@ -607,6 +622,13 @@ def _drive(runtime, inbox, host: _Host, driver: str, collector: str, gid: str, t
         if isinstance(item, _Crash):
             host.cancel()
             return None, item
+        if item.receiver == name:
+            try:
+                pass_to(collector, item)
+            except Exception as exc:  # a bug in the machine: the group ends, raising it
+                host.cancel()
+                return None, _Crash(name, exc)
+            continue
         msg = item.msg
         if isinstance(msg, (GroupResult, GroupSuspended)) and msg.group_id == gid:
             return msg, None

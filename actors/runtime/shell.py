@@ -19,6 +19,24 @@ from bus.base import Bus, Delivery
 log = logging.getLogger(__name__)
 
 
+def pass_to(shell, message: Delivery) -> None:
+    """Give one delivery to ``shell.machine`` (asking ``shell._admit`` first) and send
+    what it returns, as ``shell.name``: the whole of a shell's work, on whatever thread
+    runs it (a ControlActor's own, or a group driver's for its Collector)."""
+    if shell._admit is not None:
+        why = shell._admit(message.sender, message.msg)
+        if why is not None:
+            shell.bus.stats.refuse(message.peer or message.sender,
+                                   f"{why} (refused by {shell.name})")
+            return
+    out = shell.machine.handle(message.msg)
+    if len(out) > 1 and shell._send_many is not None:
+        shell._send_many(shell.name, out)  # one hand-over to the bus for the lot
+        return
+    for receiver, msg in out:
+        shell.bus.send(shell.name, receiver, msg)
+
+
 class ControlActor(_FastInbox, pykka.ThreadingActor):
     """Planner, Scheduler, Merger (and Collector) all live in one of these."""
 
@@ -54,17 +72,7 @@ class ControlActor(_FastInbox, pykka.ThreadingActor):
         threading.current_thread().name = f"evobus-{self.name}"
 
     def on_receive(self, message: Delivery) -> None:
-        if self._admit is not None:
-            why = self._admit(message.sender, message.msg)
-            if why is not None:
-                self.bus.stats.refuse(message.peer or message.sender, f"{why} (refused by {self.name})")
-                return
-        out = self.machine.handle(message.msg)
-        if len(out) > 1 and self._send_many is not None:
-            self._send_many(self.name, out)  # one hand-over to the bus for the lot
-            return
-        for receiver, msg in out:
-            self.bus.send(self.name, receiver, msg)
+        pass_to(self, message)
 
     def on_failure(self, exception_type, exception_value, traceback) -> None:
         self.on_crash(self.name, exception_value)
