@@ -156,10 +156,13 @@ def test_groups_run_on_a_given_runtime_and_leave_it_running(bus):
     with Runtime(bus=bus) as rt:
         assert parallel(lambda x: x * 2, [1, 2, 3], returns=int, max_concurrency=2, max_items=3,
                         runtime=rt) == [2, 4, 6]
-        # The runtime goes on: a second group runs on it, and neither left actors behind.
+        warm = [ref for ref in rt.refs if ref.is_alive()]
+        # The runtime goes on: a second group runs on it, on the first one's worker
+        # threads (kept warm by the runtime, no new ones).
         assert parallel(lambda x: x * 3, [1, 2, 3], returns=int, max_concurrency=2, max_items=3,
                         runtime=rt) == [3, 6, 9]
-        assert not [ref for ref in rt.refs if ref.is_alive()]
+        assert len(warm) == 2 and [ref for ref in rt.refs if ref.is_alive()] == warm
+    assert not [ref for ref in warm if ref.is_alive()]   # closing the runtime ends them
 
 
 def test_bus_and_log_are_refused_where_they_would_be_ignored(tmp_path):
@@ -1539,16 +1542,16 @@ def test_standalone_groups_reuse_one_process_wide_runtime_and_start_no_bus_of_th
     def double(x: int) -> int:
         return 2 * x
 
-    assert parallel(double, [1, 2], max_concurrency=2, max_items=2) == [2, 4]
+    assert parallel(double, [1, 2, 3, 4], max_concurrency=4, max_items=4) == [2, 4, 6, 8]
     runtime = shared_runtime("zmq")
-    threads = {t.name for t in threading.enumerate()}
+    threads = set(threading.enumerate())
     before = runtime.bus.stats.as_dict()
     for _ in range(20):
         assert parallel(double, [1, 2, 3, 4], max_concurrency=4, max_items=4) == [2, 4, 6, 8]
     assert shared_runtime("zmq") is runtime and not runtime._closed
     assert runtime.bus.stats.as_dict() != before             # the calls went through it
-    new = {t.name for t in threading.enumerate()} - threads
-    assert not new, f"threads left behind by the calls: {sorted(new)}"
+    new = set(threading.enumerate()) - threads   # the first call's workers are reused
+    assert not new, f"threads started by the warm calls: {sorted(t.name for t in new)}"
 
 
 def test_a_lease_queued_behind_a_long_branch_is_taken_by_the_worker_waiting_for_it():

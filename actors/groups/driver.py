@@ -48,7 +48,8 @@ from actors.groups.limits import (CANCEL_DEADLINE_S, MAX_RESULT_BYTES, TICK_S, B
 from actors.groups.checkpoint import (EffectLog, GroupCheckpoint, _write_checkpoint,
                                       target_fingerprint, target_name)
 from actors.groups.outcome import GroupOutcome, GroupProgress
-from actors.groups.worker import GroupWorker, _LeaseBox, _worker_deliver
+from actors.groups.pool import _Bind, pool_of
+from actors.groups.worker import _LeaseBox, _worker_deliver
 from actors.groups.store import _encoder, Store, _Gate, _enter_all
 from actors.groups.host import _Host, _StartOrder, _ambient
 from actors.groups.types import as_partial, as_results, converter, type_name
@@ -80,8 +81,6 @@ PROGRESS_S = 1.0
 
 
 
-#: How long the group's actors may take to stop once the group has ended.
-STOP_GRACE_S = 5.0
 
 
 
@@ -298,7 +297,8 @@ def _execute(plan: _Plan) -> GroupOutcome:
         host.cancel()   # Ctrl-C or a driver bug: branches see ctx.cancelled, then teardown
         raise
     finally:
-        actors.stop(abandoned=isinstance(result_msg, GroupResult) and result_msg.abandoned,
+        actors.stop(abandoned=result_msg is None   # interrupted: branches may still run
+                    or isinstance(result_msg, GroupResult) and bool(result_msg.abandoned),
                     t0=t0)
         if host.effect_log is not None:
             host.effect_log.close()
@@ -469,7 +469,8 @@ class _Actors:
         self.own_runtime = own_runtime
         self.names = names
         self.inbox: "queue.SimpleQueue[Delivery | _Crash]" = queue.SimpleQueue()
-        self.started: list[pykka.ActorRef] = []
+        self.workers: list[pykka.ActorRef] = []
+        self.boxes: list[_LeaseBox] = []
         self.attached: list[str] = []
         self.phases: dict[str, float] = {}
         self.crash: _Crash | None = None
@@ -499,33 +500,34 @@ class _Actors:
             for name, deliver in routes:
                 bus.attach(name, deliver)
                 self.attached.append(name)
-        # Leases go out at once, into the workers' boxes; each worker's thread starts
-        # after that and finds its leases waiting: the first ones work while the others
-        # start, and none waits for a Hello to make a round trip through the Collector.
+        # Leases go out at once, into the workers' boxes; then each worker's thread (a
+        # warm one of the runtime's pool, or a new one) is bound to its name and finds
+        # its leases waiting: none waits for a Hello to make a round trip.
         bus.send(names.driver, names.collector, start)
         if inputs is not None:
             bus.send(names.driver, names.collector, inputs)
-        for name, box in zip(names.workers, boxes):
-            self.started.append(runtime.start_actor(GroupWorker, bus, name, host,
-                                                    names.collector, self.on_crash, box))
+        self.boxes = boxes
+        self.workers = pool_of(runtime).bind(
+            [_Bind(name, host, names.collector, self.on_crash, box)
+             for name, box in zip(names.workers, boxes)])
         return boxes
 
     def stop(self, *, abandoned: bool, t0: float) -> None:
         runtime = self.runtime
-        # Workers the Collector let go have stopped already: asking a dead actor to stop
-        # costs an exception (~20 us each).
-        alive = [ref for ref in self.started if ref.is_alive()]
-        stuck = runtime.stop_actors(alive, 0.2 if abandoned or self.crash else STOP_GRACE_S)
-        if len(alive) < len(self.started):   # the runtime forgets the dead ones too
-            dead = {id(ref) for ref in self.started} - {id(ref) for ref in alive}
-            runtime.refs = [ref for ref in runtime.refs if id(ref) not in dead]
-        if stuck:
-            log.warning("group %s: %d actor(s) still running user code past the deadline; "
-                        "left behind (daemon threads)", self.names.gid, len(stuck))
         if self.own_runtime is None:   # a shared runtime goes on: give the names back
             for name in self.attached:
                 runtime.bus.detach(name)
-        else:
+        # Workers the Collector let go are back in the pool already; the others go back
+        # now (every lease has answered) or, still running user code past a cancel
+        # deadline, once it returns.
+        stuck = sum(1 for box in self.boxes if box.running) if abandoned or self.crash else 0
+        if stuck:
+            log.warning("group %s: %d worker(s) still running user code past the deadline; "
+                        "left behind (each rejoins its pool once its branch returns)",
+                        self.names.gid, stuck)
+        pool_of(runtime).release(self.workers, self.boxes,
+                                 left_behind=bool(abandoned or self.crash))
+        if self.own_runtime is not None:
             self.own_runtime.close()
         self.phases["stop"] = (time.monotonic() - t0 - self.phases.get("start", 0)
                                - self.phases.get("run", 0))

@@ -43,6 +43,8 @@ class _LeaseBox:
         #: The worker is running its leases (so a lease still queued waits behind one it
         #: runs): only then may another worker take one (see GroupWorker._steal).
         self.running = False
+        #: The thread that ran these leases is free again (actors.groups.pool).
+        self.returned = False
 
     def put(self, lease: Branch) -> None:
         with self.lock:

@@ -1,0 +1,161 @@
+"""Warm branch workers: the threads a runtime's groups run their branches on, kept
+between groups.
+
+A group's workers are bus names of that group (``branch-worker.<gid>.<i>``, in its
+``GroupStart``, routed to its lease boxes by the driver); what runs them is a thread.
+Starting a thread per worker per group (and its socket on the ZeroMQ bus) cost more than
+the whole of a small group's work, so a runtime keeps the threads of groups that ended
+and the next group *binds* them to its names: the same leases, boxes, messages and log,
+on a thread that already runs. A worker thread is bound to one group at a time; a group
+inside a branch (whose worker is bound) binds others, or starts new ones.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, NamedTuple
+
+import pykka
+
+from actors.groups.host import _Host
+from actors.groups.worker import GroupWorker, _LeaseBox, _release
+from protocol import Branch, Stop
+
+#: Idle threads a runtime keeps; those beyond it stop when their group ends.
+MAX_IDLE = 64
+
+
+class _Bind(NamedTuple):
+    """Run this group's worker ``name``: its leases arrive in ``box``."""
+
+    name: str
+    host: _Host
+    collector: str
+    on_crash: Any
+    box: _LeaseBox
+
+
+class _Unbind(NamedTuple):
+    """The group of worker ``name`` has ended: back to the pool (if still bound to it)."""
+
+    name: str
+
+
+class PooledWorker(GroupWorker):
+    """A :class:`GroupWorker` whose thread outlives its group: ``Stop`` (or the group's
+    end) gives it back to its pool instead of ending it. What arrives for a name it is no
+    longer bound to (a ``Stop`` crossing the group's end) is dropped."""
+
+    def __init__(self, bus, pool: "WorkerPool") -> None:
+        super().__init__(bus, "", None, "", None, _LeaseBox())
+        self.pool = pool
+
+    def on_start(self) -> None:
+        threading.current_thread().name = "evobus-branch-worker.idle"
+
+    def on_receive(self, message) -> Any:
+        if isinstance(message, _Bind):
+            return self._bind(message)
+        if isinstance(message, _Unbind):
+            if message.name == self.name:
+                self._unbind()
+            return None
+        if getattr(message, "receiver", None) != self.name:
+            return None   # for a name of a group that ended: nothing to do
+        match message.msg:
+            case Branch():
+                self._drain()
+            case Stop():
+                self._unbind()
+            case other:
+                super().on_receive(message)
+        return None
+
+    def on_failure(self, exception_type, exception_value, traceback) -> None:
+        if self.on_crash is not None:
+            self.on_crash(self.name, exception_value)
+
+    def on_stop(self) -> None:
+        self.settle.close()
+        _release(self.bus)
+
+    def _bind(self, bind: _Bind) -> None:
+        self.name, self.host, self.collector = bind.name, bind.host, bind.collector
+        self.on_crash, self.box = bind.on_crash, bind.box
+        threading.current_thread().name = f"evobus-{bind.name}"
+        bind.box.ref = self.actor_ref   # before looking into the box (see _worker_deliver)
+        self._drain()
+        if bind.box.stop:
+            self._unbind()
+
+    def _unbind(self) -> None:
+        if self.host is None:
+            return
+        self.pool.give_back(self.actor_ref, self.box)
+        self.name, self.host, self.collector, self.on_crash = "", None, "", None
+        self.box = _LeaseBox()
+        threading.current_thread().name = "evobus-branch-worker.idle"
+
+
+class WorkerPool:
+    """The idle worker threads of one runtime."""
+
+    def __init__(self, runtime) -> None:
+        self.runtime = runtime
+        self.lock = threading.Lock()
+        self.idle: list[pykka.ActorRef] = []
+
+    def bind(self, binds: list[_Bind]) -> list[pykka.ActorRef]:
+        """A thread for each of these workers: idle ones first, new ones for the rest."""
+        with self.lock:
+            k = min(len(binds), len(self.idle))
+            refs = self.idle[len(self.idle) - k:]
+            del self.idle[len(self.idle) - k:]
+        refs = [ref for ref in refs if ref.is_alive()]
+        while len(refs) < len(binds):
+            refs.append(self.runtime.start_actor(PooledWorker, self.runtime.bus, self))
+        for ref, bind in zip(refs, binds):
+            ref.tell(bind)
+        return refs
+
+    def give_back(self, ref: pykka.ActorRef, box: _LeaseBox) -> None:
+        """The worker that ran ``box``'s leases is free (once per box: the worker itself
+        on ``Stop``, or the driver at the group's end, whichever comes first)."""
+        with self.lock:
+            if box.returned:
+                return
+            box.returned = True
+            if len(self.idle) < MAX_IDLE:
+                self.idle.append(ref)
+                return
+        ref.stop(block=False)
+
+    def release(self, refs: list[pykka.ActorRef], boxes: list[_LeaseBox],
+                left_behind: bool) -> None:
+        """The group has ended: its workers go back. Every lease has answered, so a
+        worker still in its loop only has an empty box to look into: the next group's
+        bind waits in its mailbox behind that. With ``left_behind`` (a branch abandoned
+        at the cancel deadline, or a crash), one still running goes back itself once its
+        branch returns."""
+        for ref, box in zip(refs, boxes):
+            if not (left_behind and box.running):
+                self.give_back(ref, box)
+                continue
+            try:
+                ref.tell(_Unbind(box.owner))
+            except pykka.ActorDeadError:
+                pass
+
+
+_pools: "weakref.WeakKeyDictionary[Any, WorkerPool]" = weakref.WeakKeyDictionary()
+_pools_lock = threading.Lock()
+
+
+def pool_of(runtime) -> WorkerPool:
+    """The worker pool of ``runtime`` (made at first use)."""
+    with _pools_lock:
+        pool = _pools.get(runtime)
+        if pool is None:
+            pool = _pools[runtime] = WorkerPool(runtime)
+        return pool
