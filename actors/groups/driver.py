@@ -289,7 +289,7 @@ def _execute(plan: _Plan) -> GroupOutcome:
         if settings.on_progress is not None:
             progress = _reporter(plan, host, boxes, settings.on_progress, t0)
         result_msg, actors.crash = _drive(runtime, actors.inbox, host, names.driver,
-                                          actors.collector, gid, t0,
+                                          names.collector, gid, t0,
                                           ticks=ledger.remaining_seconds() is not None,
                                           progress=progress)
         actors.phases["run"] = time.monotonic() - t0 - actors.phases["start"]
@@ -474,7 +474,7 @@ class _Actors:
         self.attached: list[str] = []
         self.phases: dict[str, float] = {}
         self.crash: _Crash | None = None
-        self.collector = _CollectorShell(runtime.bus, names.collector)
+        self.collector = _CollectorShell(runtime.bus, names.collector, self.on_crash)
 
     def on_crash(self, name: str, exc: BaseException) -> None:
         self.inbox.put(_Crash(name, exc))
@@ -484,12 +484,11 @@ class _Actors:
         # The driver attaches every name itself, one after the other from one socket (a
         # socket per actor thread costs ~10x more). Attach returns once the broker routes
         # the name; pykka queues what arrives before the actor's thread has started.
-        # The Collector's deliveries come into the driver's inbox too (_CollectorShell).
         runtime, names = self.runtime, self.names
         bus = runtime.bus
         # Every name routes before any work flows, in one round trip to the broker.
         boxes = host.boxes = [_LeaseBox(name) for name in names.workers]
-        routes = [(names.driver, self.inbox.put), (names.collector, self.inbox.put)] + [
+        routes = [(names.driver, self.inbox.put), (names.collector, self.collector.deliver)] + [
             (name, _worker_deliver(bus, host, box, name, names.collector))
             for name, box in zip(names.workers, boxes)]
         attach_many = getattr(bus, "attach_many", None)
@@ -576,30 +575,42 @@ def _group_start(plan: _Plan, gid: str, driver: str, workers: list[str],
 
 
 class _CollectorShell:
-    """The group's Collector, run on its driver's thread: what arrives for it on the bus
-    comes into the driver's inbox and :func:`pass_to` hands it over, as a ControlActor
-    would on a thread of its own (which cost a thread start and stop per group, and a
-    hand-over between threads per message). Its messages cross the bus as before."""
+    """The group's Collector, run where the bus delivers its messages (the broker's
+    thread, or the sender's on the in-memory bus: either way one delivery at a time, in
+    the bus's order), as a ControlActor would on a thread of its own: its answer to a
+    worker leaves at once, without two hand-overs between threads. Its messages cross
+    the bus and the log as before. A bug in the machine ends the group (``on_crash``);
+    nothing more is handed to it after that."""
 
-    def __init__(self, bus, name: str) -> None:
+    def __init__(self, bus, name: str, on_crash: Callable[[str, BaseException], None]) -> None:
         self.bus = bus
         self.name = name
         self.machine = Collector(name)
         self._admit = self.machine.admit
         self._send_many = getattr(bus, "send_many", None)
+        self.on_crash = on_crash
+        self.crashed = False
+
+    def deliver(self, delivery: Delivery) -> None:
+        if self.crashed:
+            self.bus.stats.unroutable += 1   # counted, as a message to a stopped actor
+            return
+        try:
+            pass_to(self, delivery)
+        except Exception as exc:  # a bug in the machine: the driver raises it
+            self.crashed = True
+            self.on_crash(self.name, exc)
 
 
-def _drive(runtime, inbox, host: _Host, driver: str, collector: _CollectorShell, gid: str,
-           t0: float, ticks: bool, progress: Callable[[bool], None] | None = None):
-    """Wait for the group's end, running its Collector (``collector``) on what arrives
-    for it, sending the time as ``Tick`` and a parent's cancellation as ``GroupCancel``,
-    and calling ``progress`` every ``PROGRESS_S``. Every wait is bounded (one tick); a
-    crashed actor (the Collector included) ends it.
+def _drive(runtime, inbox, host: _Host, driver: str, collector: str, gid: str, t0: float,
+           ticks: bool, progress: Callable[[bool], None] | None = None):
+    """Wait for the group's end, sending the time as ``Tick`` and a parent's cancellation
+    as ``GroupCancel``, and calling ``progress`` every ``PROGRESS_S``. Every wait is
+    bounded (one tick); a crashed actor (the Collector included) ends it.
 
     The Collector needs the time only for a seconds budget and for the cancel deadline
     once the group is stopping, so ticks go out only then."""
     bus = runtime.bus
-    name = collector.name
     ticker = Ticker(TICK_S, first=t0 + TICK_S)
     reporting = Ticker(PROGRESS_S, first=t0 + PROGRESS_S)
     cancel_sent = False
@@ -611,12 +622,12 @@ def _drive(runtime, inbox, host: _Host, driver: str, collector: _CollectorShell,
         now = time.monotonic()
         if ticker.due(now):
             if ticks or host.stopping:
-                bus.send(driver, name, Tick(elapsed=round(now - t0, 6)))
+                bus.send(driver, collector, Tick(elapsed=round(now - t0, 6)))
             if not cancel_sent and host.parent is not None and host.parent.cancelled:
                 cancel_sent = True
                 host.cancel()
-                bus.send(driver, name, GroupCancel(group_id=gid,
-                                                   reason="the parent branch was cancelled"))
+                bus.send(driver, collector, GroupCancel(group_id=gid,
+                                                        reason="the parent branch was cancelled"))
             if progress is not None and reporting.due(now):
                 progress(False)
         if item is None:
@@ -624,13 +635,6 @@ def _drive(runtime, inbox, host: _Host, driver: str, collector: _CollectorShell,
         if isinstance(item, _Crash):
             host.cancel()
             return None, item
-        if item.receiver == name:
-            try:
-                pass_to(collector, item)
-            except Exception as exc:  # a bug in the machine: the group ends, raising it
-                host.cancel()
-                return None, _Crash(name, exc)
-            continue
         msg = item.msg
         if isinstance(msg, (GroupResult, GroupSuspended)) and msg.group_id == gid:
             return msg, None
