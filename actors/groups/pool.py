@@ -68,7 +68,7 @@ class PooledWorker(GroupWorker):
                 self._drain()
             case Stop():
                 self._unbind()
-            case other:
+            case _:
                 super().on_receive(message)
         return None
 

@@ -11,8 +11,7 @@ from typing import Any, Callable
 import pykka
 
 from actors.workers.core import Awaiter
-from actors.machines.collector import ENDED
-from actors.runtime.shell import ControlActor, _FastInbox
+from actors.runtime.shell import _FastInbox
 from bus.base import Delivery
 from protocol import (Branch, BranchDone, BranchFailed, Cancel, Hold, Interaction, Revoke, Stop,
                       Suspension)
@@ -125,24 +124,6 @@ def _release(bus) -> None:
     release = getattr(bus, "release_thread", None)
     if release is not None:
         release()
-
-
-class _CollectorActor(ControlActor):
-    """The Collector's shell: a ControlActor whose bus name the group's driver attaches
-    and detaches (see :class:`GroupWorker`). Once the group has ended it stops by itself
-    (nothing it receives after that can change the result), so the driver's teardown
-    does not wait for it."""
-
-    def on_start(self) -> None:
-        threading.current_thread().name = f"evobus-{self.name}"
-
-    def on_receive(self, message: Delivery) -> None:
-        super().on_receive(message)
-        if self.machine.phase == ENDED:
-            self.actor_ref.stop(block=False)
-
-    def on_stop(self) -> None:
-        _release(self.bus)   # its name is detached by the driver
 
 
 _WAKE = object()   # a worker's note to itself: look into the box
