@@ -653,6 +653,40 @@ def test_cancelled_branches_are_waited_for_only_until_the_deadline():
     assert isinstance(outcome.error, ValueError)
 
 
+def test_a_worker_left_behind_at_the_cancel_deadline_rejoins_the_pool_once_its_branch_returns():
+    """Worker threads are kept per runtime and bound to each group; one still running a
+    branch abandoned at the cancel deadline is not handed to the next group, and goes
+    back to the pool once that branch returns."""
+    from actors import Runtime
+    from actors.groups.pool import pool_of
+
+    release, stuck_started = threading.Event(), threading.Event()
+
+    def target(i: int) -> int:
+        if i == 0:
+            wait(stuck_started)
+            raise ValueError("boom")
+        stuck_started.set()
+        release.wait(WAIT)    # ignores ctx.cancelled: abandoned at the deadline
+        return i
+
+    with Runtime(bus="memory") as rt:
+        pool = pool_of(rt)
+        try:
+            outcome = run_group(target, [0, 1], max_concurrency=2, max_items=2, chunk=1,
+                                cancel_deadline=0.2, runtime=rt)
+            assert outcome.status == "failed" and outcome.abandoned == [1]
+            assert len(pool.idle) == 1            # the stuck one is still out
+            assert parallel(lambda x: x + 1, [1, 2], returns=int, max_concurrency=2,
+                            max_items=2, runtime=rt) == [2, 3]
+        finally:
+            release.set()
+        deadline = time.monotonic() + WAIT
+        while len(pool.idle) < 3 and time.monotonic() < deadline:   # bounded
+            threading.Event().wait(0.005)
+        assert len(pool.idle) == 3 and len({id(r) for r in pool.idle}) == 3
+
+
 def test_effects_already_performed_are_reported_not_undone():
     sent = threading.Event()
     outbox = []
