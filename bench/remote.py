@@ -3,6 +3,7 @@ per message, with 64 and 256 worker connections spread over a few processes.
 
     python -m bench.remote [--connections 64 256] [--procs 4] [--rollout 0.05]
                            [--tasks-per-lease 10] [--rounds 5] [--repeats 3] [--no-log]
+    python -m bench.remote --group [--items 10000] [--connections 64 256] [--procs 4]
 
 Each worker is a real ``evobus worker`` (actors.workers.remote.RemoteWorker, its own
 DEALER connection over loopback tcp, its own I/O thread (which also heartbeats) and
@@ -17,6 +18,14 @@ A rollout sleeps ``--rollout`` seconds (50 ms), so the ideal is
 ``connections / rollout`` rollouts/s and efficiency = measured / ideal. Broker CPU
 is the broker thread's own CPU time (Linux /proc) over the timed rounds, divided by
 the messages it delivered in that time (leases, answers, settlements, heartbeats).
+
+``--group``: a parallel group instead of rounds: ``--items`` branches of ``--rollout``
+seconds (10,000 of 50 ms) fanned out with ``run_group(..., workers=Workers(remote=N))``
+over the same worker processes (each connection an ``evobus worker`` serving branches,
+one slot). Ideal time is ``items x rollout / connections``; efficiency = ideal / the
+group's own elapsed time (from its start to its result; the wait for workers to join is
+not counted). Messages per branch and broker CPU per message come from the group's
+runtime (outcome.stats["remote"]) and the broker thread's CPU time.
 """
 
 from __future__ import annotations
@@ -57,18 +66,27 @@ def propose(rendered: str, task: Task, output: str, score: float) -> None:
 # -- worker processes ------------------------------------------------------------------------------
 
 
-def _worker_process(address: str, first: int, count: int, rollout: float) -> None:
+def branch(item: int) -> int:
+    """One branch of the group row: a 50 ms call."""
+    time.sleep(ROLLOUT_S)
+    return item
+
+
+def _worker_process(address: str, first: int, count: int, rollout: float,
+                    groups: bool = False) -> None:
     os.environ["EVOBUS_BENCH_ROLLOUT"] = str(rollout)
     global ROLLOUT_S
     ROLLOUT_S = rollout
     logging.basicConfig(level=logging.WARNING)
     import zmq
 
+    from actors.groups.served import BranchService
     from actors.workers.remote import RemoteWorker
 
     ctx = zmq.Context(io_threads=2)
     workers = [RemoteWorker(address, worker_id=f"bench-{i}", allow=["bench"],
-                            broker_timeout=10.0, give_up=60.0, ctx=ctx)
+                            broker_timeout=10.0, give_up=60.0 if not groups else 15.0,
+                            ctx=ctx, branches=BranchService if groups else None)
                for i in range(first, first + count)]
     threads = [threading.Thread(target=w.run, name=w.name, daemon=True) for w in workers]
     for t in threads:
@@ -223,6 +241,108 @@ def measure(connections: int, procs: int, rollout: float, tasks_per_lease: int, 
             "worker_cpu_s": worker_cpu}
 
 
+class _CpuSampler:
+    """The broker thread's CPU seconds, sampled every 0.1 s while it runs (the group's
+    runtime, and with it the thread, ends inside run_group)."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last: float | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.1):
+            cpu = _thread_cpu("evobus-broker")
+            if cpu is not None:
+                self.first = cpu if self.first is None else self.first
+                self.last = cpu
+
+    def close(self) -> float:
+        self.stop.set()
+        self.thread.join(2)
+        return (self.last - self.first) if self.first is not None else float("nan")
+
+
+def measure_group(connections: int, procs: int, rollout: float, items: int,
+                  chunk: int = 0) -> dict[str, float]:
+    """One parallel group of ``items`` branches of ``rollout`` s over ``connections``
+    remote workers (``procs`` processes); see the module's note."""
+    from actors import run_group
+    from protocol.scenario import Workers
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    ctx = multiprocessing.get_context("spawn")
+    per = [connections // procs + (1 if i < connections % procs else 0) for i in range(procs)]
+    children, first = [], 0
+    for count in per:
+        p = ctx.Process(target=_worker_process, args=(address, first, count, rollout, True),
+                        daemon=True)
+        p.start()
+        children.append(p)
+        first += count
+    sampler = _CpuSampler()
+    proc0 = os.times()
+    try:
+        out = run_group("bench.remote:branch", list(range(items)),
+                        max_concurrency=connections, max_items=items, chunk=chunk,
+                        workers=Workers(local=0, remote=connections, bind=address,
+                                        wait_seconds=120, heartbeat=1.0, deadline=10.0))
+    finally:
+        broker_cpu = sampler.close()
+        proc1 = os.times()
+        for p in children:
+            p.terminate()
+        for p in children:
+            p.join(10)
+    if out.status != "completed" or out.results != list(range(items)):
+        raise RuntimeError(f"the group ended {out.status}: {out.error}")
+    elapsed = out.stats["elapsed"]
+    ideal = items * rollout / connections
+    messages = out.stats["remote"]["delivered"]
+    return {"connections": connections, "items": items, "elapsed": elapsed,
+            "ideal_s": ideal, "efficiency": ideal / elapsed, "leases": out.stats["leases"],
+            "messages": messages, "messages_per_branch": messages / items,
+            "broker_us_per_msg": broker_cpu / messages * 1e6 if messages else float("nan"),
+            # The whole coordinator process (broker, Collector, relay, driver), joins
+            # included: an upper bound.
+            "coordinator_us_per_msg": ((proc1.user + proc1.system) - (proc0.user + proc0.system))
+            / messages * 1e6 if messages else float("nan"),
+            "lost": out.stats["remote"]["lost_workers"]}
+
+
+def group_main(args) -> int:
+    from bench.common import table
+
+    rows = []
+    for n, chunk in [(n, c) for n in args.connections for c in args.chunk]:
+        figs = [measure_group(n, args.procs, args.rollout, args.items, chunk)
+                for _ in range(args.repeats)]
+        for f in figs:
+            print(f"group connections={n} chunk={chunk}: eff {f['efficiency']:.3f} elapsed "
+                  f"{f['elapsed']:.2f} s (ideal {f['ideal_s']:.2f} s) leases {f['leases']} "
+                  f"messages/branch {f['messages_per_branch']:.2f} broker "
+                  f"{f['broker_us_per_msg']:.1f} us/msg coordinator "
+                  f"{f['coordinator_us_per_msg']:.0f} us/msg", file=sys.stderr, flush=True)
+        eff = sorted(f["efficiency"] for f in figs)
+        cpu = sorted(f["broker_us_per_msg"] for f in figs)
+        coord = sorted(f["coordinator_us_per_msg"] for f in figs)
+        mid = len(figs) // 2
+        rows.append((n, args.procs, args.items, f"{args.rollout * 1000:g} ms",
+                     chunk or "guided", f"{figs[mid]['leases']:,}",
+                     f"{figs[mid]['ideal_s']:.2f}",
+                     f"{eff[mid]:.3f} ({eff[0]:.3f}-{eff[-1]:.3f})",
+                     f"{figs[mid]['messages_per_branch']:.2f}",
+                     f"{cpu[mid]:.1f} ({cpu[0]:.1f}-{cpu[-1]:.1f})", f"{coord[mid]:.0f}",
+                     sum(f["lost"] for f in figs)))
+    print(table(rows, ("connections", "procs", "items", "branch", "chunk", "leases",
+                       "ideal s",
+                       "efficiency (min-max)", "messages/branch", "broker CPU us/msg",
+                       "coordinator CPU us/msg", "lost")))
+    return 0
+
+
 def _bare_process(count: int, rollout: float, tasks_per_lease: int, rounds: int,
                   barrier, per_round: bool, out) -> None:
     def one() -> None:
@@ -305,8 +425,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--in-flight", type=int, nargs="+", default=[1, 2],
                     help="rounds outstanding: 1 = synchronous rounds (each waits for the "
                          "barrier), 2 = the next round queued at the scheduler")
+    ap.add_argument("--group", action="store_true",
+                    help="a parallel group of --items branches instead of rounds")
+    ap.add_argument("--items", type=int, default=10_000, help="--group: branches")
+    ap.add_argument("--chunk", type=int, nargs="+", default=[0, 10],
+                    help="--group: branches per lease (0: the default, in input order)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    if args.group:
+        return group_main(args)
     rows = []
     for n in args.connections:
         for in_flight in args.in_flight:

@@ -618,8 +618,8 @@ class Spec(Msg, frozen=True):
     inline as data), the artifact's first state, and what the coordinator expects:
     the per-module source ``fingerprints``, the package version and the heartbeat."""
 
-    reward: Ref
-    strategy: Ref
+    reward: Ref | None = None     # None: a session of parallel groups only (no rollouts)
+    strategy: Ref | None = None
     run_id: str = ""
     tasks: Ref | None = None
     inline_tasks: list[Task] = []
@@ -634,6 +634,8 @@ class Spec(Msg, frozen=True):
     fingerprint: str = ""
     package_version: str = ""
     heartbeat: float = 1.0
+    #: Where the worker's heartbeats go ("": the Scheduler; a group session: its relay).
+    heartbeat_to: str = ""
 
 
 class Refused(Msg, frozen=True):
@@ -641,6 +643,55 @@ class Refused(Msg, frozen=True):
 
     worker: str
     reason: str
+
+
+# -- parallel groups on workers in other processes (docs/remote.md) -------------------
+
+
+class GroupOpen(Msg, frozen=True):
+    """Coordinator -> a worker in another process: the branches of this group call
+    ``target`` (checked against the worker's allowlist before anything is imported, and
+    against the coordinator's source ``fingerprint``); answers go to ``relay``."""
+
+    group_id: str
+    target: Ref
+    fingerprint: str = ""
+    wants_ctx: bool = False
+    suspend_all: bool = True
+    #: The budget ledger limits starts (each start asks the coordinator first).
+    limited: bool = False
+    #: The output type R by name ("int", "pkg.mod:Type"; "": any value).
+    returns: str = ""
+    relay: str = "groups"
+
+
+class GroupOpened(Msg, frozen=True):
+    """Worker -> relay: ready for this group's branches, or why not (``error``)."""
+
+    group_id: str
+    worker: str
+    error: str = ""
+
+
+class HostCall(Msg, frozen=True):
+    """Worker -> relay: what must stay in one place for a group (the store and its lock,
+    the budget ledger, the effect journal), asked for by a branch on another process.
+    ``op`` names the operation; ``call_id`` "" is a one-way call (no reply)."""
+
+    group_id: str
+    worker: str
+    op: str
+    args: list[Any] = []
+    call_id: str = ""
+
+
+class HostReply(Msg, frozen=True):
+    """Relay -> worker: the value of a :class:`HostCall`, or the error it raised."""
+
+    call_id: str
+    value: Any = None
+    error: str = ""
+    error_type: str = ""
 
 
 Message = (
@@ -651,6 +702,7 @@ Message = (
     | GroupStart | Branch | BranchDone | BranchFailed | Interaction | Hold | UserInputs
     | GroupCancel | GroupResult | GroupSuspended | Revoke
     | Join | Spec | Refused  # workers in other processes
+    | GroupOpen | GroupOpened | HostCall | HostReply  # groups on workers elsewhere
 )
 
 __all__ = [
@@ -661,5 +713,5 @@ __all__ = [
     "JournalEntry", "PendingInteraction", "Suspension", "GroupStart", "Branch", "BranchDone",
     "BranchFailed", "Interaction", "Hold", "UserInputs", "GroupCancel", "GroupResult",
     "GroupSuspended", "Revoke",
-    "Join", "Spec", "Refused",
+    "Join", "Spec", "Refused", "GroupOpen", "GroupOpened", "HostCall", "HostReply",
 ]

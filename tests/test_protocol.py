@@ -62,6 +62,13 @@ EXAMPLES = {
                           inline_tasks=[protocol.Task("t1", "p", {"k": 1})], env=["API_KEY"],
                           fingerprints={"m": "ab12"}, heartbeat=0.2),
     "Refused": protocol.Refused(worker="w-1", reason="module 'x' is not allowed"),
+    # parallel groups on workers in other processes
+    "GroupOpen": protocol.GroupOpen(group_id="g", target=protocol.Ref(ref="m:f"),
+                                    fingerprint="ab12", wants_ctx=True, returns="int"),
+    "GroupOpened": protocol.GroupOpened(group_id="g", worker="w-1", error="not allowed"),
+    "HostCall": protocol.HostCall(group_id="g", worker="w-1", op="store.incr",
+                                  args=["k", 2], call_id="c1"),
+    "HostReply": protocol.HostReply(call_id="c1", value=3, error="", error_type=""),
     # bounded parallel groups
     "GroupStart": protocol.GroupStart(
         group_id="g", items=[1, "two", {"k": [3]}, b"\x00"], workers=["w0"], max_concurrency=1,

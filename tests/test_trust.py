@@ -432,7 +432,7 @@ def _strategy(tp):
     simple = {type(None): st.none(), str: st.text(max_size=8), int: st.integers(-3, 10**6),
               float: st.floats(allow_nan=False, width=32), bool: st.booleans(),
               bytes: st.binary(max_size=8),
-              dict: st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)}
+              dict: st.dictionaries(st.text(max_size=3), st.integers(-3, 10**6), max_size=2)}
     return simple[tp]
 
 

@@ -24,6 +24,7 @@ from actors.groups.api import resume_group
 from actors.cli.progress import GroupProgressView
 from actors.workers import code as refs
 from actors.groups.api import run_group
+from actors.groups.fleet import elsewhere
 from actors.runtime.launch import group_log_path
 from actors.groups.driver import _resolve_target
 from actors.groups.types import output_type
@@ -270,6 +271,8 @@ def run_groups(scenario, source: str, *, quiet: bool = False, json_out: bool = F
             options["approvers"] = list(spec.approvers)
         if spec.returns is not None:
             options["returns"] = spec.returns
+        if elsewhere(scenario.workers):   # branches on the [workers] section's processes
+            options["workers"] = scenario.workers
         if log_path:
             options["log"] = group_log_path(log_path, spec.name)
             if overwrite:

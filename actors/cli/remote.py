@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from actors.errors import ConfigError
+from actors.groups.served import BranchService
 from actors.workers.remote import RemoteWorker, default_worker_id
 from bus.security import create_keys, load_client_keys, loopback_only
 
@@ -48,7 +49,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
                               allow=args.allow or [], keys=keys,
                               broker_timeout=args.broker_timeout, give_up=args.give_up,
                               say=lambda text: print(f"evobus worker {name}: {text}",
-                                                     flush=True))
+                                                     flush=True),
+                              branches=BranchService)   # parallel groups' branches too
     except ConfigError as exc:
         return _err(str(exc))
     if not args.allow:

@@ -201,6 +201,8 @@ def resume_group(checkpoint: str | os.PathLike, *, target=None,
             raise ResumeRefused(f"{path}: {problem}")
         options = {**options, "chunk": options.get("chunk", ckpt.chunk),
                    "cancel_deadline": options.get("cancel_deadline", ckpt.cancel_deadline)}
+        if ckpt.workers is not None:   # the branches run where they ran before the pause
+            options.setdefault("workers", ckpt.workers)
         plan = _Plan(nested=run_group, group_id=ckpt.group_id, fn=fn, ref=ref or ckpt.target, items=ckpt.items,
                      max_concurrency=ckpt.max_concurrency, max_items=ckpt.max_items,
                      options=options, parent=_ambient_parent(None), budgets=ckpt.budgets,

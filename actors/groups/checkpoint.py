@@ -23,6 +23,8 @@ from typing import Any, Iterator
 
 import msgspec
 
+from protocol.scenario import Workers
+
 from protocol import JournalEntry, PendingInteraction, Ref
 from actors.groups.limits import CANCEL_DEADLINE_S, Budgets, Consumed
 from actors.errors import EffectInDoubt, ResumeRefused
@@ -73,6 +75,9 @@ class GroupCheckpoint(msgspec.Struct, kw_only=True):
     #: a checkpoint from before fingerprints, or a target whose code cannot be read).
     fingerprint: str = ""
     target_name: str = ""
+    #: Where the branches ran when not all on threads (a Workers section): a resume
+    #: runs them there again (remote workers reconnect to the same address).
+    workers: Workers | None = None
 
 
 def target_fingerprint(fn: Any) -> str:

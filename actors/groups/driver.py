@@ -47,6 +47,7 @@ from actors.groups.limits import (CANCEL_DEADLINE_S, MAX_RESULT_BYTES, TICK_S, B
                                   HostLimits, _Ledger, _positive)
 from actors.groups.checkpoint import (EffectLog, GroupCheckpoint, _write_checkpoint,
                                       target_fingerprint, target_name)
+from actors.groups.fleet import Fleet, start_fleet
 from actors.groups.outcome import GroupOutcome, GroupProgress
 from actors.groups.pool import _Bind, pool_of
 from actors.groups.worker import _LeaseBox, _worker_deliver
@@ -104,6 +105,8 @@ _OPTIONS = {
     "returns": "the output type R (default: the target's return annotation; object: any)",
     "suspend": "'all' (default): an interaction blocks its own branch, the group suspends "
                "once no branch can go on; 'first': the first interaction stops new starts",
+    "workers": "Workers(local=, processes=, remote=, ...): where branches run, as evolve() "
+               "takes it (process/remote workers need a target named by import path)",
 }
 
 
@@ -259,10 +262,24 @@ def _execute(plan: _Plan) -> GroupOutcome:
         parent.store if parent is not None else Store())
     live, external = _gates(plan, settings.limits)
     gid = plan.group_id
-    names = _Names(gid, settings.n_workers)
+    fleet = start_fleet(plan)   # None: every branch runs on a thread of this process
+    try:
+        return _execute_on(plan, settings, ledger, store, live, external, fleet)
+    except BaseException:
+        if fleet is not None:
+            fleet.runtime.close()   # idempotent: a normal end closed it already
+        raise
+
+
+def _execute_on(plan: _Plan, settings: "_Settings", ledger: _Ledger, store: Store, live,
+                external, fleet: Fleet | None) -> GroupOutcome:
+    opts, parent, gid = plan.options, plan.parent, plan.group_id
+    n_local, n_remote = _split(settings, plan, fleet)
+    names = _Names(gid, n_local, n_remote)
     # Checked before anything starts (the items must fit in one message).
     start = _group_start(plan, gid, names.driver, names.workers, settings, ledger)
-    runtime, own_runtime = _runtime_for(plan)
+    runtime, own_runtime = (fleet.runtime, fleet.runtime) if fleet is not None \
+        else _runtime_for(plan)
     host = _Host(group_id=gid, target=plan.fn, wants_ctx=settings.wants_ctx,
                  depth=settings.depth, limits=settings.limits, ledger=ledger, store=store,
                  live=live, external=external, parent=parent, trace=bool(opts.get("trace")),
@@ -274,7 +291,18 @@ def _execute(plan: _Plan) -> GroupOutcome:
     # A top-level group with a checkpoint writes its effects ahead (EffectLog).
     host.effect_log = EffectLog(plan.checkpoint) \
         if plan.checkpoint is not None and parent is None else None
-    actors = _Actors(runtime, own_runtime, names)
+    if fleet is not None:
+        fleet.open(host=host, target_ref=plan.ref, wants_ctx=settings.wants_ctx,
+                   suspend_all=settings.suspend == "all", returns=plan.returns,
+                   collector=names.collector, proxies=names.remote)
+        # Liveness of the remote slots is the Collector's (GroupStart.deadline, Ticks).
+        # Starts in input order are kept by thread workers only (_StartOrder); with every
+        # branch elsewhere, leases are guided batches (results still join in order).
+        start = msgspec.structs.replace(start, deadline=fleet.deadline,
+                                        max_tries=fleet.workers.max_tries,
+                                        ordered=bool(names.local))
+    actors = _Actors(runtime, own_runtime, names,
+                     extra=fleet.routes() if fleet is not None else [])
     result_msg: GroupResult | GroupSuspended | None = None
     # A branch that waits for its nested group lends its live-branch slots meanwhile.
     lent: tuple[_Gate, ...] = getattr(_ambient, "slots", ()) if parent is not None else ()
@@ -285,12 +313,16 @@ def _execute(plan: _Plan) -> GroupOutcome:
     t0 = time.monotonic()
     try:
         boxes = actors.start(host, start, plan.inputs)
+        if fleet is not None:
+            fleet.started()   # the proxies' Hellos, after GroupStart
         actors.phases["start"] = time.monotonic() - t0
         if settings.on_progress is not None:
-            progress = _reporter(plan, host, boxes, settings.on_progress, t0)
+            progress = _reporter(plan, host, boxes + ([fleet] if fleet else []),
+                                 settings.on_progress, t0)
         result_msg, actors.crash = _drive(runtime, actors.inbox, host, names.driver,
                                           names.collector, gid, t0,
-                                          ticks=ledger.remaining_seconds() is not None,
+                                          ticks=ledger.remaining_seconds() is not None
+                                          or fleet is not None,
                                           progress=progress)
         actors.phases["run"] = time.monotonic() - t0 - actors.phases["start"]
     except BaseException:
@@ -310,6 +342,8 @@ def _execute(plan: _Plan) -> GroupOutcome:
     outcome = _outcome(plan, host, ledger, store, result_msg, time.monotonic() - t0,
                        settings.n_workers, settings.concurrency, PACKAGE_VERSION)
     outcome.stats["phases"] = {k: round(v, 6) for k, v in actors.phases.items()}
+    if fleet is not None:
+        outcome.stats["remote"] = fleet.counters()
     if progress is not None:
         progress(True)
     return outcome
@@ -450,22 +484,39 @@ def close_shared_runtimes() -> None:
         runtime.close()
 
 
-class _Names:
-    """The bus names of one group's actors."""
+def _split(settings: "_Settings", plan: _Plan, fleet: Fleet | None) -> tuple[int, int]:
+    """(thread workers, remote slots) the Collector leases to: every remote slot first,
+    then the section's ``local`` threads, within the group's bound."""
+    workers = plan.options.get("workers")
+    if workers is None:
+        return settings.n_workers, 0
+    slots = fleet.slot_count() if fleet is not None else 0
+    n = max(1, min(settings.concurrency, plan.branches_to_run, slots + workers.local))
+    remote = min(slots, n)
+    return n - remote, remote
 
-    def __init__(self, gid: str, n_workers: int) -> None:
+
+class _Names:
+    """The bus names of one group's actors: thread workers, and the proxies of remote
+    slots (actors.groups.fleet); the Collector sees both as its workers."""
+
+    def __init__(self, gid: str, n_workers: int, n_remote: int = 0) -> None:
         self.gid = gid
         self.collector = f"collector.{gid}"
         self.driver = f"group-driver.{gid}"
-        self.workers = [f"branch-worker.{gid}.{i}" for i in range(n_workers)]
+        self.local = [f"branch-worker.{gid}.{i}" for i in range(n_workers)]
+        self.remote = [f"remote.{gid}.{k}" for k in range(n_remote)]
+        self.workers = self.remote + self.local
 
 
 class _Actors:
     """The Collector and branch workers of one group: started together, stopped
     together, and the first crash among them."""
 
-    def __init__(self, runtime: Runtime, own_runtime: Runtime | None, names: _Names) -> None:
+    def __init__(self, runtime: Runtime, own_runtime: Runtime | None, names: _Names,
+                 extra: list | None = None) -> None:
         self.runtime = runtime
+        self.extra = list(extra or [])   # (name, deliver): the proxies of remote slots
         self.own_runtime = own_runtime
         self.names = names
         self.inbox: "queue.SimpleQueue[Delivery | _Crash]" = queue.SimpleQueue()
@@ -487,10 +538,10 @@ class _Actors:
         runtime, names = self.runtime, self.names
         bus = runtime.bus
         # Every name routes before any work flows, in one round trip to the broker.
-        boxes = host.boxes = [_LeaseBox(name) for name in names.workers]
+        boxes = host.boxes = [_LeaseBox(name) for name in names.local]
         routes = [(names.driver, self.inbox.put), (names.collector, self.collector.deliver)] + [
             (name, _worker_deliver(bus, host, box, name, names.collector))
-            for name, box in zip(names.workers, boxes)]
+            for name, box in zip(names.local, boxes)] + self.extra
         attach_many = getattr(bus, "attach_many", None)
         if attach_many is not None:
             attach_many(routes)
@@ -508,7 +559,7 @@ class _Actors:
         self.boxes = boxes
         self.workers = pool_of(runtime).bind(
             [_Bind(name, host, names.collector, self.on_crash, box)
-             for name, box in zip(names.workers, boxes)])
+             for name, box in zip(names.local, boxes)])
         return boxes
 
     def stop(self, *, abandoned: bool, t0: float) -> None:
@@ -673,7 +724,8 @@ def _outcome(plan: _Plan, host: _Host, ledger: _Ledger, store: Store, msg, elaps
             returns=type_name(plan.returns), suspend=plan.options.get("suspend", "all"),
             cancel_deadline=plan.options.get("cancel_deadline", CANCEL_DEADLINE_S),
             written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), package_version=package_version,
-            fingerprint=target_fingerprint(plan.fn), target_name=target_name(plan.fn))
+            fingerprint=target_fingerprint(plan.fn), target_name=target_name(plan.fn),
+            workers=plan.options.get("workers"))
         _write_checkpoint(path, ckpt)
         return GroupOutcome(status=msg.status, pending_interactions=list(msg.pending),
                             checkpoint=path, finished=sorted(msg.finished),

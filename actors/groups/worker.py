@@ -152,6 +152,15 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
         self.box = box
         self.settle = Awaiter()   # async targets: one event loop for this worker's thread
 
+    def _run(self, lease: Branch, owner: str | None = None) -> None:
+        # Built per lease: a pooled worker is bound to another group's names and host
+        # between two groups (actors.groups.pool).
+        BranchRunner(self._send, self.name, self.host, self.box, self.settle,
+                     self._steal).run(lease, owner)
+
+    def _send(self, name: str, msg) -> None:
+        self.bus.send(name, self.collector, msg)
+
     def on_start(self) -> None:
         threading.current_thread().name = f"evobus-{self.name}"
         box = self.box
@@ -191,7 +200,35 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
         self.settle.close()   # the event loop async targets ran on, if any
         _release(self.bus)
 
-    def _run(self, lease: Branch, owner: str | None = None) -> None:
+    def _steal(self, need: int) -> bool:
+        """Run, here, a lease that holds a branch below ``need`` and waits in a worker's
+        box behind a branch that worker runs (perhaps a long one): see
+        _StartOrder.wait."""
+        for box in self.host.boxes:   # its own box too: a lease that came back behind
+            lease = box.steal(need)       # the one it runs must not wait on it
+            if lease is not None:
+                self._run(lease, owner=box.owner)   # answered as its owner would
+                return True
+        return False
+
+
+
+class BranchRunner:
+    """Runs a ``Branch`` lease's branches and answers it: the part of the one worker loop
+    that calls a group's target, wherever it runs (a :class:`GroupWorker` thread here, a
+    slot thread of a worker in another process: actors.groups.served). ``send(name,
+    msg)`` carries the answer (to the Collector, or to the relay that forwards it)."""
+
+    def __init__(self, send: Callable[[str, Any], None], name: str, host: _Host, box,
+                 settle: Awaiter, steal: Callable[[int], bool] | None = None) -> None:
+        self.send = send
+        self.name = name
+        self.host = host
+        self.box = box
+        self.settle = settle
+        self.steal = steal
+
+    def run(self, lease: Branch, owner: str | None = None) -> None:
         """Run a lease's branches and answer it, as ``owner`` when this worker took the
         lease from another's box (the Collector admits an answer only from the worker
         the lease went to)."""
@@ -233,7 +270,7 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
         try:
             for pos, index in enumerate(indices):
                 # Before taking a live-branch slot: a worker waiting for its turn holds none.
-                if in_order and not order.wait(index, give_up, self._steal):
+                if in_order and not order.wait(index, give_up, self.steal):
                     return answer(unstarted=indices[pos:])
                 if live:
                     if not _enter_all(live, lambda: host.cancelled or host.holding):
@@ -302,17 +339,6 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
             return answer(unstarted=[])
         finally:
             _ambient.host = previous
-
-    def _steal(self, need: int) -> bool:
-        """Run, here, a lease that holds a branch below ``need`` and waits in a worker's
-        box behind a branch that worker runs (perhaps a long one): see
-        _StartOrder.wait."""
-        for box in self.host.boxes:   # its own box too: a lease that came back behind
-            lease = box.steal(need)       # the one it runs must not wait on it
-            if lease is not None:
-                self._run(lease, owner=box.owner)   # answered as its owner would
-                return True
-        return False
 
     @staticmethod
     def _unencodable(done, values) -> tuple[int, BaseException] | None:
@@ -409,4 +435,4 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
         else:
             msg = BranchDone(elapsed=round(time.monotonic() - t0, 6), suspended=waiting,
                              **common)
-        self.bus.send(name, self.collector, msg)
+        self.send(name, msg)

@@ -74,8 +74,11 @@ class ProcessPool:
     port gives a dead connection's name to no one else) up to ``respawns`` times in all."""
 
     def __init__(self, n: int, address: str, *, allow: list[str],
-                 broker_timeout: float, respawns: int | None = None) -> None:
+                 broker_timeout: float, respawns: int | None = None,
+                 main=process_main) -> None:
         self.n = n
+        #: What each process runs (actors.groups.served.process_main serves groups too).
+        self.main = main
         self.address = address
         self.allow = allow
         self.broker_timeout = broker_timeout
@@ -95,7 +98,7 @@ class ProcessPool:
 
     def _spawn(self, name: str) -> None:
         ctx = multiprocessing.get_context("spawn")
-        proc = ctx.Process(target=process_main, name=f"evobus-{name}", daemon=True,
+        proc = ctx.Process(target=self.main, name=f"evobus-{name}", daemon=True,
                            kwargs=dict(address=self.address, worker_id=name,
                                        allow=self.allow, broker_timeout=self.broker_timeout))
         proc.start()
@@ -125,6 +128,14 @@ class ProcessPool:
             self._spawn(again)
             started.append(again)
         return started
+
+    def dead_names(self) -> list[str]:
+        """The workers whose current process exited (before respawn_dead replaces them)."""
+        return [name for name, p in self._live.items() if p.exitcode is not None]
+
+    def live_names(self) -> list[str]:
+        """The workers whose process has not exited."""
+        return [name for name, p in self._live.items() if p.exitcode is None]
 
     def alive(self) -> int:
         return sum(1 for p in self._live.values() if p.exitcode is None)

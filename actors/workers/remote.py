@@ -13,7 +13,12 @@ another machine; everything it does still arrives as messages.
    leases on ``slots`` threads, each with its own snapshot of the artifact, while the
    endpoint's I/O thread sends ``Heartbeat`` whenever the worker has sent the scheduler
    nothing (an answer, a hello) for ``spec.heartbeat`` seconds, so a long rollout is
-   never mistaken for death and a busy worker's answers are its heartbeats.
+   never mistaken for death and a busy worker's answers are its heartbeats. Each slot
+   thread is one loop for every kind of work, in arrival order: ``Lease`` (rollouts and
+   evals) through :class:`~actors.workers.core.WorkerCore`, and, when the worker was
+   built with ``branches=`` (``evobus worker`` and group process workers are), a
+   parallel group's ``Branch`` leases through that service
+   (:mod:`actors.groups.served`, which sits above this module and is handed in).
 5. Losing the broker: the endpoint reconnects with backoff (Paranoid Pirate) and the
    worker joins again, listing the leases it still holds. ``Stop`` ends the process
    (status 0); no word from the broker for ``give_up`` seconds ends it with status 1.
@@ -41,12 +46,12 @@ from actors.workers.code import BUILTIN_ALLOW, combined_fingerprint, module_of, 
 from actors.addresses import REGISTRY
 from actors.workers.code import spec_refs, task_digest
 from actors.errors import ConfigError, describe
-from actors.workers.core import WorkerCore
+from actors.workers.core import Awaiter, WorkerCore
 from bus.base import Delivery
 from bus.remote import RemoteEndpoint
 from bus.security import ClientKeys
-from protocol import (Cancel, Commit, Heartbeat, Hello, Join, Lease, LeaseDone, Refused, Spec,
-                      Stop, Task)
+from protocol import (Branch, Cancel, Commit, GroupOpen, Heartbeat, Hello, Hold, HostReply,
+                      Join, Lease, LeaseDone, Refused, Revoke, Spec, Stop, Task)
 from actors.version import PACKAGE_VERSION
 
 log = logging.getLogger(__name__)
@@ -81,7 +86,9 @@ class Resolved:
 
 
 def resolve_spec(spec: Spec, allow: list[str]) -> Resolved:
-    """Check the allowlist for every module first, then the environment, then import."""
+    """Check the allowlist for every module first, then the environment, then import.
+    A spec without a reward is a session of parallel groups only: nothing to resolve
+    (each group names its target in its ``GroupOpen``)."""
     allowlist = sorted(set(allow) | set(BUILTIN_ALLOW))
     named = spec_refs(spec)
     for what, ref in named:
@@ -99,6 +106,9 @@ def resolve_spec(spec: Spec, allow: list[str]) -> Resolved:
     if differ:
         raise ConfigError(f"this worker's copy of {differ} differs from the coordinator's "
                           "(source fingerprints do not match): install the same version here")
+    if spec.reward is None:
+        return Resolved(tasks={}, reward=None, run=None, propose=None, strategy=None,
+                        fingerprint=combined_fingerprint(fingerprints))
     if spec.tasks is not None:
         tasks = refs.resolve(spec.tasks, allowlist, what="tasks")
         tasks = list(tasks() if callable(tasks) else tasks)
@@ -125,7 +135,8 @@ class RemoteWorker:
     def __init__(self, connect: str, *, worker_id: str | None = None, slots: int = 1,
                  allow: list[str] | tuple[str, ...] = (), keys: ClientKeys | None = None,
                  broker_timeout: float = 5.0, give_up: float = 60.0, ctx=None,
-                 say: Callable[[str], None] | None = None) -> None:
+                 say: Callable[[str], None] | None = None,
+                 branches: Callable[..., Any] | None = None) -> None:
         if slots < 1:
             raise ConfigError(f"--slots must be >= 1, got {slots}")
         self.connect = connect
@@ -153,6 +164,10 @@ class RemoteWorker:
         self.joined_at = 0.0
         # `evobus worker` prints these: connected, what it runs, how it ended.
         self.say: Callable[[str], None] = say or (lambda text: None)
+        #: Parallel groups' branches (actors.groups.served.BranchService), when the
+        #: worker serves them too: built with (name, allow, send) once connected.
+        self.branch_service = branches
+        self.branches = None
 
     # -- the main thread ----------------------------------------------------------------------
 
@@ -173,6 +188,10 @@ class RemoteWorker:
                 self.stop_reason = str(exc)
                 log.error("worker %s: %s", self.name, exc)
                 return EXIT_LOST
+            if self.branch_service is not None:
+                self.branches = self.branch_service(
+                    self.name, self.allow,
+                    lambda receiver, msg: self.ep.send(self.name, receiver, msg))
             log.info("worker %s: connected to %s", self.name, self.connect)
             self.say(f"connected to {self.connect}; waiting for the run's spec")
             self._join()
@@ -240,9 +259,10 @@ class RemoteWorker:
                      f"{len(self.resolved.tasks)} tasks, {self.slots} slot(s))")
             self._start_threads()
             self.ep.ping_interval = min(self.ep.ping_interval, spec.heartbeat)
-            # Heartbeats from the I/O thread, on a quiet line only (bus/remote.py).
-            self.ep.keepalive(self.name, SCHEDULER, Heartbeat(worker=self.name),
-                              spec.heartbeat)
+            # Heartbeats from the I/O thread, on a quiet line only (bus/remote.py): to
+            # the Scheduler, or to a group session's relay, while leases or branches run.
+            self.ep.keepalive(self.name, spec.heartbeat_to or SCHEDULER,
+                              Heartbeat(worker=self.name), spec.heartbeat)
         self._hello()
         return None
 
@@ -260,7 +280,8 @@ class RemoteWorker:
         self.slot_queues, self.slot_load = [], []
         for i in range(self.slots):
             core = WorkerCore(self.name, r.tasks, r.reward, r.run, r.propose, r.strategy,
-                              solved=spec.solved, initial_state=dict(spec.initial_state))
+                              solved=spec.solved, initial_state=dict(spec.initial_state)) \
+                if r.strategy is not None else None   # a session of groups: no rollouts
             q: queue.SimpleQueue = queue.SimpleQueue()
             self.slot_queues.append(q)
             self.slot_load.append(0)
@@ -276,19 +297,32 @@ class RemoteWorker:
         for q in self.slot_queues:
             q.put(None)
 
-    def _slot(self, index: int, core: WorkerCore, q: queue.SimpleQueue) -> None:
+    def _slot(self, index: int, core: WorkerCore | None, q: queue.SimpleQueue) -> None:
+        """One slot's loop: every kind of work, one at a time, in the order it came."""
+        own = Awaiter() if core is None else None   # a session of groups: no core
         try:
             while not self.done.is_set():
                 item = q.get()  # None (a new run, or the worker's end) releases it
                 if item is None:
                     return
                 match item:
-                    case Commit() as commit:
+                    case Commit() as commit if core is not None:
                         core.on_commit(commit)
-                    case Lease() as lease:
+                    case Lease() as lease if core is not None:
                         self._run_lease(index, core, lease)
+                    case Branch() as lease:
+                        self._run_branch(index, lease, own or core.settle)
         finally:
-            core.close()
+            (own or core).close()
+
+    def _run_branch(self, index: int, lease: Branch, settle: Awaiter) -> None:
+        try:
+            self.branches.run(lease, settle)
+            self.leases_done += 1
+        finally:
+            with self.lock:
+                self.held.discard(lease.lease_id)
+                self.slot_load[index] -= 1
 
     def _run_lease(self, index: int, core: WorkerCore, lease: Lease) -> None:
         try:
@@ -313,17 +347,18 @@ class RemoteWorker:
     # -- the I/O thread (deliveries must not block) -------------------------------------
 
     def _on_delivery(self, delivery: Delivery) -> None:
+        branches = self.branches
         match delivery.msg:
+            case Branch() as lease if branches is not None:
+                if branches.queued(lease):
+                    self._to_slot(lease)
+            case GroupOpen() as msg if branches is not None:
+                branches.on_open(msg)
+            case (HostReply() | Revoke() | Hold() | Cancel()) as msg \
+                    if branches is not None and branches.on_message(msg):
+                pass
             case Lease() as lease:
-                with self.lock:
-                    if not self.slot_queues:
-                        log.warning("worker %s: a lease before the spec; dropped (the "
-                                    "scheduler re-dispatches it)", self.name)
-                        return
-                    index = min(range(len(self.slot_load)), key=self.slot_load.__getitem__)
-                    self.slot_load[index] += 1
-                    self.held.add(lease.lease_id)
-                self.slot_queues[index].put(lease)
+                self._to_slot(lease)
             case Commit() as commit:
                 for q in self.slot_queues:
                     q.put(commit)
@@ -335,6 +370,18 @@ class RemoteWorker:
                 log.warning("worker %s: unexpected %s from %s", self.name,
                             type(other).__name__, delivery.sender)
 
+    def _to_slot(self, lease: Lease | Branch) -> None:
+        """The least loaded slot takes it (checked: the slots exist)."""
+        with self.lock:
+            if not self.slot_queues:
+                log.warning("worker %s: a lease before the spec; dropped (the "
+                            "scheduler re-dispatches it)", self.name)
+                return
+            index = min(range(len(self.slot_load)), key=self.slot_load.__getitem__)
+            self.slot_load[index] += 1
+            self.held.add(lease.lease_id)
+        self.slot_queues[index].put(lease)
+
     def _on_reconnect(self) -> None:
         # A new connection: the broker (maybe a restarted one) must hear from us again;
         # the registry answers with the spec and we say hello listing what we hold.
@@ -343,6 +390,8 @@ class RemoteWorker:
 
 
 def _what_runs(spec: Spec) -> str:
+    if spec.reward is None:
+        return "parallel groups' branches"
     if spec.agent is not None:
         return f"agent {spec.agent.ref}"
     return f"run {spec.run.ref if spec.run else '-'} + propose " \
@@ -350,10 +399,12 @@ def _what_runs(spec: Spec) -> str:
 
 
 def process_main(*, address: str, worker_id: str, allow: list[str],
-                 broker_timeout: float = 5.0) -> None:
+                 broker_timeout: float = 5.0, branches: Callable[..., Any] | None = None
+                 ) -> None:
     """Entry point of a process worker (multiprocessing 'spawn' target)."""
     logging.basicConfig(level=logging.WARNING,
                         format=f"%(levelname)s {worker_id} %(name)s: %(message)s")
     worker = RemoteWorker(address, worker_id=worker_id, allow=allow,
-                          broker_timeout=broker_timeout, give_up=max(30.0, 6 * broker_timeout))
+                          broker_timeout=broker_timeout, give_up=max(30.0, 6 * broker_timeout),
+                          branches=branches)
     sys.exit(worker.run())

@@ -1,0 +1,533 @@
+"""A group's workers in other processes: process workers and ``evobus worker --connect``
+(docs/remote.md, "Parallel groups on remote workers").
+
+The coordinator's half. A group with ``workers=Workers(processes=..., remote=...)``
+starts its own runtime with the peer ports, answers each worker's ``Join`` with a spec
+that names no rollout code (``Spec.reward`` is None: a session of groups), checks its
+``Hello`` (same package, same code), and opens the group on it (``GroupOpen``: the
+target by import path, checked there against the worker's allowlist before import).
+
+The Collector sees one logical worker per remote slot: a *proxy* name attached here,
+bound to one worker. The relay (actor ``groups``) carries a proxy's ``Branch``,
+``Revoke``, ``Cancel`` and ``Hold`` to its worker, and the worker's answers back to the
+Collector as that proxy; a worker's heartbeat (or any message from it, at most once per
+heartbeat) becomes a ``Heartbeat`` of each of its proxies. Liveness is the Collector's
+(the one lease table, GroupStart.deadline): a proxy silent past the deadline, or reported
+``Lost`` here (its process exited), has its leases re-dispatched to other proxies under
+the same lease id, the first answer wins and a later one is dropped and counted. A
+worker that joins mid-group (a respawned process, a reconnect under a new name) takes
+over the proxies of a worker gone for good, and its heartbeat brings them back.
+Calls a branch makes to what stays in one place (the store and its lock, the budget
+ledger, the effect journal) arrive as ``HostCall`` and are answered from the group's
+host here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import msgspec
+
+from actors.addresses import REGISTRY
+from actors.errors import ConfigError, EffectInDoubt, RunFailed
+from actors.groups.served import process_main
+from actors.groups.types import type_name
+from actors.machines.registry import Registry
+from actors.runtime.pools import ProcessPool, workers_problems
+from actors.runtime.runtime import Runtime, make_log_directory
+from actors.version import PACKAGE_VERSION
+from actors.workers.code import (code_ref, combined_fingerprint, module_fingerprint,
+                                 module_of)
+from bus.base import Delivery
+from bus.remote import PeerPort
+from bus.security import load_server_keys
+from protocol import (Branch, BranchDone, BranchFailed, Cancel, GroupCancel, GroupOpen,
+                      GroupOpened, Heartbeat, Hello, HostCall, HostReply, Interaction, Join,
+                      Lost, Refused, Spec, Stop)
+from protocol.scenario import Workers
+
+log = logging.getLogger(__name__)
+
+#: The relay's bus name: where workers in other processes answer a group's leases.
+RELAY = "groups"
+
+#: What a worker in another process may send, and to whom, in a session of groups: its
+#: join, hello and refusal to the registry; answers, heartbeats, the group's opening and
+#: calls to the relay (which checks that the sender holds what it answers). Never a
+#: control message, nor anything to a Collector directly.
+GROUP_ROLE = {RELAY: (BranchDone, BranchFailed, Interaction, Heartbeat, GroupOpened,
+                      HostCall),
+              REGISTRY: (Join, Hello, Refused)}
+
+#: How long a worker may take to answer ``GroupOpen`` (its import of the target).
+OPEN_DEADLINE_S = 30.0
+
+#: Process workers get this long to leave after the group's Stop.
+PROCESS_STOP_DEADLINE_S = 5.0
+
+
+def elsewhere(workers) -> bool:
+    """Does this ``workers`` section put anyone in another process?"""
+    return workers is not None and bool(workers.processes or workers.remote)
+
+
+def check_workers(workers, fn, ref, *, where: str = "workers") -> None:
+    """Refusals made before the first call: a section that is not Workers, a target that
+    cannot be named by import path, a section that cannot work (bind, keys, deadline)."""
+    if not isinstance(workers, Workers):
+        raise ConfigError(f"{where} must be actors.Workers(local=, processes=, remote=, ...) "
+                          f"(as evolve() takes it), got {type(workers).__name__}")
+    if not elsewhere(workers):
+        return
+    if ref is None:
+        code_ref(fn, "target")   # raises, naming why it cannot be named and the fix
+    problems = workers_problems(workers)
+    if problems:
+        raise ConfigError(problems[0][1])
+
+
+def start_fleet(plan) -> "Fleet | None":
+    """The fleet of a group whose ``workers=`` puts anyone in another process, connected
+    (every expected worker registered), or None: every branch runs on a thread here.
+    Refused by name before the first call: a target that cannot be named by import path,
+    a group nested in a branch or started inside an evolve() run, ``runtime=``."""
+    workers = plan.options.get("workers")
+    if workers is None:
+        return None
+    check_workers(workers, plan.fn, plan.ref)
+    if not elsewhere(workers):
+        return None
+    opts = plan.options
+    where = ("inside a branch (a nested group runs on its parent's runtime)"
+             if plan.parent is not None else
+             "inside an evolve() run's call (it runs on the run's runtime)"
+             if plan.call is not None else
+             "with runtime= (the group starts its own, with the workers' ports)"
+             if opts.get("runtime") is not None else
+             "with bus='memory' (workers in other processes need bus='zmq')"
+             if opts.get("bus", "zmq") != "zmq" else None)
+    if where is not None:
+        raise ConfigError(f"workers= with processes or remote workers cannot be used {where}; "
+                          "start the group at top level, or use thread workers "
+                          "(workers=Workers(local=N))")
+    ref = plan.ref if plan.ref is not None else code_ref(plan.fn, "target")
+    if opts.get("log"):
+        make_log_directory(opts["log"], "log")
+    fleet = Fleet(workers, gid=plan.group_id, log_path=opts.get("log"),
+                  log_overwrite=bool(opts.get("log_overwrite")), allow=[module_of(ref)])
+    try:
+        fleet.connect()
+    except BaseException:
+        fleet.runtime.close()
+        raise
+    plan.ref = ref
+    return fleet
+
+
+class MemoryEffects:
+    """The effect journal of a group without a checkpoint (EffectLog's interface, kept
+    in memory here): a branch run again on another worker gets a finished effect's
+    result back instead of running it twice."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.records: dict[tuple[int, int], tuple[str, str, Any]] = {}
+
+    def replayed(self, branch: int, step: int, name: str) -> tuple[bool, Any]:
+        with self.lock:
+            rec = self.records.get((branch, step))
+        if rec is None or rec[1] != name or rec[0] == "failed":
+            return False, None
+        if rec[0] == "result":
+            return True, rec[2]
+        raise EffectInDoubt(
+            f"branch {branch}: effect {name!r} (step {step}) started on a worker that was "
+            "lost before its result came back, so it may or may not have run; it is not run "
+            "a second time. Check its outcome by hand; this branch fails")
+
+    def intent(self, branch: int, step: int, name: str) -> None:
+        with self.lock:
+            self.records[(branch, step)] = ("intent", name, None)
+
+    def result(self, branch: int, step: int, name: str, value: Any) -> None:
+        with self.lock:
+            self.records[(branch, step)] = ("result", name, value)
+
+    def failed(self, branch: int, step: int, name: str) -> None:
+        with self.lock:
+            self.records[(branch, step)] = ("failed", name, None)
+
+
+@dataclasses.dataclass
+class _Peer:
+    """A worker in another process, as the relay sees it."""
+
+    name: str
+    slots: int
+    last_heard: float
+    alive: bool = True
+    opened: bool = False          # it answered the current group's GroupOpen
+    proxies: list = dataclasses.field(default_factory=list)   # the proxies bound to it
+    forwarded: float = 0.0        # when its proxies' last heartbeat went to the Collector
+
+
+class Fleet:
+    """One group's workers in other processes, its relay and its proxies."""
+
+    def __init__(self, workers: Workers, *, gid: str, log_path: str | None = None,
+                 log_overwrite: bool = False, allow: list[str] = ()) -> None:
+        self.workers = workers
+        self.gid = gid
+        self.heartbeat = workers.heartbeat
+        self.deadline = workers.deadline
+        # No rollout code: each group names its target in its GroupOpen.
+        self.spec = Spec(run_id=gid, package_version=PACKAGE_VERSION,
+                         heartbeat=workers.heartbeat, heartbeat_to=RELAY,
+                         fingerprint=combined_fingerprint({}))
+        self.registry = Registry(self.spec)
+        self.lock = threading.Lock()
+        self.peers: dict[str, _Peer] = {}
+        self.events: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self.bound: dict[str, str] = {}     # proxy -> the worker it stands for
+        self.sent: dict[tuple[str, str], str] = {}   # (lease id, worker) -> its proxy
+        self.host = None
+        self.effects = None
+        self.open_msg: GroupOpen | None = None
+        self.collector = ""
+        self.proxies: list[str] = []
+        self.late = 0
+        self.finished = 0   # branches finished on these workers (the progress display)
+        self.served: dict[str, int] = {}   # worker -> branches it finished
+        self.lost_workers = 0
+        self.refused: dict[str, str] = {}
+        self.failed_open: dict[str, str] = {}
+        self.pool: ProcessPool | None = None
+        self.tmpdir: str | None = None
+        self._stop = threading.Event()
+        self.ports = self._ports()
+        meta = {"scenario": "parallel-group", "run_id": gid}
+        self.runtime = Runtime(bus="zmq", log_path=log_path, log_meta=meta,
+                               log_overwrite=log_overwrite, peers=self.ports)
+        self.bus = self.runtime.bus
+        self.runtime.own(self.close)
+        self.bus.attach(RELAY, self._on_relay)
+        self.bus.attach(REGISTRY, self._on_registry)
+        self.allow = sorted(set(allow) | set(workers.allow))
+        self._watch = threading.Thread(target=self._liveness, name=f"evobus-fleet-{gid}",
+                                       daemon=True)
+
+    # -- setting up ---------------------------------------------------------------------
+
+    def _ports(self) -> list[PeerPort]:
+        w, ports = self.workers, []
+        if w.remote:
+            try:
+                keys = load_server_keys(w.keys) if w.keys else None
+                ports.append(PeerPort([w.bind], keys=keys, insecure=w.insecure,
+                                      allowed=GROUP_ROLE, label="remote"))
+            except ValueError as exc:
+                raise ConfigError(f"workers: {exc}") from None
+        if w.processes:
+            if sys.platform == "win32":
+                addr = "tcp://127.0.0.1:*"
+            else:
+                self.tmpdir = tempfile.mkdtemp(prefix="evobus-group-")
+                addr = f"ipc://{self.tmpdir}/workers.sock"
+            ports.append(PeerPort([addr], allowed=GROUP_ROLE, label="process"))
+        return ports
+
+    def connect(self) -> None:
+        """Start the process workers and wait (``wait_seconds``) for every expected one."""
+        w = self.workers
+        if w.processes:
+            self.pool = ProcessPool(w.processes, self.ports[-1].addresses[0],
+                                    allow=self.allow, broker_timeout=max(5.0, 5 * self.heartbeat),
+                                    main=process_main)
+            self.pool.start()
+        self._watch.start()
+        expected = w.processes + w.remote
+        end = time.monotonic() + w.wait_seconds
+        while self._joined() < expected:
+            left = end - time.monotonic()
+            if left <= 0 or (self.pool is not None and self.pool.exited()):
+                raise ConfigError(self._missing(expected))
+            try:
+                self.events.get(timeout=min(left, 0.1))
+            except queue.Empty:
+                pass
+
+    def _joined(self) -> int:
+        with self.lock:
+            return sum(1 for p in self.peers.values() if p.alive)
+
+    def _missing(self, expected: int) -> str:
+        with self.lock:
+            have = sorted(self.peers)
+        text = (f"expected {expected} worker(s) in other processes within "
+                f"{self.workers.wait_seconds:g} s (wait_seconds), {len(have)} registered"
+                + (f" ({', '.join(have)})" if have else ""))
+        if self.workers.remote:
+            text += (f"; start each missing one with `evobus worker --connect "
+                     f"{self.workers.bind} --allow {self.allow[0] if self.allow else 'PKG'}`")
+        if self.pool is not None and self.pool.exited():
+            text += f"; process workers exited: {self.pool.exited()} (see their stderr)"
+        for worker, why in sorted(self.refused.items()):
+            text += f"; worker {worker} refused: {why}"
+        return text
+
+    def slot_count(self) -> int:
+        with self.lock:
+            return sum(p.slots for p in self.peers.values() if p.alive)
+
+    def open(self, *, host, target_ref, wants_ctx: bool, suspend_all: bool, returns,
+             collector: str, proxies: list[str]) -> None:
+        """Open the group on every worker (refused by name if one refuses its target) and
+        bind the Collector's proxies to the workers' slots."""
+        self.host = host
+        self.effects = getattr(host, "effect_log", None) or MemoryEffects()
+        self.collector = collector
+        module = module_of(target_ref)
+        self.open_msg = GroupOpen(group_id=self.gid, target=target_ref,
+                                  fingerprint=module_fingerprint(module), wants_ctx=wants_ctx,
+                                  suspend_all=suspend_all, limited=host.ledger.limited,
+                                  returns=type_name(returns) if returns is not object else "",
+                                  relay=RELAY)
+        with self.lock:
+            names = [p.name for p in self.peers.values() if p.alive]
+        for name in names:
+            self.bus.send(RELAY, name, self.open_msg)
+        end = time.monotonic() + OPEN_DEADLINE_S
+        while True:
+            with self.lock:
+                if self.failed_open:
+                    worker, why = sorted(self.failed_open.items())[0]
+                    raise ConfigError(f"worker {worker} refused the group's target: {why}")
+                if all(self.peers[n].opened for n in names):
+                    break
+            if time.monotonic() > end:
+                raise ConfigError(f"workers did not open group {self.gid} within "
+                                  f"{OPEN_DEADLINE_S:g} s (importing {module!r})")
+            try:
+                self.events.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        self.proxies = list(proxies)
+        with self.lock:   # one slot of each worker in turn, up to the proxies planned
+            ready = [p for p in self.peers.values() if p.alive and p.opened]
+            slots = [p for k in range(max((p.slots for p in ready), default=0))
+                     for p in ready if k < p.slots]
+            for proxy, peer in zip(self.proxies, slots):
+                self.bound[proxy] = peer.name
+                peer.proxies.append(proxy)
+
+    def started(self) -> None:
+        """After GroupStart: each proxy says Hello with the heartbeat, so the Collector
+        watches it (silence past the deadline: presumed lost)."""
+        for proxy in self.proxies:
+            self.bus.send(proxy, self.collector, Hello(worker=proxy, heartbeat=self.heartbeat))
+
+    def routes(self) -> list[tuple[str, Any]]:
+        """(proxy name, deliver) for the driver to attach with its own names."""
+        return [(name, self._proxy(name)) for name in self.proxies]
+
+    # -- the registry (Join, Hello, Refused from workers) -----------------------------
+
+    def _on_registry(self, delivery: Delivery) -> None:
+        msg = delivery.msg
+        for receiver, out in self.registry.handle(msg):
+            if isinstance(out, Hello):
+                self._joined_peer(out)
+            elif isinstance(out, Refused):
+                self.refused[out.worker] = out.reason
+                if receiver == out.worker:
+                    self.bus.send(REGISTRY, receiver, out)
+                self.events.put(out)
+            elif receiver not in ("driver", "scheduler"):
+                self.bus.send(REGISTRY, receiver, out)
+
+    def _joined_peer(self, hello: Hello) -> None:
+        with self.lock:
+            peer = self.peers.get(hello.worker)
+            if peer is None:
+                peer = self.peers[hello.worker] = _Peer(hello.worker, max(1, hello.slots),
+                                                        time.monotonic())
+            peer.alive, peer.last_heard, peer.opened = True, time.monotonic(), False
+            late_open = self.open_msg
+        if late_open is not None:   # a worker that joined (or came back) mid-group
+            self.bus.send(RELAY, hello.worker, late_open)
+        self.events.put(hello)
+
+    # -- the relay (answers, heartbeats, calls from workers) ----------------------------
+
+    def _on_relay(self, delivery: Delivery) -> None:
+        msg = delivery.msg
+        worker = getattr(msg, "worker", delivery.sender)
+        now = time.monotonic()
+        beats: list[str] = []
+        with self.lock:
+            peer = self.peers.get(worker)
+            if peer is not None:
+                peer.last_heard = now
+                if now - peer.forwarded >= self.heartbeat / 2:
+                    peer.forwarded = now
+                    beats = list(peer.proxies)
+        for proxy in beats:   # a sign of life of every slot of this worker
+            self.bus.send(proxy, self.collector, Heartbeat(worker=proxy))
+        match msg:
+            case BranchDone() | BranchFailed() | Interaction():
+                self._on_answer(msg)
+            case HostCall():
+                self._on_call(msg)
+            case GroupOpened(error=error) if msg.group_id == self.gid:
+                self._on_opened(msg, peer, error)
+            case Heartbeat() | GroupOpened():
+                pass
+
+    def _on_opened(self, msg: GroupOpened, peer: _Peer | None, error: str) -> None:
+        with self.lock:
+            if error and peer is not None and peer.opened:   # broke mid-group
+                failed = True
+            else:
+                failed = False
+                if error:
+                    self.failed_open[msg.worker] = error
+                elif peer is not None:
+                    peer.opened = True
+                    if not peer.proxies and self.proxies:
+                        self._adopt(peer)
+        if failed:
+            self.bus.send(RELAY, self.collector, GroupCancel(group_id=self.gid, reason=error))
+        self.events.put(msg)
+
+    def _adopt(self, peer: _Peer) -> None:
+        """A worker that joined mid-group takes over the proxies of workers gone for good
+        (under the lock); its next heartbeat brings them back to the Collector."""
+        for other in self.peers.values():
+            if other is not peer and not other.alive and other.proxies:
+                moved = other.proxies[:peer.slots - len(peer.proxies)]
+                other.proxies = other.proxies[len(moved):]
+                for proxy in moved:
+                    self.bound[proxy] = peer.name
+                peer.proxies += moved
+                peer.forwarded = 0.0
+                if len(peer.proxies) >= peer.slots:
+                    return
+
+    def _on_answer(self, msg) -> None:
+        with self.lock:
+            proxy = self.sent.pop((msg.lease_id, msg.worker), None)
+            if proxy is None:   # never sent to this worker: not its to answer
+                self.late += 1
+                return
+            self.finished += len(msg.indices)
+            self.served[msg.worker] = self.served.get(msg.worker, 0) + len(msg.indices)
+        self.bus.send(proxy, self.collector, msgspec.structs.replace(msg, worker=proxy))
+
+    def _on_call(self, msg: HostCall) -> None:
+        try:
+            value = self._call(msg)
+            reply = HostReply(call_id=msg.call_id, value=value)
+        except Exception as exc:  # the branch that called raises it again (served._Calls)
+            reply = HostReply(call_id=msg.call_id, error=str(exc),
+                              error_type=type(exc).__name__)
+        if msg.call_id:
+            self.bus.send(RELAY, msg.worker, reply)
+        elif reply.error:
+            log.error("group %s: %s from worker %s failed: %s", self.gid, msg.op,
+                      msg.worker, reply.error)
+
+    def _call(self, msg: HostCall) -> Any:
+        host, args = self.host, msg.args
+        if host is None or msg.group_id != self.gid:
+            raise RunFailed(f"group {msg.group_id} is not running here any more")
+        op = msg.op
+        if op == "store.get":
+            return host.store.get(*args)
+        if op == "store.set":
+            return host.store.set(*args)
+        if op == "store.incr":
+            return host.store.incr(*args)
+        if op == "store.snapshot":
+            return host.store.snapshot()
+        if op == "ledger.charge_call":
+            return host.ledger.charge_call()
+        if op == "ledger.add_calls":
+            return host.ledger.add_calls(*args)
+        if op == "ledger.charge_cost":
+            return host.ledger.charge_cost(*args)
+        if op == "effect.replayed":
+            return list(self.effects.replayed(*args))
+        if op in ("effect.intent", "effect.result", "effect.failed"):
+            return getattr(self.effects, op.partition(".")[2])(*args)
+        raise ValueError(f"unknown host call {op!r} from worker {msg.worker}")
+
+    # -- the proxies (what the Collector sends to a logical worker) ---------------------
+
+    def _proxy(self, proxy: str):
+        def deliver(delivery: Delivery) -> None:
+            msg = delivery.msg
+            with self.lock:
+                worker = self.bound.get(proxy)
+                if isinstance(msg, Branch) and worker is not None:
+                    self.sent[(msg.lease_id, worker)] = proxy
+            if isinstance(msg, Stop):
+                return   # the Collector lets this logical worker go: nothing runs here
+            if worker is not None:
+                self.bus.send(RELAY, worker, msg)
+        return deliver
+
+    # -- liveness -------------------------------------------------------------------------
+
+    def _liveness(self) -> None:
+        """Every heartbeat: which workers are gone (silent past the deadline, or their
+        process exited: then their proxies are reported ``Lost`` at once), and dead
+        process workers started again (ProcessPool.respawn_dead); re-dispatch is the
+        Collector's."""
+        release = getattr(self.bus, "release_thread", None)
+        try:
+            while not self._stop.wait(self.heartbeat):
+                exited: set[str] = set()
+                if self.pool is not None:
+                    exited = set(self.pool.dead_names())
+                    self.pool.respawn_dead()
+                self.check(time.monotonic(), exited)
+        finally:
+            if release is not None:
+                release()
+
+    def check(self, now: float, exited: set[str] = frozenset()) -> None:
+        lost = []
+        with self.lock:
+            for peer in self.peers.values():
+                if peer.alive and (peer.name in exited or now - peer.last_heard > self.deadline):
+                    peer.alive = False
+                    self.lost_workers += 1
+                    if peer.name in exited:
+                        lost += peer.proxies
+        for proxy in lost:
+            self.bus.send(RELAY, self.collector, Lost(worker=proxy, reason="its process exited"))
+
+    def counters(self) -> dict[str, int]:
+        return {"late": self.late, "lost_workers": self.lost_workers,
+                "workers_joined": len(self.peers), "served": dict(self.served),
+                "delivered": self.bus.stats.delivered}
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._watch.is_alive():
+            self._watch.join(2 * self.heartbeat + 1.0)
+        if self.pool is not None:
+            for name in self.pool.live_names():
+                self.bus.send(RELAY, name, Stop(reason="group finished"))
+            self.pool.close(PROCESS_STOP_DEADLINE_S)
+        if self.tmpdir is not None:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            self.tmpdir = None

@@ -1,0 +1,322 @@
+"""A group's branches on a worker in another process (``evobus worker --connect``, or a
+process worker): the worker's half of ``GroupOpen``, ``Branch``, ``Revoke``, ``Cancel``,
+``Hold`` and ``HostReply`` (docs/remote.md).
+
+:class:`actors.workers.remote.RemoteWorker` runs one loop per slot thread for every kind
+of work (``Lease`` and ``Branch``); it hands this service what concerns groups. The
+service resolves a group's target (allowlist first, then the source fingerprint, then
+the import), runs its branches with the same :class:`~actors.groups.worker.BranchRunner`
+a thread worker uses, and reaches what must stay in one place (the store and its lock,
+the budget ledger, the effect journal) by messages to the coordinator's relay
+(:mod:`actors.groups.fleet`): ``HostCall`` out, ``HostReply`` back.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import uuid
+from typing import Any, Callable
+
+from actors.errors import (BudgetExhausted, ConfigError, EffectInDoubt, GroupError,
+                           HostLimitExceeded, describe)
+from actors.groups.host import _Host
+from actors.groups.limits import HostLimits
+from actors.groups.types import converter, type_named
+from actors.groups.worker import BranchRunner
+from actors.workers import code as refs
+from actors.workers.code import BUILTIN_ALLOW, module_fingerprint, module_of
+from actors.workers.core import Awaiter
+from actors.workers.remote import process_main as worker_main
+from protocol import (Branch, BranchDone, Cancel, GroupOpen, GroupOpened, Hold, HostCall,
+                      HostReply, Message, Revoke)
+
+log = logging.getLogger(__name__)
+
+#: A call to the coordinator (the store, a budget, an effect's journal) not answered
+#: this soon fails the branch, by name.
+CALL_DEADLINE_S = 30.0
+
+#: Errors a HostReply may carry, raised again on the worker as the same type.
+_ERRORS: dict[str, type[BaseException]] = {
+    "BudgetExhausted": BudgetExhausted, "EffectInDoubt": EffectInDoubt,
+    "HostLimitExceeded": HostLimitExceeded, "TypeError": TypeError,
+    "ValueError": ValueError, "KeyError": KeyError}
+
+#: Groups a worker remembers (a long-lived worker serves many groups, one after another).
+KEEP_GROUPS = 16
+
+
+class _Calls:
+    """Calls to the coordinator's relay from slot threads, answered on the I/O thread."""
+
+    def __init__(self, send: Callable[[Message], None], worker: str) -> None:
+        self.send = send
+        self.worker = worker
+        self.lock = threading.Lock()
+        self.waiting: dict[str, list] = {}
+
+    def call(self, gid: str, op: str, *args: Any, deadline: float = CALL_DEADLINE_S) -> Any:
+        call_id = uuid.uuid4().hex
+        slot = [threading.Event(), None]
+        with self.lock:
+            self.waiting[call_id] = slot
+        try:
+            self.send(HostCall(group_id=gid, worker=self.worker, op=op, args=list(args),
+                               call_id=call_id))
+            if not slot[0].wait(deadline):
+                raise GroupError(f"worker {self.worker}: the coordinator did not answer {op} "
+                                 f"for group {gid} within {deadline:g} s (is it still "
+                                 "running?); this branch fails")
+        finally:
+            with self.lock:
+                self.waiting.pop(call_id, None)
+        reply: HostReply = slot[1]
+        if reply.error:
+            raise _ERRORS.get(reply.error_type, GroupError)(reply.error)
+        return reply.value
+
+    def tell(self, gid: str, op: str, *args: Any) -> None:
+        self.send(HostCall(group_id=gid, worker=self.worker, op=op, args=list(args)))
+
+    def on_reply(self, reply: HostReply) -> bool:
+        """Hand the reply to its caller; False if no call of these waits for it."""
+        with self.lock:
+            slot = self.waiting.get(reply.call_id)
+        if slot is None:
+            return False
+        slot[1] = reply
+        slot[0].set()
+        return True
+
+
+class RemoteLedger:
+    """The group's budget ledger, kept by the coordinator: each start asks it first when
+    a budget limits starts; otherwise starts are counted once per lease (one-way)."""
+
+    def __init__(self, calls: _Calls, gid: str, limited: bool) -> None:
+        self.calls, self.gid, self.limited = calls, gid, limited
+
+    def charge_call(self) -> None:
+        self.calls.call(self.gid, "ledger.charge_call")
+
+    def add_calls(self, n: int) -> None:
+        self.calls.tell(self.gid, "ledger.add_calls", n)
+
+    def charge_cost(self, units: float) -> None:
+        self.calls.call(self.gid, "ledger.charge_cost", units)
+
+
+class RemoteStore:
+    """The group's shared store, kept (with its lock) by the coordinator."""
+
+    def __init__(self, calls: _Calls, gid: str) -> None:
+        self.calls, self.gid = calls, gid
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.calls.call(self.gid, "store.get", key, default)
+
+    def set(self, key: str, value: Any) -> None:
+        self.calls.call(self.gid, "store.set", key, value)
+
+    def incr(self, key: str, by: int | float = 1) -> int | float:
+        return self.calls.call(self.gid, "store.incr", key, by)
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.calls.call(self.gid, "store.snapshot")
+
+    def update(self, key: str, fn, default: Any = None) -> Any:
+        raise GroupError(
+            f"ctx.store.update({key!r}, fn) runs fn under the store's lock, and the lock "
+            "lives with the coordinator: a function cannot travel there. On a worker in "
+            "another process use ctx.store.incr/set/get, or run this group on thread workers")
+
+    def locked(self):
+        raise GroupError(
+            "ctx.store.locked() holds the store's lock, which lives with the coordinator: "
+            "on a worker in another process use ctx.store.incr/set/get, or run this group "
+            "on thread workers")
+
+
+class RemoteEffects:
+    """The group's effect journal, kept by the coordinator: an effect's intent is recorded
+    there before it runs and its result before the branch goes on, so a branch that runs
+    again elsewhere (its worker was lost) gets the result back instead of a second run."""
+
+    def __init__(self, calls: _Calls, gid: str) -> None:
+        self.calls, self.gid = calls, gid
+
+    def replayed(self, branch: int, step: int, name: str) -> tuple[bool, Any]:
+        ran, value = self.calls.call(self.gid, "effect.replayed", branch, step, name)
+        return bool(ran), value
+
+    def intent(self, branch: int, step: int, name: str) -> None:
+        self.calls.call(self.gid, "effect.intent", branch, step, name)
+
+    def result(self, branch: int, step: int, name: str, value: Any) -> None:
+        self.calls.call(self.gid, "effect.result", branch, step, name, value)
+
+    def failed(self, branch: int, step: int, name: str) -> None:
+        self.calls.call(self.gid, "effect.failed", branch, step, name)
+
+
+def _no_nested(*args, **kwargs):
+    raise ConfigError(
+        "ctx.parallel()/ctx.run_group() inside a branch that runs on a worker in another "
+        "process is not supported: a nested group needs the coordinator's runtime. Start "
+        "the inner group from the coordinator, or run the outer group on thread workers")
+
+
+class _Finished:
+    """What BranchRunner counts per box (the coordinator counts from the answers)."""
+
+    finished = 0
+
+
+def check_target(msg: GroupOpen, allow: list[str]) -> Callable:
+    """The group's target, or ConfigError naming why not: the allowlist is checked before
+    anything is imported, then the source fingerprint, then the import."""
+    allowlist = sorted(set(allow) | set(BUILTIN_ALLOW))
+    module = module_of(msg.target)
+    if not refs.allowed(module, allowlist):
+        raise ConfigError(f"group {msg.group_id}: target module {module!r} is not in this "
+                          f"worker's allowlist {allowlist}; if you trust the coordinator's "
+                          f"code, start the worker with --allow {module.split('.')[0]}")
+    if msg.fingerprint and module_fingerprint(module) != msg.fingerprint:
+        raise ConfigError(f"group {msg.group_id}: this worker's copy of {module!r} differs "
+                          "from the coordinator's (source fingerprints do not match): install "
+                          "the same version here")
+    fn = refs.resolve(msg.target, allowlist, what="target")
+    if not callable(fn):
+        raise ConfigError(f"group {msg.group_id}: target {msg.target.ref!r} names a "
+                          f"{type(fn).__name__}, not a callable")
+    return fn
+
+
+class BranchService:
+    """One worker process's groups: their hosts, the leases not started yet, the calls
+    out. ``send(receiver, msg)`` sends as this worker."""
+
+    def __init__(self, worker: str, allow: list[str], send: Callable[[str, Message], None]
+                 ) -> None:
+        self.worker = worker
+        self.allow = list(allow)
+        self.send = send
+        self.hosts: dict[str, _Host] = {}
+        self.relays: dict[str, str] = {}
+        self.lock = threading.Lock()
+        self.unstarted: dict[str, Branch] = {}   # lease id -> lease queued on a slot
+        self.groups: dict[str, str] = {}         # lease id -> its group, until it ends
+        self.calls: dict[str, _Calls] = {}
+
+    # -- the I/O thread (must not block) ------------------------------------------------
+
+    def on_open(self, msg: GroupOpen) -> None:
+        try:
+            fn = check_target(msg, self.allow)
+            convert = converter(type_named(msg.returns, "returns")) \
+                if msg.returns and ":" not in msg.returns else None
+        except ConfigError as exc:
+            log.error("worker %s: refusing group %s: %s", self.worker, msg.group_id, exc)
+            self.send(msg.relay, GroupOpened(group_id=msg.group_id, worker=self.worker,
+                                             error=str(exc)))
+            return
+        relay = msg.relay
+        calls = _Calls(lambda m: self.send(relay, m), self.worker)
+        host = _Host(group_id=msg.group_id, target=fn, wants_ctx=msg.wants_ctx, depth=1,
+                     limits=HostLimits(), ledger=RemoteLedger(calls, msg.group_id, msg.limited),
+                     store=RemoteStore(calls, msg.group_id), live=(), external=(),
+                     parent=None, trace=False, runtime=None, nested=_no_nested,
+                     convert=convert, suspend_all=msg.suspend_all)
+        host.effect_log = RemoteEffects(calls, msg.group_id)
+        with self.lock:
+            self.hosts[msg.group_id] = host
+            self.relays[msg.group_id] = relay
+            self.calls[msg.group_id] = calls
+            for old in list(self.hosts)[:-KEEP_GROUPS]:
+                self.hosts.pop(old)
+                self.relays.pop(old, None)
+                self.calls.pop(old, None)
+        self.send(relay, GroupOpened(group_id=msg.group_id, worker=self.worker))
+
+    def queued(self, lease: Branch) -> bool:
+        """A lease arrived (to be put on a slot's queue): False if its group is unknown
+        here (it is answered as not started: the relay gives it to another worker)."""
+        with self.lock:
+            known = lease.group_id in self.hosts
+            if known:
+                self.unstarted[lease.lease_id] = lease
+                self.groups[lease.lease_id] = lease.group_id
+        if not known:
+            self._unstarted(lease, relay=None)
+        return known
+
+    def on_message(self, msg: Message) -> bool:
+        """Cancel, Hold, Revoke or HostReply for a group; False if not a group's."""
+        match msg:
+            case HostReply(call_id=call_id):
+                with self.lock:
+                    groups = list(self.calls.values())
+                if not any(calls.on_reply(msg) for calls in groups):
+                    # its caller gave up (the deadline): nobody waits for it
+                    log.warning("worker %s: a late reply to call %s, dropped", self.worker,
+                                call_id)
+                return True
+            case Revoke(lease_id=lease_id):
+                with self.lock:
+                    lease = self.unstarted.pop(lease_id, None)
+                    self.groups.pop(lease_id, None)
+                if lease is not None:
+                    self._unstarted(lease, self.relays.get(lease.group_id))
+                return True
+            case Cancel(lease_id=lease_id) | Hold(lease_id=lease_id):
+                host = self._host_of(lease_id)
+                if host is None:
+                    return False
+                if isinstance(msg, Cancel):
+                    host.cancel()
+                else:
+                    host.hold()
+                return True
+        return False
+
+    def _host_of(self, lease_id: str) -> _Host | None:
+        with self.lock:
+            return self.hosts.get(self.groups.get(lease_id, ""))
+
+    def _unstarted(self, lease: Branch, relay: str | None) -> None:
+        self.send(relay or "groups", BranchDone(group_id=lease.group_id,
+                                                lease_id=lease.lease_id, worker=self.worker,
+                                                unstarted=list(lease.indices)))
+
+    # -- a slot thread ------------------------------------------------------------------
+
+    def run(self, lease: Branch, settle: Awaiter) -> None:
+        with self.lock:
+            if self.unstarted.pop(lease.lease_id, None) is None:
+                return   # revoked meanwhile: answered on the I/O thread
+            host = self.hosts.get(lease.group_id)
+            relay = self.relays.get(lease.group_id, "groups")
+        if host is None:
+            return self._unstarted(lease, relay)
+        runner = BranchRunner(lambda name, msg: self.send(relay, msg), self.worker, host,
+                              _Finished(), settle)
+        try:
+            runner.run(lease)
+        except Exception as exc:  # a bug here, not in the target: the relay fails the group
+            log.exception("worker %s: lease %s failed", self.worker, lease.lease_id)
+            self.send(relay, GroupOpened(group_id=lease.group_id, worker=self.worker,
+                                         error=f"worker {self.worker} crashed running lease "
+                                               f"{lease.lease_id}: {describe(exc)}"))
+        finally:
+            with self.lock:
+                self.groups.pop(lease.lease_id, None)
+
+
+def process_main(*, address: str, worker_id: str, allow: list[str],
+                 broker_timeout: float = 5.0) -> None:
+    """Entry point of a process worker that also serves groups (multiprocessing 'spawn'
+    target): :func:`actors.workers.remote.process_main` with this service plugged in."""
+    worker_main(address=address, worker_id=worker_id, allow=allow,
+                broker_timeout=broker_timeout, branches=BranchService)

@@ -1,0 +1,78 @@
+"""Targets for groups on process and remote workers (tests/test_remote_groups.py): named
+by import path, so a worker in another process imports them (``--allow tests``)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def slow_square(x: int) -> int:
+    time.sleep(0.05)
+    return x * x
+
+
+def _append(path: str, line: str) -> int:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return 1
+
+
+def counted(item: dict, ctx) -> int:
+    """One effect per item (a line in ``item["log"]``). With EVOBUS_TEST_HANG=1, the first
+    worker to run branch ``item["hang_at"]`` writes its pid into ``item["marker"]`` after
+    the effect (journaled with the coordinator) and hangs there: the test kills it."""
+    ctx.effect("count", _append, item["log"], f"{item['i']}")
+    if item.get("hang_at") == item["i"] and os.environ.get("EVOBUS_TEST_HANG") == "1":
+        try:
+            fd = os.open(item["marker"], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:   # run again elsewhere: go on
+            pass
+        else:
+            os.write(fd, f"{os.getpid()}\n".encode())
+            os.close(fd)
+            time.sleep(60)   # killed meanwhile (the test's SIGKILL)
+    ctx.store.incr("done")
+    return item["i"] * 10
+
+
+def asking(item: int, ctx) -> str:
+    """Branch 1 asks a question; the others answer at once."""
+    if item == 1:
+        answer = ctx.ask(f"what for {item}?")
+        return f"{item}:{answer}"
+    return f"{item}:auto"
+
+
+def fails_first(x: int, ctx) -> int:
+    """Branch 0 raises; the others wait (bounded) until the group is cancelled."""
+    if x == 0:
+        raise ValueError("item 0 is bad")
+    for _ in range(500):
+        ctx.raise_if_cancelled()
+        time.sleep(0.01)
+    return x
+
+
+def spends(x: int, ctx) -> int:
+    ctx.spend(1.0)
+    return x
+
+
+def dies_once(item: dict) -> int:
+    """The first process to run branch ``item["die_at"]`` exits hard (as a crash does)."""
+    if item["i"] == item.get("die_at"):
+        try:
+            fd = os.open(item["marker"], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            pass
+        else:
+            os.close(fd)
+            os._exit(9)
+    return item["i"]

@@ -1,0 +1,259 @@
+"""Parallel groups on workers in other processes: `evobus worker --connect` processes with
+CURVE keys, process workers, a worker killed mid-group, a question answered by
+`evobus resume` with the worker reconnected, and the refusals made before the first call.
+
+Loopback only. Every wait has a deadline; a test waits on files the target writes or on
+a process's output, never on a sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from actors import Budgets, ConfigError, run_group
+from actors.cli.main import main
+from protocol.scenario import Workers
+from tests import group_remote_domain as domain
+from tests.test_remote import ROOT, env_with, free_port, wait_for
+
+HEARTBEAT, DEADLINE = 0.2, 1.0
+
+
+class Workers_:
+    """`evobus worker --connect` processes, reaped at the end."""
+
+    def __init__(self, tmp: Path, keys: Path | None, **env) -> None:
+        self.tmp = tmp
+        self.keys = keys
+        self.addr = f"tcp://127.0.0.1:{free_port()}"
+        self.env = env_with(**env)
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, name: str, *extra: str) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "actors.cli", "worker", "--connect", self.addr,
+                "--id", name, "--allow", "tests.group_remote_domain", "--give-up", "30",
+                "--broker-timeout", "2", *extra]
+        if self.keys is not None:
+            argv += ["--key", str(self.keys / f"{name}.key_secret"),
+                     "--server-key", str(self.keys / "server.key")]
+        out = open(self.tmp / f"{name}.log", "w")
+        proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=out, stderr=out, text=True)
+        out.close()
+        self.procs.append(proc)
+        return proc
+
+    def section(self, n: int, **kw) -> Workers:
+        return Workers(local=0, remote=n, bind=self.addr,
+                       keys=str(self.keys) if self.keys else None, heartbeat=HEARTBEAT,
+                       deadline=DEADLINE, wait_seconds=20, **kw)
+
+    def said(self) -> str:
+        return "\n".join(f"{p.name}:\n{p.read_text()[-1500:]}"
+                         for p in sorted(self.tmp.glob("w*.log")))
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    made: list[Workers_] = []
+
+    def make(keys: Path | None = None, **env) -> Workers_:
+        made.append(Workers_(tmp_path, keys, **env))
+        return made[-1]
+
+    yield make
+    for w in made:
+        w.close()
+
+
+@pytest.fixture
+def keys(tmp_path) -> Path:
+    root = tmp_path / "keys"
+    assert main(["keys", str(root), "--client", "w0", "--client", "w1"]) == 0
+    return root
+
+
+def test_a_group_of_200_items_over_two_curve_workers_returns_results_in_input_order(
+        fleet, keys):
+    w = fleet(keys)
+    w.start("w0")
+    w.start("w1")
+    out = run_group("tests.group_remote_domain:square", list(range(200)),
+                    max_concurrency=8, max_items=200, workers=w.section(2))
+    assert out.status == "completed", (out.error, w.said())
+    assert out.results == [i * i for i in range(200)]
+    remote = out.stats["remote"]
+    assert remote["workers_joined"] == 2 and remote["late"] == 0
+    assert set(remote["served"]) == {"w0", "w1"} and sum(remote["served"].values()) == 200
+
+
+def test_a_worker_killed_mid_group_has_its_branches_finish_elsewhere_each_effect_once(
+        fleet, tmp_path):
+    w = fleet(EVOBUS_TEST_HANG=1)
+    w.start("w0")
+    w.start("w1")
+    count, marker = tmp_path / "effects.txt", tmp_path / "hanging"
+    items = [{"i": i, "log": str(count), "hang_at": 25, "marker": str(marker)}
+             for i in range(60)]
+    box: dict = {}
+    group = threading.Thread(target=lambda: box.update(out=run_group(
+        "tests.group_remote_domain:counted", items, max_concurrency=4, max_items=60,
+        workers=w.section(2))), daemon=True)
+    group.start()
+    # Branch 25 ran its effect (journaled with the coordinator) and hangs on one worker.
+    hung = wait_for(lambda: marker.exists() and marker.read_text().strip(), 30,
+                    f"branch 25 to hang\n{w.said()}")
+    os.kill(int(hung), signal.SIGKILL)
+    group.join(30)
+    assert not group.is_alive(), w.said()
+    out = box["out"]
+    assert out.status == "completed", (out.error, w.said())
+    assert out.results == [i * 10 for i in range(60)]
+    lines = count.read_text().split()
+    assert sorted(map(int, lines)) == list(range(60)), "an effect ran twice or never"
+    # The store is not a journal: a branch of the killed worker's lease that had ended
+    # there ran again elsewhere (at least once), its effect replayed from the journal.
+    assert out.store["done"] >= 60
+    # Every branch answered once (the killed worker never answered branch 25).
+    assert sum(out.stats["remote"]["served"].values()) == 60
+
+
+def test_a_question_on_a_remote_worker_is_answered_by_evobus_resume_after_it_reconnects(
+        fleet, tmp_path):
+    w = fleet()
+    proc = w.start("w0")
+    ckpt = tmp_path / "ask.ckpt"
+    out = run_group("tests.group_remote_domain:asking", [0, 1, 2, 3], max_concurrency=2,
+                    max_items=4, checkpoint=ckpt, workers=w.section(1))
+    assert out.status == "user_input_pending", (out.error, w.said())
+    assert out.finished == [0, 2, 3]
+    (pending,) = out.pending_interactions
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({pending.id: "yes"}))
+    resumed = subprocess.run(
+        [sys.executable, "-m", "actors.cli", "resume", str(ckpt), "--answers", str(answers),
+         "--json"], cwd=ROOT, env=w.env, capture_output=True, text=True, timeout=60)
+    assert resumed.returncode == 0, (resumed.stderr, w.said())
+    summary = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert summary["results"] == ["0:auto", "1:yes", "2:auto", "3:auto"]
+    assert proc.poll() is None, "the same worker process served both coordinators"
+    assert "joining again" in (tmp_path / "w0.log").read_text()
+
+
+def test_process_workers_run_a_group_with_the_store_and_effects(tmp_path):
+    count = tmp_path / "effects.txt"
+    items = [{"i": i, "log": str(count)} for i in range(20)]
+    out = run_group("tests.group_remote_domain:counted", items, max_concurrency=4,
+                    max_items=20, store={"done": 0},
+                    workers=Workers(local=0, processes=2, heartbeat=HEARTBEAT,
+                                    deadline=DEADLINE))
+    assert out.status == "completed", out.error
+    assert out.results == [i * 10 for i in range(20)]
+    assert out.store == {"done": 20}
+    assert sorted(map(int, count.read_text().split())) == list(range(20))
+
+
+def test_a_callable_that_cannot_be_named_is_refused_for_process_workers_before_any_call():
+    calls = []
+
+    def local(x) -> int:
+        calls.append(x)
+        return x
+
+    with pytest.raises(ConfigError, match="closure"):
+        run_group(local, [1, 2], max_concurrency=1, max_items=2,
+                  workers=Workers(local=0, processes=1))
+    assert calls == []
+
+
+def test_a_target_outside_the_workers_allowlist_is_refused_by_the_worker(fleet):
+    w = fleet()
+    w.start("w0")   # --allow tests.group_remote_domain only
+    with pytest.raises(ConfigError, match=r"w0 refused the group's target.*allowlist"):
+        run_group("tests.remote_domain:reward", [1], max_concurrency=1, max_items=1,
+                  workers=w.section(1))
+
+
+def test_workers_with_only_local_threads_run_the_group_here():
+    out = run_group(domain.square, [1, 2, 3], max_concurrency=2, max_items=3,
+                    workers=Workers(local=2))
+    assert out.results == [1, 4, 9] and "remote" not in out.stats
+
+
+def test_a_scenarios_groups_run_on_the_process_workers_of_its_workers_section(
+        tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)   # the group's log goes under runs/ here
+    scenario = tmp_path / "fan.toml"
+    scenario.write_text(
+        'name = "fan"\n\n[[groups]]\nname = "squares"\n'
+        'target = "tests.group_remote_domain:square"\nitems = [1, 2, 3, 4, 5]\n'
+        'max_concurrency = 2\nmax_items = 5\n'
+        f'checkpoint = "{tmp_path / "fan.ckpt"}"\n\n'
+        f'[workers]\nlocal = 0\nprocesses = 2\nheartbeat = {HEARTBEAT}\ndeadline = {DEADLINE}\n')
+    assert main(["run", str(scenario), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["status"] == "completed" and summary["results"] == [1, 4, 9, 16, 25]
+
+
+PROCS = dict(local=0, processes=2, heartbeat=HEARTBEAT, deadline=DEADLINE)
+
+
+def test_a_branch_error_on_a_process_worker_fails_the_group_and_cancels_the_rest():
+    out = run_group("tests.group_remote_domain:fails_first", list(range(8)),
+                    max_concurrency=4, max_items=8, workers=Workers(**PROCS))
+    assert out.status == "failed" and out.error_branch == 0
+    assert "item 0 is bad" in str(out.error)
+    assert out.cancelled and out.stats["elapsed"] < 4.0   # cancelled, not run out
+
+
+def test_a_calls_budget_is_charged_on_the_coordinator_for_branches_on_process_workers():
+    out = run_group("tests.group_remote_domain:spends", list(range(10)),
+                    max_concurrency=2, max_items=10, budgets=Budgets(calls=4),
+                    workers=Workers(**PROCS))
+    assert out.status == "failed" and type(out.error).__name__ == "BudgetExhausted"
+    assert out.consumed.calls == 4
+
+
+def test_a_cost_budget_is_charged_on_the_coordinator_by_ctx_spend_on_process_workers():
+    out = run_group("tests.group_remote_domain:spends", list(range(10)),
+                    max_concurrency=2, max_items=10, budgets=Budgets(cost=5.0),
+                    workers=Workers(**PROCS))
+    assert out.status == "failed" and type(out.error).__name__ == "BudgetExhausted"
+    assert out.consumed.cost == 5.0
+
+
+def test_a_process_worker_that_dies_mid_group_is_reported_lost_and_its_respawn_takes_over(
+        tmp_path):
+    items = [{"i": i, "die_at": 5, "marker": str(tmp_path / "died")} for i in range(20)]
+    out = run_group("tests.group_remote_domain:dies_once", items, max_concurrency=2,
+                    max_items=20, workers=Workers(**PROCS))
+    assert out.status == "completed", out.error
+    assert out.results == list(range(20))
+    remote = out.stats["remote"]
+    assert remote["lost_workers"] >= 1 and sum(remote["served"].values()) == 20
+
+
+def test_a_group_on_process_workers_replays_from_its_log(tmp_path):
+    log = tmp_path / "group.evolog"
+    out = run_group("tests.group_remote_domain:square", list(range(30)), max_concurrency=4,
+                    max_items=30, log=str(log), workers=Workers(**PROCS))
+    assert out.status == "completed" and out.results == [i * i for i in range(30)]
+    assert main(["replay", str(log)]) == 0   # the Collector's outputs, message for message
