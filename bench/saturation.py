@@ -439,10 +439,12 @@ def scheduler_cpu(workers: int, rounds: int, tasks_per_lease: int = 1) -> dict:
             "hello_us": hello_cpu / workers * 1e6}
 
 
-def collector_cpu(workers: int, items: int, prefetch: int = 1) -> dict:
+def collector_cpu(workers: int, items: int, prefetch: int = 1, max_answers: int = 0) -> dict:
     """The pure Collector at ``workers`` workers over ``items`` items (guided lease
     sizes, as GroupStart's defaults give): every Branch answered at once, oldest first;
-    CPU (thread time) per message handled, and its messages per branch."""
+    CPU (thread time) per message handled, and its messages per branch. With
+    ``max_answers``, only that many answers are handled (the CPU figure covers them;
+    the messages per item are then not known: None)."""
     from actors.machines.collector import Collector
     from protocol import Branch, BranchDone, GroupResult, GroupStart, Hello
 
@@ -460,7 +462,9 @@ def collector_cpu(workers: int, items: int, prefetch: int = 1) -> dict:
     result = None
     pending = collections.deque((to, m) for to, m in out if isinstance(m, Branch))
     branches += len(pending)
-    while pending:
+    answered = 0
+    while pending and not (max_answers and answered >= max_answers):
+        answered += 1
         to, b = pending.popleft()
         out = c.handle(BranchDone(group_id="g", lease_id=b.lease_id, worker=to,
                                   indices=b.indices, values=list(b.indices)))
@@ -472,12 +476,16 @@ def collector_cpu(workers: int, items: int, prefetch: int = 1) -> dict:
             elif isinstance(m, GroupResult):
                 result = m
     cpu = time.thread_time() - t0
+    if max_answers and pending:
+        return {"workers": workers, "items": items, "leases": branches, "messages": None,
+                "per_item": None, "leases_per_item": None, "answers": answered,
+                "us_per_msg": cpu / handled * 1e6, "us_per_item": None}
     if result is None or result.status != "completed":
         raise RuntimeError(f"the collector did not complete: {result}")
     # The group's messages through the broker: GroupStart, Hellos, each Branch and its
     # answer, the result (Stop to the workers at the end not counted: one per worker).
     messages = 1 + workers + 2 * branches + 1
-    return {"workers": workers, "items": items, "leases": branches,
+    return {"workers": workers, "items": items, "leases": branches, "answers": answered,
             "messages": messages, "per_item": messages / items,
             "leases_per_item": branches / items, "us_per_msg": cpu / handled * 1e6,
             "us_per_item": cpu / items * 1e6}
@@ -541,8 +549,13 @@ class Load:
     machine_name: str
 
 
+def _nearest(by_workers: dict[int, dict], workers: int) -> dict:
+    """The machine's figures measured at ``workers``, else at the nearest count measured."""
+    return by_workers[min(by_workers, key=lambda w: abs(math.log(w / workers)))]
+
+
 def loads(sync: Model | None, asyn: Model | None, branch: dict[int, dict],
-          broker_us: float, shell_us: float, scheduler_us: float, collector_us: float,
+          broker_us: float, shell_us: float, scheduler: dict[int, dict],
           heartbeat: float = 1.0) -> list[Load]:
     """For 1,000 and 10,000 workers at 1 s and 10 s calls. A worker heartbeats when it
     sent nothing for ``heartbeat`` s, so a call longer than that adds call/heartbeat -
@@ -553,6 +566,8 @@ def loads(sync: Model | None, asyn: Model | None, branch: dict[int, dict],
         for call in (1.0, 10.0):
             rate = workers / call
             units = []
+            scheduler_us = _nearest(scheduler, workers)["us_per_msg"]
+            b = _nearest(branch, workers)
             if sync is not None:
                 per = (sync.per_lease + sync.commits_per_worker_round
                        + sync.per_round_at(workers) / workers) / sync.tasks_per_lease
@@ -563,10 +578,9 @@ def loads(sync: Model | None, asyn: Model | None, branch: dict[int, dict],
                 per = asyn.per_lease / asyn.tasks_per_lease
                 units.append(("rollout, async", per, 1 / asyn.tasks_per_lease,
                               asyn.per_round_at(workers) / call, scheduler_us, "Scheduler"))
-            b = branch.get(workers)
-            if b is not None:
+            if b["per_item"] is not None:
                 units.append(("branch", b["per_item"], b["leases_per_item"], 0.0,
-                              collector_us, "Collector"))
+                              b["us_per_msg"], "Collector"))
             for unit, per, answers, extra, machine_us, name in units:
                 beats = max(0.0, call / heartbeat - answers)
                 msgs = rate * (per + beats) + extra
@@ -593,7 +607,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--gen-procs", type=int, default=2, help="processes hosting the peers")
     ap.add_argument("--machine-workers", type=int, nargs="+", default=[1_000, 10_000])
-    ap.add_argument("--items", type=int, default=100_000, help="group items for the Collector")
+    ap.add_argument("--items-per-worker", type=int, default=10,
+                    help="the Collector's group: this many items per worker")
+    ap.add_argument("--full-group", type=int, default=1_000,
+                    help="run whole groups up to this many workers (past it: capped)")
+    ap.add_argument("--max-answers", type=int, default=3_000,
+                    help="answers handled in a capped Collector run")
     ap.add_argument("--skip-runs", action="store_true", help="no scenario runs (part 1)")
     ap.add_argument("--no-curve", action="store_true", help="CURVE off only")
     ap.add_argument("--quick", action="store_true",
@@ -602,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.peers, args.seconds, args.repeats = [8], 0.5, 1
-        args.machine_workers, args.items = [100], 1_000
+        args.machine_workers = [100]
     logging.basicConfig(level=logging.WARNING)
     figures: dict = {}
 
@@ -652,21 +671,34 @@ def main(argv: list[str] | None = None) -> int:
                        "broker thread busy")))
     print()
 
-    print("3. control machines (pure handle, thread CPU)")
+    print("3. control machines (pure handle, thread CPU); a group of "
+          f"{args.items_per_worker} items per worker; above {args.full_group:,} workers the "
+          f"Collector's CPU is over its first {args.max_answers:,} answers")
     mrows = []
     sched, coll = [], []
     for w in args.machine_workers:
         s = scheduler_cpu(w, rounds=3)
-        c = collector_cpu(w, max(args.items, 2 * w))
+        cap = 0 if w <= args.full_group else args.max_answers
+        c = collector_cpu(w, args.items_per_worker * w, max_answers=cap)
         sched.append(s)
         coll.append(c)
+        dash = "-"
         mrows.append((f"{w:,}", f"{s['us_per_msg']:.1f}", f"{s['us_per_lease']:.1f}",
-                      f"{c['items']:,}", f"{c['leases']:,}", f"{c['per_item']:.3f}",
-                      f"{c['us_per_msg']:.1f}", f"{c['us_per_item']:.1f}"))
+                      f"{c['items']:,}", f"{c['answers']:,}",
+                      dash if c["per_item"] is None else f"{c['leases_per_item']:.3f}",
+                      dash if c["per_item"] is None else f"{c['per_item']:.3f}",
+                      f"{c['us_per_msg']:.1f}"))
+    # Guided lease sizes depend on queued / (chunk_factor x workers) only: a capped run
+    # takes its messages per item from the largest full run (same items per worker).
+    full = [c for c in coll if c["per_item"] is not None]
+    for c in coll:
+        if c["per_item"] is None and full:
+            c["per_item"], c["leases_per_item"] = full[-1]["per_item"], full[-1]["leases_per_item"]
+            c["per_item_from"] = full[-1]["workers"]
     figures["scheduler"], figures["collector"] = sched, coll
     print(table(mrows, ("workers", "Scheduler us/msg", "Scheduler us/lease", "group items",
-                        "branch leases", "messages per item", "Collector us/msg",
-                        "Collector us/item")))
+                        "answers handled", "branch leases per item", "messages per item",
+                        "Collector us/msg")))
     print()
 
     sync = asyn = None
@@ -689,19 +721,17 @@ def main(argv: list[str] | None = None) -> int:
     at = sorted(prod_f for prod_f in prod if prod_f["peers"] == most)
     b_us = sorted(f["broker_us"] for f in at)[len(at) // 2]
     shell_us = 2 * sorted(f["actor_us"] for f in at)[len(at) // 2]
-    s_us = max(x["us_per_msg"] for x in sched)
-    c_us = max(x["us_per_msg"] for x in coll)
-    figures["inputs"] = {"broker_us": b_us, "shell_us": shell_us, "scheduler_us": s_us,
-                         "collector_us": c_us, "peers": most}
+    by_workers = {x["workers"]: x for x in sched}
+    figures["inputs"] = {"broker_us": b_us, "shell_us": shell_us, "peers": most}
     rows = [(f"{x.workers:,}", f"{x.call:g} s", x.unit, f"{x.calls_per_s:,.0f}",
              f"{x.msgs_per_call:.2f} + {x.heartbeats_per_call:.2f}", f"{x.msgs_per_s:,.0f}",
              f"{x.broker:.2f}", f"{x.machine_name} {x.machine:.2f}")
-            for x in loads(sync, asyn, branch, b_us, shell_us, s_us, c_us)]
+            for x in loads(sync, asyn, branch, b_us, shell_us, by_workers)]
     figures["loads"] = rows
     print(f"4. share of one core asked (> 1.00: saturated); broker thread {b_us:.1f} us/msg "
           f"({most} peers, CURVE {'on' if prod[0]['curve'] else 'off'}), actor shell "
-          f"{shell_us:.1f} us per message in, Scheduler handle {s_us:.1f} us, Collector "
-          f"handle {c_us:.1f} us; heartbeat 1 s")
+          f"{shell_us:.1f} us per message in, the machines' handle as in part 3 at the "
+          "nearest worker count measured; heartbeat 1 s")
     print(table(rows, ("workers", "call", "unit", "calls/s", "msgs per call + heartbeats",
                        "msgs/s", "broker thread", "machine thread")))
     if args.json:
