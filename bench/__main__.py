@@ -43,6 +43,7 @@ SECTIONS = [
     ("memory", "bench.memory", "(8) peak memory"),
     ("overhead", "bench.overhead", "overhead vs ThreadPoolExecutor"),
     ("throttle", "bench.throttle", "(9) rate-limited endpoint"),
+    ("saturation", "bench.saturation", "saturation: broker CPU per message"),
 ]
 
 
