@@ -548,6 +548,12 @@ class Load:
     machine: float  # the same for the Scheduler's or Collector's thread
     machine_name: str
 
+    @property
+    def gil(self) -> float:
+        """The coordinator's Python threads share one interpreter lock: the broker thread
+        and the machine's thread together get at most one core."""
+        return self.broker + self.machine
+
 
 def _nearest(by_workers: dict[int, dict], workers: int) -> dict:
     """The machine's figures measured at ``workers``, else at the nearest count measured."""
@@ -725,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
     figures["inputs"] = {"broker_us": b_us, "shell_us": shell_us, "peers": most}
     rows = [(f"{x.workers:,}", f"{x.call:g} s", x.unit, f"{x.calls_per_s:,.0f}",
              f"{x.msgs_per_call:.2f} + {x.heartbeats_per_call:.2f}", f"{x.msgs_per_s:,.0f}",
-             f"{x.broker:.2f}", f"{x.machine_name} {x.machine:.2f}")
+             f"{x.broker:.2f}", f"{x.machine_name} {x.machine:.2f}", f"{x.gil:.2f}")
             for x in loads(sync, asyn, branch, b_us, shell_us, by_workers)]
     figures["loads"] = rows
     print(f"4. share of one core asked (> 1.00: saturated); broker thread {b_us:.1f} us/msg "
@@ -733,7 +739,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{shell_us:.1f} us per message in, the machines' handle as in part 3 at the "
           "nearest worker count measured; heartbeat 1 s")
     print(table(rows, ("workers", "call", "unit", "calls/s", "msgs per call + heartbeats",
-                       "msgs/s", "broker thread", "machine thread")))
+                       "msgs/s", "broker thread", "machine thread",
+                       "both (one interpreter lock)")))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=1, default=str)
