@@ -724,7 +724,7 @@ def main(argv: list[str] | None = None) -> int:
     # The production remote path: CURVE on, the most peers measured.
     prod = [f for figs in runs for f in figs if f["curve"]] or [f for figs in runs for f in figs]
     most = max(f["peers"] for f in prod)
-    at = sorted(prod_f for prod_f in prod if prod_f["peers"] == most)
+    at = [f for f in prod if f["peers"] == most]
     b_us = sorted(f["broker_us"] for f in at)[len(at) // 2]
     shell_us = 2 * sorted(f["actor_us"] for f in at)[len(at) // 2]
     by_workers = {x["workers"]: x for x in sched}
