@@ -731,7 +731,8 @@ def main(argv: list[str] | None = None) -> int:
     figures["inputs"] = {"broker_us": b_us, "shell_us": shell_us, "peers": most}
     rows = [(f"{x.workers:,}", f"{x.call:g} s", x.unit, f"{x.calls_per_s:,.0f}",
              f"{x.msgs_per_call:.2f} + {x.heartbeats_per_call:.2f}", f"{x.msgs_per_s:,.0f}",
-             f"{x.broker:.2f}", f"{x.machine_name} {x.machine:.2f}", f"{x.gil:.2f}")
+             f"{x.broker:.2f}", f"{x.machine_name} {x.machine:.2f}", f"{x.gil:.2f}",
+             f"{x.workers / x.gil:,.0f}")
             for x in loads(sync, asyn, branch, b_us, shell_us, by_workers)]
     figures["loads"] = rows
     print(f"4. share of one core asked (> 1.00: saturated); broker thread {b_us:.1f} us/msg "
@@ -740,7 +741,7 @@ def main(argv: list[str] | None = None) -> int:
           "nearest worker count measured; heartbeat 1 s")
     print(table(rows, ("workers", "call", "unit", "calls/s", "msgs per call + heartbeats",
                        "msgs/s", "broker thread", "machine thread",
-                       "both (one interpreter lock)")))
+                       "both (one interpreter lock)", "workers at 1.00 (both)")))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=1, default=str)
