@@ -605,6 +605,34 @@ def _pct(values: list[float]) -> str:
     return f"{mid:.1f} ({v[0]:.1f}-{v[-1]:.1f})" if len(v) > 1 else f"{mid:.1f}"
 
 
+def print_loads(figures: dict, sync: Model | None, asyn: Model | None) -> None:
+    """Part 4 from the figures of parts 1-3 (also ``--from-json``: the arithmetic again
+    on figures measured before)."""
+    runs, sched, coll = figures["broker"], figures["scheduler"], figures["collector"]
+    branch = {c["workers"]: c for c in coll}
+    # The production remote path: CURVE on, the most peers measured.
+    prod = [f for figs in runs for f in figs if f["curve"]] or [f for figs in runs for f in figs]
+    most = max(f["peers"] for f in prod)
+    at = [f for f in prod if f["peers"] == most]
+    b_us = sorted(f["broker_us"] for f in at)[len(at) // 2]
+    shell_us = 2 * sorted(f["actor_us"] for f in at)[len(at) // 2]
+    by_workers = {x["workers"]: x for x in sched}
+    figures["inputs"] = {"broker_us": b_us, "shell_us": shell_us, "peers": most}
+    rows = [(f"{x.workers:,}", f"{x.call:g} s", x.unit, f"{x.calls_per_s:,.0f}",
+             f"{x.msgs_per_call:.2f} + {x.heartbeats_per_call:.2f}", f"{x.msgs_per_s:,.0f}",
+             f"{x.broker:.2f}", f"{x.machine_name} {x.machine:.2f}", f"{x.gil:.2f}",
+             f"{x.workers / x.gil:,.0f}")
+            for x in loads(sync, asyn, branch, b_us, shell_us, by_workers)]
+    figures["loads"] = rows
+    print(f"4. share of one core asked (> 1.00: saturated); broker thread {b_us:.1f} us/msg "
+          f"({most} peers, CURVE {'on' if prod[0]['curve'] else 'off'}), actor shell "
+          f"{shell_us:.1f} us per message in, the machines' handle as in part 3 at the "
+          "nearest worker count measured; heartbeat 1 s")
+    print(table(rows, ("workers", "call", "unit", "calls/s", "msgs per call + heartbeats",
+                       "msgs/s", "broker thread", "machine thread",
+                       "both (one interpreter lock)", "workers at 1.00 (both)")))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.saturation",
                                  description=__doc__.splitlines()[0])
@@ -624,7 +652,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="a tiny smoke run: 8 peers, 0.5 s, 1 repeat, 100 workers")
     ap.add_argument("--json", help="also write every figure to this file")
+    ap.add_argument("--from-json", help="measure nothing: part 4 again from a --json file")
     args = ap.parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            figures = json.load(f)
+        models = figures.get("models", {})
+        print_loads(figures, Model(**models["sync"]) if "sync" in models else None,
+                    Model(**models["async"]) if "async" in models else None)
+        return 0
     if args.quick:
         args.peers, args.seconds, args.repeats = [8], 0.5, 1
         args.machine_workers = [100]
@@ -720,28 +756,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{m.evals_per_round:.2f} evals of {m.heldout} held-out tasks and "
             f"{m.fixed_per_round:.1f} other messages per {'round' if k == 'sync' else 'merge'}"
             for k, m in (("sync", sync), ("async", asyn))))
-    branch = {c["workers"]: c for c in coll}
-    # The production remote path: CURVE on, the most peers measured.
-    prod = [f for figs in runs for f in figs if f["curve"]] or [f for figs in runs for f in figs]
-    most = max(f["peers"] for f in prod)
-    at = [f for f in prod if f["peers"] == most]
-    b_us = sorted(f["broker_us"] for f in at)[len(at) // 2]
-    shell_us = 2 * sorted(f["actor_us"] for f in at)[len(at) // 2]
-    by_workers = {x["workers"]: x for x in sched}
-    figures["inputs"] = {"broker_us": b_us, "shell_us": shell_us, "peers": most}
-    rows = [(f"{x.workers:,}", f"{x.call:g} s", x.unit, f"{x.calls_per_s:,.0f}",
-             f"{x.msgs_per_call:.2f} + {x.heartbeats_per_call:.2f}", f"{x.msgs_per_s:,.0f}",
-             f"{x.broker:.2f}", f"{x.machine_name} {x.machine:.2f}", f"{x.gil:.2f}",
-             f"{x.workers / x.gil:,.0f}")
-            for x in loads(sync, asyn, branch, b_us, shell_us, by_workers)]
-    figures["loads"] = rows
-    print(f"4. share of one core asked (> 1.00: saturated); broker thread {b_us:.1f} us/msg "
-          f"({most} peers, CURVE {'on' if prod[0]['curve'] else 'off'}), actor shell "
-          f"{shell_us:.1f} us per message in, the machines' handle as in part 3 at the "
-          "nearest worker count measured; heartbeat 1 s")
-    print(table(rows, ("workers", "call", "unit", "calls/s", "msgs per call + heartbeats",
-                       "msgs/s", "broker thread", "machine thread",
-                       "both (one interpreter lock)", "workers at 1.00 (both)")))
+    print_loads(figures, sync, asyn)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=1, default=str)

@@ -44,3 +44,19 @@ def test_the_machines_cpu_and_the_load_table_cover_both_scales():
         for u in ("rollout, sync", "branch")}
     slow = [r for r in rows if r.call == 10.0 and r.unit == "branch"]
     assert all(r.heartbeats_per_call > 8 for r in slow)  # a 10 s call heartbeats meanwhile
+
+
+def test_part_four_is_computed_again_from_stored_figures(tmp_path, capsys):
+    import json
+
+    broker = saturation.broker_cpu(2, curve=False, seconds=0.2, gen_procs=1, warmup=0.1)
+    counts = saturation.count_log(os.path.join(LOGS, "sync_data_parallel.evolog"), "sync",
+                                  workers_prefix=("worker-",))
+    figures = {"broker": [[broker]], "scheduler": [saturation.scheduler_cpu(20, rounds=1)],
+               "collector": [saturation.collector_cpu(10, 100)],
+               "models": {"sync": vars(saturation.model(counts, len(counts.workers)))}}
+    path = tmp_path / "figures.json"
+    path.write_text(json.dumps(figures))
+    assert saturation.main(["--from-json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "rollout, sync" in out and "branch" in out and "10,000" in out
