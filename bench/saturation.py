@@ -48,7 +48,22 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import msgspec
+import zmq
+
+from actors.machines.collector import Collector
+from actors.machines.scheduler import Scheduler
+from actors.runtime.pools import WORKER_ROLE
+from actors.runtime.shell import ControlActor
 from bench.common import Row, table
+from bus.frames import NOBLOCK, envelope
+from bus.log import FORMAT_VERSION, LogHeader, LogWriter, iter_log
+from bus.remote import PeerPort
+from bus.security import create_keys, load_client_keys, load_server_keys, secure_client
+from bus.zmq_bus import ZmqBus
+from protocol import (Branch, BranchDone, Codec, Commit, Diff, EvalRequest, GroupResult,
+                      GroupStart, Hello, Lease, LeaseBatch, LeaseDone, RolloutResult,
+                      RoundClosed, Tick)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEDULER = "scheduler"
@@ -86,9 +101,6 @@ def _kind(msg) -> str:
 
 
 def count_log(path: str, name: str, workers_prefix: tuple[str, ...] = ("proc-",)) -> Counts:
-    from bus.log import iter_log
-    from protocol import Codec, EvalRequest, GroupStart, RoundClosed
-
     codec = Codec()
     c = Counts(name)
     by, size = collections.Counter(), collections.Counter()
@@ -175,8 +187,6 @@ def _tid(name: str) -> int:
 def sample_frames() -> tuple[bytes, bytes]:
     """A rollout lease and its answer as the logs show them (one task, a tagged id, the
     answer carrying a proposal): (Lease body, LeaseDone body)."""
-    from protocol import Codec, Diff, Lease, LeaseDone, RolloutResult
-
     codec = Codec()
     lease = Lease(lease_id="r12.u345.8dfe78255292a5d6", round=12, unit=345,
                   task_ids=["billing-refund-3"], version=7)
@@ -193,26 +203,16 @@ class _Echo:
     worker that sent it. Pure, like the real machine: handle(msg) -> [(to, msg)]."""
 
     def __init__(self) -> None:
-        from protocol import Codec, LeaseDone
-
-        self._done = LeaseDone
         self._lease = Codec().decode(sample_frames()[0])
 
     def handle(self, msg) -> list:
-        if isinstance(msg, self._done):
+        if isinstance(msg, LeaseDone):
             return [(msg.worker, self._lease)]
         return []
 
 
 def _broker_process(address: str, keys_dir: str | None, log_path: str, conn) -> None:
     logging.basicConfig(level=logging.ERROR)
-    from actors.runtime.pools import WORKER_ROLE
-    from actors.runtime.shell import ControlActor
-    from bus.log import FORMAT_VERSION, LogHeader, LogWriter
-    from bus.remote import PeerPort
-    from bus.security import load_server_keys
-    from bus.zmq_bus import ZmqBus
-
     keys = load_server_keys(keys_dir) if keys_dir else None
     port = PeerPort([address], keys=keys, allowed=WORKER_ROLE)
     writer = LogWriter(log_path, LogHeader(format_version=FORMAT_VERSION,
@@ -248,11 +248,6 @@ def _broker_process(address: str, keys_dir: str | None, log_path: str, conn) -> 
 
 def _peers_process(address: str, first: int, count: int, keys_dir: str | None,
                    conn) -> None:
-    import zmq
-
-    from bus.frames import NOBLOCK, envelope
-    from bus.security import load_client_keys, secure_client
-
     _, done = sample_frames()
     ctx = zmq.Context(io_threads=1)
     client = (load_client_keys(os.path.join(keys_dir, "bench.key_secret"),
@@ -269,12 +264,8 @@ def _peers_process(address: str, first: int, count: int, keys_dir: str | None,
         s.send_multipart([b"A", name])
         socks.append(s)
         # The worker field must name the sender (the port's role check): re-encode.
-        from protocol import Codec
-
         codec = Codec()
         msg = codec.decode(done)
-        import msgspec
-
         body = codec.encode(msgspec.structs.replace(msg, worker=name.decode()))
         frames[s] = envelope(name, SCHEDULER.encode(), body)
         poller.register(s, zmq.POLLIN)
@@ -318,8 +309,6 @@ def broker_cpu(peers: int, curve: bool, seconds: float, gen_procs: int = 2,
                warmup: float = 1.0) -> dict:
     """Drive the broker with ``peers`` DEALER connections for ``seconds`` (after a
     warm-up) and return its CPU per delivered message (microseconds)."""
-    from bus.security import create_keys
-
     tmp = tempfile.mkdtemp(prefix="evobus-saturation-")
     keys_dir = None
     if curve:
@@ -399,9 +388,6 @@ def scheduler_cpu(workers: int, rounds: int, tasks_per_lease: int = 1) -> dict:
     """The pure Scheduler at ``workers`` workers: Hello each, then ``rounds`` synchronous
     rounds of one lease per worker (LeaseBatch, every LeaseDone, a Commit), Ticks among
     them; CPU (thread time) of admit + handle per message handled, and per lease."""
-    from actors.machines.scheduler import Scheduler
-    from protocol import Commit, Hello, Lease, LeaseBatch, LeaseDone, RolloutResult, Tick
-
     s = Scheduler(workers, deadline=10.0, n_workers=workers)
     names = [f"w{i:05d}" for i in range(workers)]
     handled = 0
@@ -445,9 +431,6 @@ def collector_cpu(workers: int, items: int, prefetch: int = 1, max_answers: int 
     CPU (thread time) per message handled, and its messages per branch. With
     ``max_answers``, only that many answers are handled (the CPU figure covers them;
     the messages per item are then not known: None)."""
-    from actors.machines.collector import Collector
-    from protocol import Branch, BranchDone, GroupResult, GroupStart, Hello
-
     names = [f"w{i:05d}" for i in range(workers)]
     start = GroupStart(group_id="g", items=list(range(items)), workers=names,
                        max_concurrency=workers, max_items=items, driver="d",
