@@ -477,6 +477,10 @@ def collector_cpu(workers: int, items: int, prefetch: int = 1, max_answers: int 
 # -- 4. the arithmetic -----------------------------------------------------------------------------
 
 
+#: Broker crossings per Collector message for branches on workers in other processes
+#: (actors/groups/fleet.py: the relay and one proxy per slot stand between them).
+RELAY_HOPS = 2
+
 _PER_ROUND = ("LeaseBatch", "SettledBatch", "Settled", "Barrier", "RoundClosed", "Progress",
               "NeedWork", "Merged", "Refresh")
 
@@ -572,10 +576,15 @@ def loads(sync: Model | None, asyn: Model | None, branch: dict[int, dict],
                               b["us_per_msg"], "Collector"))
             for unit, per, answers, extra, machine_us, name in units:
                 beats = max(0.0, call / heartbeat - answers)
-                msgs = rate * (per + beats) + extra
-                out.append(Load(workers, call, unit, rate, per, beats, msgs,
+                # A remote branch crosses the broker twice each way (Collector -> proxy ->
+                # worker, worker -> relay -> Collector; a connection's heartbeat becomes
+                # one per slot to the Collector): the Collector sees half of those.
+                hops = RELAY_HOPS if unit == "branch" else 1
+                seen = rate * (per + beats) + extra  # what the machine sends and receives
+                msgs = seen * hops
+                out.append(Load(workers, call, unit, rate, per * hops, beats * hops, msgs,
                                 msgs * broker_us / 1e6,
-                                msgs / 2 * (machine_us + shell_us) / 1e6, name))
+                                seen / 2 * (machine_us + shell_us) / 1e6, name))
     return out
 
 
