@@ -759,9 +759,10 @@ def suite(quick: bool) -> list[Row]:
     """Rows for ``python -m bench``: broker CPU per message, CURVE off and on."""
     rows = []
     for curve in (False, True):
-        for n in ((64,) if quick else (64, 1024)):
+        for n in ((16,) if quick else (64, 1024)):
             try:
-                figs = [broker_cpu(n, curve, 1.0 if quick else 4.0)
+                figs = [broker_cpu(n, curve, 0.5 if quick else 4.0,
+                                   warmup=0.3 if quick else 1.0)
                         for _ in range(1 if quick else 3)]
                 rows.append(Row(f"saturation: broker, {n} peers, CURVE {'on' if curve else 'off'}",
                                 "broker us/msg (CPU)", [f["broker_us"] for f in figs],
