@@ -2,7 +2,8 @@
 the broker and of the control machines, and the rate 1,000 and 10,000 workers ask for.
 
     python -m bench.saturation [--peers 64 256 1024] [--seconds 4] [--quick]
-                               [--skip-runs] [--gen-procs 2]
+                               [--skip-runs] [--gen-procs 2] [--json FILE]
+    python -m bench.saturation --from-json FILE    # part 4 again, nothing measured
 
 Four measurements, then the arithmetic (docs/remote.md, "Where one broker saturates"):
 
@@ -26,7 +27,10 @@ Four measurements, then the arithmetic (docs/remote.md, "Where one broker satura
    workers; the Collector's run also counts its messages per branch at that scale
    (guided lease sizes).
 4. **Saturation**: required messages/s = workers / call seconds x messages per rollout
-   (or branch), against 1 / CPU per message for the broker thread and each machine.
+   (or branch; a remote branch crosses the broker twice each way, through the relay),
+   plus heartbeats (a call longer than the interval), against the CPU per message of
+   the broker thread and of each machine's thread (handle + shell), which share one
+   interpreter lock.
 """
 
 from __future__ import annotations
