@@ -11,6 +11,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.timeout(300)  # every benchmark once: its own subprocess bound (240 s) governs
 def test_python_m_bench_quick_prints_one_table(root, clean_env):
     proc = subprocess.run([sys.executable, "-m", "bench", "--quick"], cwd=root, env=clean_env,
                           capture_output=True, text=True, timeout=240)
@@ -47,6 +48,7 @@ def test_group_ab_compares_two_checkouts_in_alternating_processes(root, tmp_path
     assert "b - a:" in capsys.readouterr().out
 
 
+@pytest.mark.timeout(300)
 def test_noisy_learning_curves_quick_prints_quality_per_call(root, clean_env):
     """`python -m bench.learning --noisy --quick`: the router domain at 500 calls, one
     seed, each library through the same counting wrapper (a library not installed is
