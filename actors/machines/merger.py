@@ -18,22 +18,18 @@ The merge of one round (every decision is counted in ``outcomes``):
    number of held-out evaluations however many diffs it held); everything not
    committed is ``below-threshold``.
 
-Optional rules for noisy models and wrong proposals, off by default (docs/concepts.md):
-``screen`` scores each diff on its own evidence task before the gate, and conflicting
-variants on a held-out minibatch; ``attribute`` looks for the diffs that hold a fused
-commit back (actors/machines/attribution.py) and commits without them when that scores
-higher (``harmful``); ``retire`` probes the head's own keys when a merge commits
-nothing and deletes those whose removal scores higher (``retired``); ``recheck``
-scores a close call a second time, the head too. An op of text ``REMOVE`` deletes its
-key.
+Optional rules for noisy models and wrong proposals (docs/concepts.md), each in a module
+of its own mixed into the Merger: ``screen`` (actors/machines/screening.py) scores each
+diff on its own evidence task before the gate, and conflicting variants on a held-out
+minibatch; ``attribute`` and ``retire`` (actors/machines/probing.py, with the group
+testing of actors/machines/attribution.py) look for the diffs that hold a fused commit
+back (``harmful``) and for the head's keys whose removal scores higher (``retired``);
+``recheck`` (probing.py) scores a close call a second time, the head too. An op of
+text ``REMOVE`` deletes its key.
 
 Scoring is work: an ``EvalRequest`` to the Scheduler, answered by ``EvalDone``. Scores
-are cached per (candidate state, task set), so a candidate is not scored twice. The
-cache is keyed by the candidate's content (a frozenset of its items, hashed once per
-candidate), never by how it was reached: a state met again is answered from the cache.
-Each task set's table keeps the ``cache_states`` states used most recently (trimmed
-when a merge closes, never during one): memory follows the work in flight, not the
-run's length, and a state met again after it was dropped is scored again.
+are cached per (candidate state, task set) (actors/machines/scoring.py), so a
+candidate is not scored twice.
 
 Asynchronous mode: there is no barrier. Whenever the Merger is idle and holds
 proposals, it merges all of them (the batch trigger). A proposal made ``eta``
@@ -53,16 +49,32 @@ Merger asks the Scheduler to refresh every worker (``Refresh``).
 
 from __future__ import annotations
 
-import itertools
 import logging
 import operator
-from dataclasses import dataclass, field
 
 from actors.addresses import DRIVER, PLANNER, SCHEDULER, Out
-from actors.machines.attribution import DELETE, Probe, without
-from actors.machines.ids import tagged
-from protocol import (REMOVE, Baseline, Barrier, Commit, Diff, EvalDone, EvalRequest, Finish, Flush,
-                      LeaseDone, Merged, Message, Open, Refresh, RoundClosed, RunDone)
+from actors.machines.candidates import Merge, apply, changes, conflict_groups, state_key
+from actors.machines.probing import PROBE_EVALS, PROBE_TASKS, Probing
+from actors.machines.scoring import SCORE_CACHE_STATES, ScoreTables
+from actors.machines.screening import SEQUENTIAL_FIRST, SEQUENTIAL_SLACK, Screening
+from protocol import (
+    Barrier,
+    Baseline,
+    Commit,
+    Diff,
+    EvalDone,
+    Finish,
+    Flush,
+    LeaseDone,
+    Merged,
+    Message,
+    Open,
+    Refresh,
+    RoundClosed,
+    RunDone,
+)
+
+__all__ = ["MAX_BISECT_DEPTH", "STALENESS", "Merger", "apply", "conflict_groups", "state_key"]
 
 log = logging.getLogger(__name__)
 
@@ -78,138 +90,9 @@ _PLAN_ORDER = operator.itemgetter(0, 1)
 #: (2 evals a level): a bounded search for the part of a round worth keeping.
 MAX_BISECT_DEPTH = 4
 
-#: A probe (attribution, retiring) scores on at most this many failing held-out tasks,
-#: and makes at most this many evals of them (a control eval included).
-PROBE_TASKS = 12
-PROBE_EVALS = 24
-#: With ``recheck``, a gain of at most this many held-out tasks is scored again.
-RECHECK_TASKS = 3
-#: The first element of the cache tables of second samples (``recheck``).
-AGAIN = "#again"
-#: With ``screen``, conflicting variants are compared on this many held-out tasks.
-MINIBATCH = 16
-#: Per-task held-out scores are kept for this many states (the most recent).
-DETAIL_STATES = 256
 
 
-def apply(state: dict[str, str], diffs: list[Diff]) -> dict[str, str]:
-    """``state`` with ``diffs`` applied in order (an op of text ``REMOVE`` deletes)."""
-    new = dict(state)
-    for d in diffs:
-        new.update(d.ops)
-    if any(REMOVE in d.ops.values() for d in diffs):
-        for key in [k for k, v in new.items() if v == REMOVE]:
-            del new[key]
-    return new
-
-
-def _state_key(state: dict[str, str]) -> frozenset:
-    """A state's identity for the score cache and duplicate detection: its items, in any
-    order (a frozenset caches its hash, so a key is hashed once however often it is
-    looked up)."""
-    return frozenset(state.items())
-
-
-#: The score cache keeps this many states per task set (held-out, or one evidence task),
-#: the least recently used dropped first. A held-out table of 4,096 states of a 50-key
-#: artifact is ~21 MB (measured with tracemalloc); a round scores a few dozen.
-SCORE_CACHE_STATES = 4096
-
-#: A cache miss (scores are floats; None is never stored, but this is explicit).
-_MISSING = object()
-
-
-def _changes(state: dict[str, str], ops: dict[str, str]) -> bool:
-    """Whether applying ``ops`` to ``state`` changes anything (deleting a key the state
-    does not hold changes nothing)."""
-    for key, value in ops.items():
-        if state.get(key, REMOVE) != value:
-            return True
-    return False
-
-
-def conflict_groups(diffs: list[Diff]) -> tuple[list[Diff], list[list[Diff]]]:
-    """Split diffs into (free, groups): a group is a connected set of diffs that write
-    some key with different values. Order is preserved inside each list; groups come
-    in the order of their first diff."""
-    writers: dict[str, list[int]] = {}  # in order of each key's first writer
-    single = True
-    for i, d in enumerate(diffs):
-        if len(d.ops) != 1:
-            single = False
-        for key in d.ops:
-            idx = writers.get(key)
-            if idx is None:
-                writers[key] = [i]
-            else:
-                idx.append(i)
-    clashes = [(key, idx) for key, idx in writers.items()
-               if len(idx) > 1 and len({diffs[i].ops[key] for i in idx}) > 1]
-    if not clashes:
-        return list(diffs), []
-    if single:
-        # Every diff writes one key: a group is the writers of one key (no two groups
-        # share a diff), already ordered by first writer and in order inside.
-        taken = {i for _, idx in clashes for i in idx}
-        return ([d for i, d in enumerate(diffs) if i not in taken],
-                [[diffs[i] for i in idx] for _, idx in clashes])
-    parent = list(range(len(diffs)))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    conflicted: set[int] = set()
-    for _, idx in clashes:
-        conflicted.update(idx)
-        for i in idx[1:]:
-            parent[find(i)] = find(idx[0])
-    free = [d for i, d in enumerate(diffs) if i not in conflicted]
-    groups: dict[int, list[Diff]] = {}
-    for i in sorted(conflicted):
-        groups.setdefault(find(i), []).append(diffs[i])
-    return free, list(groups.values())
-
-
-@dataclass
-class _Merge:
-    round: int
-    stage: str
-    proposals: int
-    free: list[Diff]
-    groups: list[list[Diff]]
-    outcomes: dict[str, int]
-    opkeys: dict[int, frozenset] = field(default_factory=dict)  # id(diff) -> its ops' key
-    keys: dict[int, frozenset] = field(default_factory=dict)  # id(diff) -> head + diff's key
-    waiting: set[str] = field(default_factory=set)
-    fused: list[Diff] = field(default_factory=list)
-    fused_state: dict[str, str] = field(default_factory=dict)
-    fused_key: frozenset = frozenset()
-    halves: list[list[Diff]] = field(default_factory=list)
-    half_states: list[dict[str, str]] = field(default_factory=list)
-    half_keys: list[frozenset] = field(default_factory=list)
-    depth: int = 0
-    verify: list[tuple[Diff, str]] = field(default_factory=list)
-    screened: list[Diff] = field(default_factory=list)
-    screen_keys: dict[int, tuple[tuple[str, ...], frozenset]] = field(default_factory=dict)
-    # A probe (attribution of a commit's diffs, or retiring the head's keys).
-    probe: Probe | None = None
-    probe_kind: str = ""
-    probe_keys: dict[int, frozenset] = field(default_factory=dict)
-    cand: list[Diff] = field(default_factory=list)
-    cand_state: dict[str, str] = field(default_factory=dict)
-    cand_score: float = 0.0
-    below: int = 0
-    variant_tasks: list[str] | None = None
-    recheck: tuple | None = None
-    confirm_state: dict[str, str] = field(default_factory=dict)
-    confirm_key: frozenset = frozenset()
-    unscored: bool = False   # a budget refused some of its scoring (see _unscored)
-
-
-class Merger:
+class Merger(ScoreTables, Screening, Probing):
     name = "merger"
 
     def __init__(self, *, asynchronous: bool = False, alpha: int = 3,
@@ -217,7 +100,9 @@ class Merger:
                  cache_states: int = SCORE_CACHE_STATES, screen: bool = False,
                  attribute: bool = False, retire: bool = False,
                  probe_tasks: int = PROBE_TASKS, probe_evals: int = PROBE_EVALS,
-                 recheck: bool = False) -> None:
+                 recheck: bool = False, sequential: bool = False,
+                 sequential_first: int = SEQUENTIAL_FIRST,
+                 sequential_slack: float = SEQUENTIAL_SLACK) -> None:
         if staleness not in STALENESS:
             raise ValueError(f"staleness={staleness!r}: choose one of {', '.join(STALENESS)}")
         if isinstance(cache_states, bool) or not isinstance(cache_states, int) \
@@ -228,6 +113,10 @@ class Merger:
         self.attribute = attribute
         self.retire = retire
         self.recheck = recheck
+        self.sequential = sequential
+        self.sequential_first = sequential_first
+        self.sequential_slack = sequential_slack
+        self.gates_opened = 0
         self._rechecked_at = -1
         self.probe_tasks = probe_tasks
         self.probe_evals = probe_evals
@@ -265,7 +154,7 @@ class Merger:
         self._applied_to: dict[str, str] | None = None
         self._applied: dict[frozenset, frozenset] = {}
         self.by_eval: dict[str, tuple] = {}
-        self.merge: _Merge | None = None
+        self.merge: Merge | None = None
         self.n_evals = 0
         self.lease_key = ""  # Open.lease_key: eval ids a peer cannot guess (machines/ids.py)
         self.opened = False
@@ -332,68 +221,10 @@ class Merger:
             held.append((unit, position, diff, result.task_id))
             self._evidence[id(diff)] = (result.task_id, result.score)
 
-    # -- evals ----------------------------------------------------------------------------
 
-    def _scores(self, task_ids: list[str] | None) -> dict[frozenset, float]:
-        """The score table of a task set: state key -> score (None: the held-out set)."""
-        if task_ids is None:
-            if self._heldout_of is not self.heldout:
-                self._heldout_of = self.heldout
-                self._heldout_scores = self.cache.setdefault(tuple(self.heldout), {})
-            return self._heldout_scores
-        return self.cache.setdefault(tuple(task_ids), {})
 
-    def _request(self, tag: str, state: dict[str, str], task_ids: list[str] | None = None,
-                 key: frozenset | None = None, again: bool = False) -> list[Out]:
-        """Score ``state`` on ``task_ids`` (the held-out set by default); ``key`` is its
-        :func:`_state_key` when the caller has it already. ``again``: a second sample,
-        kept in a table of its own (the first score of the state is not reused)."""
-        if again:
-            scores = self.cache.setdefault((AGAIN,) + tuple(task_ids or self.heldout), {})
-        else:
-            scores = self._scores(task_ids)
-        if task_ids is None:
-            task_ids = self.heldout
-        if key is None:
-            key = _state_key(state)
-        self.n_evals += 1  # a known score still takes an eval id (ids are in messages)
-        score = scores.pop(key, _MISSING)
-        if score is not _MISSING:
-            scores[key] = score   # used again: last in line to be dropped (_trim_cache)
-            # Known score: answer ourselves without asking anyone (no message needed).
-            return self._scored(tag, score)
-        eval_id = tagged(self.lease_key, f"e{self.n_evals}")
-        self.by_eval[eval_id] = (tag, scores, key)
-        return [(SCHEDULER, EvalRequest(eval_id=eval_id, state=state, task_ids=task_ids))]
 
-    def _trim_cache(self) -> None:
-        """Drop the least recently used states of each task set's table beyond
-        ``cache_states``. Only between merges: a merge reads back the scores it asked for.
-        Only the tables that went over since the last trim are looked at (there is one
-        per evidence task in async mode)."""
-        cap = self.cache_states
-        for scores in self._over_cap:
-            excess = len(scores) - cap
-            if excess > 0:   # (a table listed twice is trimmed once)
-                for key in list(itertools.islice(scores, excess)):
-                    del scores[key]
-        self._over_cap.clear()
 
-    def _on_eval(self, msg: EvalDone) -> list[Out]:
-        pending = self.by_eval.pop(msg.eval_id, None)
-        if pending is None:
-            return []
-        tag, scores, key = pending
-        if msg.unscored is not None:  # (the baseline: 0.0, not remembered as its score)
-            return self._unscored(tag) if tag != "baseline" else self._scored(tag, 0.0)
-        scores[key] = msg.score   # the only place a table grows
-        if msg.scores and scores is self._scores(None):
-            self._detail[key] = dict(msg.scores)
-            if len(self._detail) > DETAIL_STATES:
-                del self._detail[next(iter(self._detail))]
-        if len(scores) > self.cache_states:
-            self._over_cap.append(scores)
-        return self._scored(tag, msg.score)
 
     def _unscored(self, tag) -> list[Out]:
         """A budget was spent before a candidate of this merge could be scored: nothing
@@ -402,6 +233,8 @@ class Merger:
         m = self.merge
         if m is None:
             return []
+        if isinstance(tag, tuple) and tag[0] in ("first", "rest"):
+            tag = tag[1]   # a part of a sequential gate: the gate itself is unscored
         m.unscored = True
         m.waiting.discard(tag)
         return [] if m.waiting else self._close_unscored()
@@ -421,6 +254,8 @@ class Merger:
         m = self.merge
         if m is None:
             return []
+        if isinstance(tag, tuple) and tag[0] in ("first", "rest"):
+            return self._gate_step(tag, score)
         m.waiting.discard(tag)
         if m.waiting:
             return []
@@ -461,7 +296,7 @@ class Merger:
                 self._count(outcomes, "stale")
             else:
                 verify.append((diff, task_id))
-        self.merge = _Merge(round=r, stage="verify", proposals=proposals, free=[], groups=[],
+        self.merge = Merge(round=r, stage="verify", proposals=proposals, free=[], groups=[],
                             outcomes=outcomes)
         self.merge.fused = keep
         if not verify:
@@ -497,7 +332,7 @@ class Merger:
                 what = "duplicate"
             else:
                 seen.add(k)
-                if _changes(state, d.ops):
+                if changes(state, d.ops):
                     diffs.append(d)
                     opkeys[id(d)] = k
                     continue
@@ -508,7 +343,7 @@ class Merger:
         for what in met:
             self._count(outcomes, what, dropped[what])
         evidence = {id(d): self._evidence.pop(id(d), None) for d in raw}
-        self.merge = _Merge(round=r, stage="screen", proposals=proposals, free=[],
+        self.merge = Merge(round=r, stage="screen", proposals=proposals, free=[],
                             groups=[], outcomes=outcomes, opkeys=opkeys)
         if not diffs:
             return self._no_commit()
@@ -524,107 +359,10 @@ class Merger:
             return self._score_each([d for g in m.groups for d in g])
         return self._to_fused()
 
-    def _screen(self, diffs: list[Diff],
-                evidence: dict[int, tuple[str, float | None] | None]) -> list[Out]:
-        """The cheap gate: each diff scored on its own evidence task (one call) on top of
-        the head; only those that do better there than the rollout that proposed them go
-        on to the held-out gate (the rest are ``screened-out``). A diff whose evidence
-        is unknown goes on unscreened."""
-        m = self.merge
-        m.screened = diffs
-        requests = []
-        for d in diffs:
-            ev = evidence.get(id(d))
-            if ev is None or ev[1] is None:
-                continue
-            task_ids = (ev[0],)
-            m.screen_keys[id(d)] = (task_ids, ev[1])
-            requests.append((("s", id(d)), apply(self.state, [d]), list(task_ids)))
-        m.waiting = {tag for tag, _, _ in requests}
-        if not requests:
-            return self._variants(diffs)
-        out: list[Out] = []
-        for tag, state, task_ids in requests:
-            out += self._request(tag, state, task_ids)
-        return out
 
-    def _screen_done(self) -> list[Out]:
-        m = self.merge
-        keep = []
-        for d in m.screened:
-            known = m.screen_keys.get(id(d))
-            if known is None:
-                keep.append(d)
-                continue
-            task_ids, before = known
-            after = self.cache[task_ids][_state_key(apply(self.state, [d]))]
-            if after > before:
-                keep.append(d)
-            else:
-                self._count(m.outcomes, "screened-out")
-        if not keep:
-            return self._no_commit()
-        return self._variants(keep)
 
-    def _score_each(self, diffs: list[Diff]) -> list[Out]:
-        """Score each diff alone on top of the head (tagged by identity: diff ids are
-        the proposer's business and need not be unique): on the held-out split, or with
-        ``screen`` on a minibatch of it (the head scored there too), the winner of each
-        group going on to the held-out gate inside the fused candidate."""
-        m = self.merge
-        out: list[Out] = []
-        tasks = self._variant_tasks()
-        m.variant_tasks = tasks
-        scores = self._scores(tasks)
-        task_ids = self.heldout if tasks is None else tasks
-        # What _request does for each, inline: a known score needs no message; only the
-        # unknown ones are waited for (the tag is the diff's id), and once every score is
-        # known the merge goes on.
-        for d in diffs:
-            key = m.keys[id(d)] = self._candidate_key(d.ops, m.opkeys.get(id(d)))
-            self.n_evals += 1  # a known score still takes an eval id (ids are in messages)
-            if key in scores:
-                continue
-            eval_id = tagged(self.lease_key, f"e{self.n_evals}")
-            m.waiting.add(id(d))
-            self.by_eval[eval_id] = (id(d), scores, key)
-            out.append((SCHEDULER, EvalRequest(eval_id=eval_id, state=apply(self.state, [d]),
-                                               task_ids=task_ids)))
-        if tasks is not None:
-            m.waiting.add("head")
-            return out + self._request("head", self.state, tasks)
-        if not m.waiting:
-            return out + self._advance()
-        return out
 
-    def _variant_tasks(self) -> list[str] | None:
-        """The minibatch conflicting variants are compared on (None: the held-out split):
-        ``MINIBATCH`` held-out tasks, a window that moves on each merge."""
-        n = len(self.heldout)
-        if not self.screen or n <= MINIBATCH:
-            return None
-        start = (self.merges_scored * MINIBATCH) % n
-        self.merges_scored += 1
-        window = (self.heldout + self.heldout)[start:start + MINIBATCH]
-        return sorted(window)
 
-    def _candidate_key(self, ops: dict[str, str], ops_key: frozenset | None) -> frozenset:
-        """The cache key of the head with ``ops`` applied, remembered per ``ops`` until
-        the head changes (the same diffs come back round after round)."""
-        if self._applied_to is not self.state or len(self._applied) > 4096:
-            self._applied_to = self.state  # a new head (Open, a commit): never mutated
-            self._applied = {}
-        if ops_key is None:
-            ops_key = frozenset(ops.items())
-        key = self._applied.get(ops_key)
-        if key is None:
-            candidate = dict(self.state)
-            candidate.update(ops)
-            if REMOVE in ops.values():
-                for k in [k for k, v in ops.items() if v == REMOVE]:
-                    del candidate[k]
-            key = self._applied[ops_key] = _state_key(candidate)
-        return key
 
     def _advance(self) -> list[Out]:
         m = self.merge
@@ -639,8 +377,8 @@ class Merger:
         if m.stage == "verify":
             for diff, task_id in m.verify:
                 scores = self.cache[(task_id,)]
-                with_diff = scores[_state_key(apply(self.state, [diff]))]
-                without = scores[_state_key(self.state)]
+                with_diff = scores[state_key(apply(self.state, [diff]))]
+                without = scores[state_key(self.state)]
                 if with_diff > without:
                     m.fused.append(diff)
                     self.stats["reverified"] += 1
@@ -652,7 +390,7 @@ class Merger:
         if m.stage == "variants":
             winners = []
             scores, keys = self._scores(m.variant_tasks), m.keys
-            bar = self.score if m.variant_tasks is None else scores[_state_key(self.state)]
+            bar = self.score if m.variant_tasks is None else scores[state_key(self.state)]
             losers = below = 0
             for group in m.groups:
                 best = group[0]
@@ -674,16 +412,17 @@ class Merger:
                 return self._no_commit()
             return self._to_fused()
         if m.stage == "fused":
-            score = self._scores(None)[m.fused_key]
-            if score > self.score:
+            score = self._gate_score(m.fused_key)
+            if score is not None and score > self.score:
                 return self._accept(m.fused, m.fused_state, m.fused_key, score)
             if len(m.fused) == 1:
                 self._count(m.outcomes, "below-threshold")
                 return self._no_commit()
             return self._bisect(m.fused)
         if m.stage == "bisect":
-            scores = self._scores(None)
-            scored = [(scores[m.half_keys[i]], i, half) for i, half in enumerate(m.halves)]
+            scored = [(self._gate_score(m.half_keys[i]), i, half)
+                      for i, half in enumerate(m.halves)]
+            scored = [(-1.0 if s is None else s, i, half) for s, i, half in scored]
             # Highest score first; the first half wins an exact tie.
             score, i, best = max(scored, key=lambda t: (t[0], -t[1]))
             if score > self.score:
@@ -695,152 +434,15 @@ class Merger:
             return self._bisect(best)
         raise AssertionError(f"merger in unknown stage {m.stage!r}")
 
-    # -- attribution and retiring (actors/machines/attribution.py) ------------------------
 
-    def _accept(self, diffs: list[Diff], state: dict[str, str], key: frozenset,
-                score: float, below: int = 0) -> list[Out]:
-        """``diffs`` fused into ``state`` beat the head: commit, or first look inside for
-        diffs that hold it back (attribution) when there are several. With ``recheck``,
-        a close call (a gain of ``RECHECK_TASKS`` held-out tasks or less) is scored
-        once more, the head too, and decided on the means of the two samples."""
-        m = self.merge
-        if self.recheck and m.recheck is None and \
-                score - self.score <= RECHECK_TASKS / max(1, len(self.heldout)):
-            m.recheck = (diffs, state, key, score, below)
-            m.stage = "recheck"
-            m.waiting = {"again-c", "again-h"}
-            return (self._request("again-c", state, key=key, again=True)
-                    + self._request("again-h", self.state, again=True))
-        units = []
-        for d in diffs:
-            units.append({k: self.state.get(k, DELETE) for k in d.ops})
-        probe = self._probe(state, key, units) if self.attribute and len(diffs) > 1 else None
-        if probe is None:
-            self._count(m.outcomes, "committed", len(diffs))
-            self._count(m.outcomes, "below-threshold", below)
-            return self._commit(state, score)
-        m.probe, m.probe_kind = probe, "attribute"
-        m.cand, m.cand_state, m.cand_score = diffs, state, score
-        m.below = below   # counted when the probe ends
-        return self._probe_next()
 
-    def _rechecked(self) -> list[Out]:
-        m = self.merge
-        diffs, state, key, score, below = m.recheck
-        table = self.cache[(AGAIN,) + tuple(self.heldout)]
-        cand = (score + table[key]) / 2
-        if self._rechecked_at != self.version:   # the head's two samples, once a version
-            self._rechecked_at = self.version
-            self.score = (self.score + table[_state_key(self.state)]) / 2
-        if cand > self.score:
-            return self._accept(diffs, state, key, cand, below)
-        self._count(m.outcomes, "rechecked-out", len(diffs))
-        self._count(m.outcomes, "below-threshold", below)
-        return self._no_commit()
 
-    def _no_commit(self) -> list[Out]:
-        """Nothing of this merge beats the head: close, or first try retiring the head's
-        keys (once per head version)."""
-        m = self.merge
-        if not (self.retire and m is not None and m.probe is None
-                and self._retired_at != self.version and self.state):
-            return self._close(committed=False)
-        self._retired_at = self.version
-        key = _state_key(self.state)
-        units = [{k: DELETE} for k in sorted(self.state)]
-        probe = self._probe(self.state, key, units)
-        if probe is None:
-            return self._close(committed=False)
-        m.probe, m.probe_kind = probe, "retire"
-        m.cand_state, m.cand_score = self.state, self.score
-        return self._probe_next()
 
-    def _probe(self, base: dict[str, str], key: frozenset,
-               units: list[dict[str, str | None]]) -> Probe | None:
-        """A probe of ``base`` on its failing held-out tasks (None: its per-task scores
-        are not known, or it fails none)."""
-        detail = self._detail.get(key)
-        if not detail:
-            return None
-        # Regressions first (tasks the head does better on), then the other failing
-        # tasks, rotated from one probe to the next so that probes look at new ones.
-        head = self._detail.get(_state_key(self.state), {})
-        failing = sorted((score - head.get(task, score), task)
-                         for task, score in detail.items() if score < 1.0)
-        regressions = [task for gap, task in failing if gap < 0]
-        rest = [task for gap, task in failing if gap >= 0]
-        if rest:
-            turn = (self._probes * self.probe_tasks) % len(rest)
-            rest = rest[turn:] + rest[:turn]
-        self._probes += 1
-        tasks = (regressions + rest)[:self.probe_tasks]
-        if not tasks:
-            return None
-        margin = 0.5 / len(tasks)
-        return Probe(base=base, units=units, tasks=sorted(tasks), base_score=-1.0,
-                     margin=margin, max_evals=self.probe_evals)
 
-    def _probe_next(self) -> list[Out]:
-        m = self.merge
-        probe = m.probe
-        m.stage = "probe"
-        batch = probe.batch()
-        if probe.base_score < 0 and batch:
-            batch = [(-1, probe.base)] + batch   # a control: the base itself, fresh
-        if not batch:
-            return self._probe_done()
-        m.probe_keys = {i: _state_key(state) for i, state in batch}
-        m.waiting = {("p", i) for i, _ in batch}
-        out: list[Out] = []
-        for i, state in batch:
-            out += self._request(("p", i), state, probe.tasks, key=m.probe_keys[i])
-        return out
 
-    def _probe_scored(self) -> list[Out]:
-        m = self.merge
-        probe = m.probe
-        scores = self._scores(probe.tasks)
-        for i, key in m.probe_keys.items():
-            if i < 0:
-                probe.base_score = scores[key]
-                probe.evals += 1
-            else:
-                probe.scored(i, scores[key])
-        probe.step()
-        return self._probe_next()
 
-    def _probe_done(self) -> list[Out]:
-        m = self.merge
-        probe = m.probe
-        if not probe.flagged:
-            return self._probe_end(None)
-        m.confirm_state = without(probe.base, [probe.units[i] for i in probe.flagged])
-        m.confirm_key = _state_key(m.confirm_state)
-        m.stage = "confirm"
-        m.waiting = {"confirm"}
-        return self._request("confirm", m.confirm_state, key=m.confirm_key)
 
-    def _confirmed(self) -> list[Out]:
-        m = self.merge
-        score = self._scores(None)[m.confirm_key]
-        return self._probe_end(score if score > m.cand_score else None)
 
-    def _probe_end(self, better: float | None) -> list[Out]:
-        """Keep the probed candidate, or its version without the flagged units when
-        that scored higher on the held-out split."""
-        m = self.merge
-        flagged = m.probe.flagged if better is not None else []
-        if m.probe_kind == "retire":
-            if not flagged:
-                return self._close(committed=False)
-            self._count(m.outcomes, "retired", len(flagged))
-            return self._commit(m.confirm_state, better)
-        self._count(m.outcomes, "committed", len(m.cand) - len(flagged))
-        self._count(m.outcomes, "harmful", len(flagged))
-        self._count(m.outcomes, "below-threshold", m.below)
-        if flagged:
-            return self._commit(m.confirm_state, better)
-        return self._commit(m.cand_state, m.cand_score)
 
     def _bisect(self, diffs: list[Diff]) -> list[Out]:
         """Score both halves of ``diffs`` (in plan order) on top of the head."""
@@ -850,19 +452,19 @@ class Merger:
         mid = (len(diffs) + 1) // 2
         m.halves = [diffs[:mid], diffs[mid:]]
         m.half_states = [apply(self.state, half) for half in m.halves]
-        m.half_keys = [_state_key(s) for s in m.half_states]
+        m.half_keys = [state_key(s) for s in m.half_states]
         m.waiting = {"h0", "h1"}
-        return (self._request("h0", m.half_states[0], key=m.half_keys[0])
-                + self._request("h1", m.half_states[1], key=m.half_keys[1]))
+        return (self._held_out("h0", m.half_states[0], m.half_keys[0])
+                + self._held_out("h1", m.half_states[1], m.half_keys[1]))
 
     def _to_fused(self) -> list[Out]:
         m = self.merge
         m.stage = "fused"
         m.fused = list(m.free)
         m.fused_state = apply(self.state, m.fused)
-        m.fused_key = _state_key(m.fused_state)
+        m.fused_key = state_key(m.fused_state)
         m.waiting = {"fused"}
-        return self._request("fused", m.fused_state, key=m.fused_key)
+        return self._held_out("fused", m.fused_state, m.fused_key)
 
     def _commit(self, state: dict[str, str], score: float) -> list[Out]:
         self.version += 1

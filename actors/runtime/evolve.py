@@ -156,7 +156,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            log_overwrite: bool = False, resume_from: Any = None, workers: Any = None, refs: dict[str, Any] | None = None,
            insecure: bool = False, tracking: Any = None, screen: bool = False,
            attribute: bool = False, retire: bool = False,
-           recheck: bool = False) -> EvolveResult:
+           recheck: bool = False, sequential: bool = False) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
@@ -172,7 +172,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     for noisy models and wrong proposals (docs/concepts.md): screen each diff on its
     evidence task and conflicting variants on a held-out minibatch, find and drop the
     harmful diffs of a fused commit, and remove accepted keys whose removal scores
-    better; ``recheck``: score a close call twice, the head too, for noisy models.
+    better; ``recheck``: score a close call twice, the head too, for noisy models;
+    ``sequential``: score a gate's candidate on a held-out minibatch first and stop
+    there when it is behind the head task for task.
 
     ``parallel`` (default ``DataParallel(per_worker=1)``, one task per worker a round,
     chosen by the benchmarks in docs/parallelism.md; ``DataParallel()`` rolls out each
@@ -189,7 +191,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     modes = _check_modes(asynchronous, rounds, async_ratio, staleness, stall_merges,
                          (max_rollouts, max_calls, max_seconds, target_reward, patience,
                           max_tokens, max_cost))
-    modes = dataclasses.replace(modes, gate=_gate(screen, attribute, retire, recheck))
+    modes = dataclasses.replace(modes, gate=_gate(screen, attribute, retire, recheck,
+                                                      sequential))
     _check_numbers(solved_threshold, lease_size)
     tasks = _validate(tasks, reward, agent, run, propose, n_workers, modes.rounds,
                       held_out_frac, max_concurrency)
@@ -450,12 +453,13 @@ def _check_budgets(max_calls, max_tokens, max_cost, prices, agent, run, propose,
     return checked
 
 
-def _gate(screen: bool, attribute: bool, retire: bool, recheck: bool) -> dict[str, bool]:
+def _gate(screen: bool, attribute: bool, retire: bool, recheck: bool,
+          sequential: bool = False) -> dict[str, bool]:
     """The Merger's optional acceptance rules (docs/concepts.md), each on or off: the
     log header records them all, and a header that lacks one was written before it
     existed (replay takes it as off)."""
     return {"screen": bool(screen), "attribute": bool(attribute), "retire": bool(retire),
-            "recheck": bool(recheck)}
+            "recheck": bool(recheck), "sequential": bool(sequential)}
 
 
 def _start_tracker(tracking, params: dict[str, Any], plan_with, strategy,

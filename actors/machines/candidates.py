@@ -1,0 +1,126 @@
+"""A merge's candidates: diffs applied to a state, a state's identity, conflicts, and
+the state of one merge in progress. Pure helpers of the Merger (actors/machines/merger.py)
+and of its rules (scoring.py, screening.py, probing.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from actors.machines.attribution import Probe
+from protocol import REMOVE, Diff
+
+
+def apply(state: dict[str, str], diffs: list[Diff]) -> dict[str, str]:
+    """``state`` with ``diffs`` applied in order (an op of text ``REMOVE`` deletes)."""
+    new = dict(state)
+    for d in diffs:
+        new.update(d.ops)
+    if any(REMOVE in d.ops.values() for d in diffs):
+        for key in [k for k, v in new.items() if v == REMOVE]:
+            del new[key]
+    return new
+
+
+def state_key(state: dict[str, str]) -> frozenset:
+    """A state's identity for the score cache and duplicate detection: its items, in any
+    order (a frozenset caches its hash, so a key is hashed once however often it is
+    looked up)."""
+    return frozenset(state.items())
+
+
+def changes(state: dict[str, str], ops: dict[str, str]) -> bool:
+    """Whether applying ``ops`` to ``state`` changes anything (deleting a key the state
+    does not hold changes nothing)."""
+    for key, value in ops.items():
+        if state.get(key, REMOVE) != value:
+            return True
+    return False
+
+
+def conflict_groups(diffs: list[Diff]) -> tuple[list[Diff], list[list[Diff]]]:
+    """Split diffs into (free, groups): a group is a connected set of diffs that write
+    some key with different values. Order is preserved inside each list; groups come
+    in the order of their first diff."""
+    writers: dict[str, list[int]] = {}  # in order of each key's first writer
+    single = True
+    for i, d in enumerate(diffs):
+        if len(d.ops) != 1:
+            single = False
+        for key in d.ops:
+            idx = writers.get(key)
+            if idx is None:
+                writers[key] = [i]
+            else:
+                idx.append(i)
+    clashes = [(key, idx) for key, idx in writers.items()
+               if len(idx) > 1 and len({diffs[i].ops[key] for i in idx}) > 1]
+    if not clashes:
+        return list(diffs), []
+    if single:
+        # Every diff writes one key: a group is the writers of one key (no two groups
+        # share a diff), already ordered by first writer and in order inside.
+        taken = {i for _, idx in clashes for i in idx}
+        return ([d for i, d in enumerate(diffs) if i not in taken],
+                [[diffs[i] for i in idx] for _, idx in clashes])
+    parent = list(range(len(diffs)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    conflicted: set[int] = set()
+    for _, idx in clashes:
+        conflicted.update(idx)
+        for i in idx[1:]:
+            parent[find(i)] = find(idx[0])
+    free = [d for i, d in enumerate(diffs) if i not in conflicted]
+    groups: dict[int, list[Diff]] = {}
+    for i in sorted(conflicted):
+        groups.setdefault(find(i), []).append(diffs[i])
+    return free, list(groups.values())
+
+
+@dataclass
+class Merge:
+    """One merge in progress (the Merger's and its rules' working state)."""
+
+    round: int
+    stage: str
+    proposals: int
+    free: list[Diff]
+    groups: list[list[Diff]]
+    outcomes: dict[str, int]
+    opkeys: dict[int, frozenset] = field(default_factory=dict)  # id(diff) -> its ops' key
+    keys: dict[int, frozenset] = field(default_factory=dict)  # id(diff) -> head + diff's key
+    waiting: set[str] = field(default_factory=set)
+    fused: list[Diff] = field(default_factory=list)
+    fused_state: dict[str, str] = field(default_factory=dict)
+    fused_key: frozenset = frozenset()
+    halves: list[list[Diff]] = field(default_factory=list)
+    half_states: list[dict[str, str]] = field(default_factory=list)
+    half_keys: list[frozenset] = field(default_factory=list)
+    depth: int = 0
+    verify: list[tuple[Diff, str]] = field(default_factory=list)
+    screened: list[Diff] = field(default_factory=list)
+    screen_keys: dict[int, tuple[tuple[str, ...], frozenset]] = field(default_factory=dict)
+    # A probe (attribution of a commit's diffs, or retiring the head's keys).
+    probe: Probe | None = None
+    probe_kind: str = ""
+    probe_keys: dict[int, frozenset] = field(default_factory=dict)
+    cand: list[Diff] = field(default_factory=list)
+    cand_state: dict[str, str] = field(default_factory=dict)
+    cand_score: float = 0.0
+    below: int = 0
+    variant_tasks: list[str] | None = None
+    recheck: tuple | None = None
+    confirm_state: dict[str, str] = field(default_factory=dict)
+    confirm_key: frozenset = frozenset()
+    # The sequential gate: tag -> (state, key, first tasks, head's sum there, then
+    # the candidate's mean there), and the candidates stopped on their first tasks.
+    gates: dict = field(default_factory=dict)
+    stopped: set = field(default_factory=set)
+    unscored: bool = False   # a budget refused some of its scoring (see _unscored)
+
+

@@ -1,0 +1,119 @@
+"""The Merger's score tables: what a candidate state scored on a task set, asked for
+once and answered from the table when the same state is met again. Pure (a mixin of
+actors/machines/merger.py; it reads and writes the Merger's fields).
+
+Scores are cached per (candidate state, task set): a frozenset of the state's items,
+hashed once per candidate, so a state met again is answered from the table however it
+was reached. Each task set's table keeps the ``cache_states`` states used most
+recently (trimmed when a merge closes, never during one). Per-task held-out scores are
+kept for the ``DETAIL_STATES`` states scored last (the probes and the sequential gate
+read them).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from actors.addresses import SCHEDULER, Out
+from actors.machines.candidates import state_key
+from actors.machines.ids import tagged
+from protocol import REMOVE, EvalDone, EvalRequest
+
+#: The score cache keeps this many states per task set (held-out, or one evidence task),
+#: the least recently used dropped first. A held-out table of 4,096 states of a 50-key
+#: artifact is ~21 MB (measured with tracemalloc); a round scores a few dozen.
+SCORE_CACHE_STATES = 4096
+
+#: A cache miss (scores are floats; None is never stored, but this is explicit).
+_MISSING = object()
+
+
+#: The first element of the cache tables of second samples (``recheck``).
+AGAIN = "#again"
+#: Per-task held-out scores are kept for this many states (the most recent).
+DETAIL_STATES = 256
+
+
+class ScoreTables:
+    """Asking for scores and remembering them (mixed into the Merger)."""
+
+    def _scores(self, task_ids: list[str] | None) -> dict[frozenset, float]:
+        """The score table of a task set: state key -> score (None: the held-out set)."""
+        if task_ids is None:
+            if self._heldout_of is not self.heldout:
+                self._heldout_of = self.heldout
+                self._heldout_scores = self.cache.setdefault(tuple(self.heldout), {})
+            return self._heldout_scores
+        return self.cache.setdefault(tuple(task_ids), {})
+
+    def _request(self, tag: str, state: dict[str, str], task_ids: list[str] | None = None,
+                 key: frozenset | None = None, again: bool = False) -> list[Out]:
+        """Score ``state`` on ``task_ids`` (the held-out set by default); ``key`` is its
+        :func:`~actors.machines.candidates.state_key` when the caller has it already. ``again``: a second sample,
+        kept in a table of its own (the first score of the state is not reused)."""
+        if again:
+            scores = self.cache.setdefault((AGAIN,) + tuple(task_ids or self.heldout), {})
+        else:
+            scores = self._scores(task_ids)
+        if task_ids is None:
+            task_ids = self.heldout
+        if key is None:
+            key = state_key(state)
+        self.n_evals += 1  # a known score still takes an eval id (ids are in messages)
+        score = scores.pop(key, _MISSING)
+        if score is not _MISSING:
+            scores[key] = score   # used again: last in line to be dropped (_trim_cache)
+            # Known score: answer ourselves without asking anyone (no message needed).
+            return self._scored(tag, score)
+        eval_id = tagged(self.lease_key, f"e{self.n_evals}")
+        self.by_eval[eval_id] = (tag, scores, key)
+        return [(SCHEDULER, EvalRequest(eval_id=eval_id, state=state, task_ids=task_ids))]
+
+    def _trim_cache(self) -> None:
+        """Drop the least recently used states of each task set's table beyond
+        ``cache_states``. Only between merges: a merge reads back the scores it asked for.
+        Only the tables that went over since the last trim are looked at (there is one
+        per evidence task in async mode)."""
+        cap = self.cache_states
+        for scores in self._over_cap:
+            excess = len(scores) - cap
+            if excess > 0:   # (a table listed twice is trimmed once)
+                for key in list(itertools.islice(scores, excess)):
+                    del scores[key]
+        self._over_cap.clear()
+
+    def _on_eval(self, msg: EvalDone) -> list[Out]:
+        pending = self.by_eval.pop(msg.eval_id, None)
+        if pending is None:
+            return []
+        tag, scores, key = pending
+        if msg.unscored is not None:  # (the baseline: 0.0, not remembered as its score)
+            return self._unscored(tag) if tag != "baseline" else self._scored(tag, 0.0)
+        scores[key] = msg.score   # the only place a table grows
+        if msg.scores and scores is self._scores(None):
+            self._detail[key] = dict(msg.scores)
+        elif msg.scores and isinstance(tag, tuple) and tag[0] in ("first", "rest"):
+            self._detail.setdefault(key, {}).update(msg.scores)   # a sequential gate's part
+        if len(self._detail) > DETAIL_STATES:
+            del self._detail[next(iter(self._detail))]
+        if len(scores) > self.cache_states:
+            self._over_cap.append(scores)
+        return self._scored(tag, msg.score)
+
+    def _candidate_key(self, ops: dict[str, str], ops_key: frozenset | None) -> frozenset:
+        """The cache key of the head with ``ops`` applied, remembered per ``ops`` until
+        the head changes (the same diffs come back round after round)."""
+        if self._applied_to is not self.state or len(self._applied) > 4096:
+            self._applied_to = self.state  # a new head (Open, a commit): never mutated
+            self._applied = {}
+        if ops_key is None:
+            ops_key = frozenset(ops.items())
+        key = self._applied.get(ops_key)
+        if key is None:
+            candidate = dict(self.state)
+            candidate.update(ops)
+            if REMOVE in ops.values():
+                for k in [k for k, v in ops.items() if v == REMOVE]:
+                    del candidate[k]
+            key = self._applied[ops_key] = state_key(candidate)
+        return key

@@ -1,0 +1,164 @@
+"""The Merger's cheap gates: a screen of each diff on its own evidence task, and
+conflicting variants compared on a held-out minibatch before the whole split (GEPA's
+rule). Pure (a mixin of actors/machines/merger.py). docs/concepts.md describes them.
+"""
+
+from __future__ import annotations
+
+from actors.addresses import SCHEDULER, Out
+from actors.machines.candidates import apply, state_key
+from actors.machines.ids import tagged
+from protocol import Diff, EvalRequest
+
+#: With ``screen``, conflicting variants are compared on this many held-out tasks.
+MINIBATCH = 16
+#: With ``sequential``, a gate candidate is scored on this many held-out tasks first,
+#: and stops there when it is behind the head by more than ``SEQUENTIAL_SLACK`` tasks.
+SEQUENTIAL_FIRST = 24
+SEQUENTIAL_SLACK = 1.0
+
+
+class Screening:
+    """The screen and the minibatch of conflicting variants (mixed into the Merger)."""
+
+    def _screen(self, diffs: list[Diff],
+                evidence: dict[int, tuple[str, float | None] | None]) -> list[Out]:
+        """The cheap gate: each diff scored on its own evidence task (one call) on top of
+        the head; only those that do better there than the rollout that proposed them go
+        on to the held-out gate (the rest are ``screened-out``). A diff whose evidence
+        is unknown goes on unscreened."""
+        m = self.merge
+        m.screened = diffs
+        requests = []
+        for d in diffs:
+            ev = evidence.get(id(d))
+            if ev is None or ev[1] is None:
+                continue
+            task_ids = (ev[0],)
+            m.screen_keys[id(d)] = (task_ids, ev[1])
+            requests.append((("s", id(d)), apply(self.state, [d]), list(task_ids)))
+        m.waiting = {tag for tag, _, _ in requests}
+        if not requests:
+            return self._variants(diffs)
+        out: list[Out] = []
+        for tag, state, task_ids in requests:
+            out += self._request(tag, state, task_ids)
+        return out
+
+    def _screen_done(self) -> list[Out]:
+        m = self.merge
+        keep = []
+        for d in m.screened:
+            known = m.screen_keys.get(id(d))
+            if known is None:
+                keep.append(d)
+                continue
+            task_ids, before = known
+            after = self.cache[task_ids][state_key(apply(self.state, [d]))]
+            if after > before:
+                keep.append(d)
+            else:
+                self._count(m.outcomes, "screened-out")
+        if not keep:
+            return self._no_commit()
+        return self._variants(keep)
+
+    def _score_each(self, diffs: list[Diff]) -> list[Out]:
+        """Score each diff alone on top of the head (tagged by identity: diff ids are
+        the proposer's business and need not be unique): on the held-out split, or with
+        ``screen`` on a minibatch of it (the head scored there too), the winner of each
+        group going on to the held-out gate inside the fused candidate."""
+        m = self.merge
+        out: list[Out] = []
+        tasks = self._variant_tasks()
+        m.variant_tasks = tasks
+        scores = self._scores(tasks)
+        task_ids = self.heldout if tasks is None else tasks
+        # What _request does for each, inline: a known score needs no message; only the
+        # unknown ones are waited for (the tag is the diff's id), and once every score is
+        # known the merge goes on.
+        for d in diffs:
+            key = m.keys[id(d)] = self._candidate_key(d.ops, m.opkeys.get(id(d)))
+            self.n_evals += 1  # a known score still takes an eval id (ids are in messages)
+            if key in scores:
+                continue
+            eval_id = tagged(self.lease_key, f"e{self.n_evals}")
+            m.waiting.add(id(d))
+            self.by_eval[eval_id] = (id(d), scores, key)
+            out.append((SCHEDULER, EvalRequest(eval_id=eval_id, state=apply(self.state, [d]),
+                                               task_ids=task_ids)))
+        if tasks is not None:
+            m.waiting.add("head")
+            return out + self._request("head", self.state, tasks)
+        if not m.waiting:
+            return out + self._advance()
+        return out
+
+    def _variant_tasks(self) -> list[str] | None:
+        """The minibatch conflicting variants are compared on (None: the held-out split):
+        ``MINIBATCH`` held-out tasks, a window that moves on each merge."""
+        n = len(self.heldout)
+        if not self.screen or n <= MINIBATCH:
+            return None
+        start = (self.merges_scored * MINIBATCH) % n
+        self.merges_scored += 1
+        window = (self.heldout + self.heldout)[start:start + MINIBATCH]
+        return sorted(window)
+
+    # -- the sequential gate ------------------------------------------------------------
+
+    def _held_out(self, tag: str, state: dict[str, str], key: frozenset) -> list[Out]:
+        """Score a candidate of the gate on the held-out split. With ``sequential``
+        (and the head's per-task held-out scores known), a minibatch of
+        ``sequential_first`` held-out tasks first: a candidate behind the head there,
+        task for task, by more than ``sequential_slack`` tasks stops (``gate-stopped``
+        in the stats) without the rest of the split; otherwise the rest is scored and
+        the two parts make the candidate's held-out score."""
+        first = self._gate_first(key)
+        if first is None:
+            return self._request(tag, state, key=key)
+        tasks, head_sum = first
+        self.merge.gates[tag] = (state, key, tasks, head_sum)
+        return self._request(("first", tag), state, tasks, key=key)
+
+    def _gate_first(self, key: frozenset) -> tuple[list[str], float] | None:
+        """The first minibatch of the sequential gate and the head's sum on it (None:
+        no sequential gate for this candidate)."""
+        n, size = len(self.heldout), self.sequential_first
+        if not self.sequential or n <= size or key in self._scores(None):
+            return None
+        head = self._detail.get(state_key(self.state))
+        if head is None or len(head) < n:
+            return None
+        start = (self.gates_opened * size) % n
+        self.gates_opened += 1
+        tasks = sorted((self.heldout + self.heldout)[start:start + size])
+        return tasks, sum(head[t] for t in tasks)
+
+    def _gate_step(self, tag: tuple, score: float) -> list[Out]:
+        """A part of a sequential gate is scored: stop, score the rest, or (both parts
+        in) record the candidate's held-out score and answer the gate's own tag."""
+        m = self.merge
+        part, inner = tag
+        state, key, tasks, head_sum = m.gates[inner]
+        if part == "first":
+            if score * len(tasks) < head_sum - self.sequential_slack:
+                m.stopped.add(key)
+                self.stats["gate-stopped"] = self.stats.get("gate-stopped", 0) + 1
+                return self._scored(inner, score)
+            rest = sorted(set(self.heldout) - set(tasks))
+            m.gates[inner] = (state, key, tasks, score)
+            return self._request(("rest", inner), state, rest, key=key)
+        n = len(self.heldout)
+        whole = (head_sum * len(tasks) + score * (n - len(tasks))) / n
+        table = self._scores(None)
+        table[key] = whole
+        if len(table) > self.cache_states:
+            self._over_cap.append(table)
+        return self._scored(inner, whole)
+
+    def _gate_score(self, key: frozenset) -> float | None:
+        """A gate candidate's held-out score (None: stopped on its first minibatch)."""
+        if key in self.merge.stopped:
+            return None
+        return self._scores(None)[key]
