@@ -27,7 +27,7 @@ import threading
 import time
 import warnings
 
-from actors import ClusterParallel, DataParallel, evolve
+from actors import ClusterParallel, DataParallel, TensorParallel, evolve
 from actors.machines.planner import split_tasks
 from bench import agentdescent_side as ad
 from bench import gepa_side
@@ -93,17 +93,38 @@ def run_evobus_pw1(domain: Domain, calls: Calls, seed: int) -> str:
     return run_evobus(domain, calls, seed, parallel=DataParallel(per_worker=1))
 
 
-def run_agentdescent(domain: Domain, calls: Calls, seed: int) -> str:
+def run_agentdescent(domain: Domain, calls: Calls, seed: int, n_workers: int = N_WORKERS,
+                     asynchronous: bool = False) -> str:
     lib = ad._lib()
     tasks = ad.tasks_for(domain.tasks, HELD_OUT, seed)
+    rounds = {} if asynchronous else {"rounds": 100_000}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = lib.evolve(tasks, calls.reward, run=calls.run, propose=calls.propose,
-                            strategy=domain.ad_strategy(lib), n_workers=N_WORKERS,
-                            max_concurrency=N_WORKERS, held_out_frac=HELD_OUT, seed=seed,
-                            rounds=100_000, max_calls=calls.budget,
-                            max_seconds=MAX_SECONDS)
+                            strategy=domain.ad_strategy(lib), n_workers=n_workers,
+                            max_concurrency=n_workers, held_out_frac=HELD_OUT, seed=seed,
+                            max_calls=calls.budget, max_seconds=MAX_SECONDS,
+                            asynchronous=asynchronous, **rounds)
     return result.rendered
+
+
+def agentdescent_variant(spec: str):
+    """``agentdescent[w=16,async]``: agentdescent with 16 workers, asynchronous."""
+    kw: dict = {}
+    for part in filter(None, spec[len("agentdescent["):-1].split(",")):
+        name, _, value = part.partition("=")
+        if name == "w":
+            kw["n_workers"] = int(value)
+        elif name == "async":
+            kw["asynchronous"] = True
+        else:
+            raise ValueError(f"{spec}: unknown option {part!r} (w=N, async)")
+    return lambda domain, calls, seed: run_agentdescent(domain, calls, seed, **kw)
+
+
+class NotApplicable(Exception):
+    """A configuration that does not apply to a domain (TensorParallel needs a key
+    space): the point is left out and the table says "n/a"."""
 
 
 def run_gepa(domain: Domain, calls: Calls, seed: int) -> str:
@@ -117,7 +138,9 @@ def evobus_variant(spec: str):
     (``pw=shard``: DataParallel(), the whole shard a round)
     and the Merger's optional rules switched on (docs/concepts.md); ``w=16``: 16
     workers; ``async``: asynchronous, ``lease=4`` tasks per lease; ``cp``:
-    ClusterParallel over the domain's task types (:func:`cluster_of`)."""
+    ClusterParallel over the domain's task types (:func:`cluster_of`), ``cp=k`` with
+    ``per_worker=k``; ``tp``: TensorParallel routed over a keyed domain's settings
+    (:func:`tensor_parallel`), ``tp=k`` with ``per_worker=k``."""
     inside = spec[len("evobus["):-1]
     kw: dict = {}
     clustered: dict | None = None
@@ -125,6 +148,8 @@ def evobus_variant(spec: str):
         name, _, value = part.partition("=")
         if name == "cp":
             clustered = {"per_worker": int(value)} if value else {}
+        elif name == "tp":
+            kw["_tp"] = int(value) if value else 0
         elif name == "pw":
             kw["parallel"] = DataParallel(per_worker=None if value == "shard" else int(value))
         elif name == "w":
@@ -137,11 +162,29 @@ def evobus_variant(spec: str):
             kw[name] = True
 
     def run(domain, calls, seed):
+        if "_tp" in kw:
+            return run_evobus(domain, calls, seed, parallel=tensor_parallel(
+                domain, kw.get("n_workers", N_WORKERS), kw["_tp"] or None),
+                **{k: v for k, v in kw.items() if k != "_tp"})
         if clustered is not None:
             return run_evobus(domain, calls, seed, parallel=ClusterParallel(
                 cluster_of(domain), **clustered), **kw)
         return run_evobus(domain, calls, seed, **kw)
     return run
+
+
+def tensor_parallel(domain: Domain, n_workers: int,
+                    per_worker: int | None = None) -> TensorParallel:
+    """TensorParallel routed over a keyed domain's settings: a task goes to the first
+    setting it needs (its proposals edit its first unmet one, often that one); one
+    section per worker, at most one per setting."""
+    keys = domain.extra.get("keys")
+    if not keys:
+        raise NotApplicable(f"{domain.name}: TensorParallel needs a key space "
+                            f"({domain.shape} declares none)")
+    first = {t.id: sorted(t.meta["need"])[0] for t in domain.tasks}
+    return TensorParallel(min(n_workers, len(keys)), route=first.__getitem__,
+                          per_worker=per_worker)
 
 
 def cluster_of(domain: Domain):
@@ -159,12 +202,14 @@ SYSTEMS = {"evobus": run_evobus, "evobus pw1": run_evobus_pw1,
 def system(name: str):
     if name.startswith("evobus[") and name.endswith("]"):
         return evobus_variant(name)
+    if name.startswith("agentdescent[") and name.endswith("]"):
+        return agentdescent_variant(name)
     return SYSTEMS[name]
 
 
 def available(system: str) -> str | None:
     """None when the system can run here, else why not."""
-    if system == "agentdescent" and not ad.available():
+    if system.startswith("agentdescent") and not ad.available():
         return ad.NOT_INSTALLED
     if system == "gepa" and not gepa_side.available():
         return gepa_side.NOT_INSTALLED
@@ -189,7 +234,10 @@ def measure(systems, domains, budgets, seeds) -> list[dict]:
                 if available(system):
                     continue
                 for seed in range(seeds):
-                    out.append(one(system, domain, budget, seed))
+                    try:
+                        out.append(one(system, domain, budget, seed))
+                    except NotApplicable:
+                        break
                     logging.getLogger("bench.curves").info("%s", out[-1])
     return out
 
@@ -205,7 +253,7 @@ def summary(points: list[dict], systems) -> list[tuple]:
             mine = [p for p in points if (p["domain"], p["budget"], p["system"])
                     == (domain, budget, system)]
             if not mine:
-                row.append(available(system) or "-")
+                row.append(available(system) or "n/a")
                 continue
             q = [p["quality"] for p in mine]
             c = statistics.mean(p["calls"] for p in mine)
@@ -262,7 +310,8 @@ def main(argv=None) -> list[dict]:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.v else logging.WARNING)
     systems = args.systems.split(";")
-    unknown = [s for s in systems if s not in SYSTEMS and not s.startswith("evobus[")]
+    unknown = [s for s in systems if s not in SYSTEMS
+               and not s.startswith(("evobus[", "agentdescent["))]
     if unknown:
         p.error(f"unknown systems {unknown}: choose from {', '.join(SYSTEMS)}")
     if args.quick:

@@ -223,7 +223,7 @@ def settings(seed: int = 0) -> Domain:
         answer=_settings_answer,
         noise=lambda task, r: "ok" if r.random() < 0.5 else "wrong",
         right=_settings_right, harmful=_settings_harmful,
-        best=_best_settings(types, test))
+        best=_best_settings(types, test), extra={"keys": list(SETTINGS)})
 
 
 # -- instruction: SingleSlot, a text rewritten whole -----------------------------------

@@ -143,6 +143,25 @@ def _rotated_split(items: Sequence[str], holders: Sequence[int], round_index: in
             for j, w in enumerate(holders)]
 
 
+def minibatch(unit: WorkUnit, per_worker: int | None, round_index: int) -> WorkUnit:
+    """``per_worker`` tasks of ``unit``, walking through it over the rounds (the whole
+    unit when it holds ``per_worker`` or fewer, or ``per_worker`` is None)."""
+    keys = unit.keys
+    if per_worker is None or len(keys) <= per_worker:
+        return unit
+    start = round_index * per_worker
+    return WorkUnit(worker=unit.worker, stage=unit.stage, section=unit.section,
+                    keys=tuple(keys[(start + i) % len(keys)] for i in range(per_worker)))
+
+
+def _check_per_worker(who: str, per_worker: Any) -> None:
+    if per_worker is not None and (isinstance(per_worker, bool)
+                                   or not isinstance(per_worker, int) or per_worker < 1):
+        raise ParallelConfigError(
+            f"{who}(per_worker=...) takes tasks per worker per round, an integer >= 1, "
+            f"got {per_worker!r}; None rolls out each worker's whole unit")
+
+
 def _identity(key: str) -> str:
     return key
 
@@ -357,6 +376,9 @@ class TensorParallel:
       it, tasks are sharded exactly as :class:`DataParallel` shards them and the
       section is attached, so proposals that miss the worker's section are
       rejected (and counted) by the Merger.
+    * ``per_worker=k``: a minibatch round, as for :class:`DataParallel`: each worker
+      rolls out ``k`` tasks of its unit a round, walking through it over the rounds
+      (None, the default: the whole unit).
     * ``normalise``: how the artifact spells a key (``KeyedRules`` lower-cases).
       It is applied to ``keys``, to every ``route`` result and in
       :meth:`owner_of`, so ``"Billing"`` and ``"billing"`` are one key.
@@ -370,12 +392,14 @@ class TensorParallel:
     keys: tuple[str, ...] | None = None
     route: Callable[[str], str] | None = None
     normalise: Callable[[str], str] | None = field(default=None, kw_only=True)
+    per_worker: int | None = field(default=None, kw_only=True)
     _merge: TensorParallelMerge = field(init=False, repr=False, compare=False)
 
     name: ClassVar[str] = "TP"
 
     def __post_init__(self) -> None:
         _check_n_sections("TensorParallel", self.n_sections)
+        _check_per_worker("TensorParallel", self.per_worker)
         if isinstance(self.keys, str):
             raise ParallelConfigError(
                 f"TensorParallel(keys={self.keys!r}): keys is a list of artifact keys, "
@@ -518,15 +542,16 @@ class TensorParallel:
 
         if self.route is None:
             shards = _kept_split(self, "TensorParallel", n_workers, round_index, keys, split)
-            return [WorkUnit(worker=i, keys=shards[(i + round_index) % n_workers],
-                             section=i % n)
+            return [minibatch(WorkUnit(worker=i, keys=shards[(i + round_index) % n_workers],
+                                       section=i % n), self.per_worker, round_index)
                     for i in range(n_workers)]
         by_section = _kept_split(self, "TensorParallel", n_workers, round_index, keys, split)
         units: list[WorkUnit] = []
         for s in range(n):
             units.extend(_rotated_split(by_section[s], range(s, n_workers, n),
                                         round_index, section=s))
-        return sorted(units, key=lambda u: u.worker)
+        return [minibatch(u, self.per_worker, round_index)
+                for u in sorted(units, key=lambda u: u.worker)]
 
     def __repr__(self) -> str:
         parts = [str(self.n_sections)]
@@ -534,6 +559,8 @@ class TensorParallel:
             parts.append("keys=...")
         if self.route is not None:
             parts.append("route=...")
+        if self.per_worker is not None:
+            parts.append(f"per_worker={self.per_worker}")
         return f"TensorParallel({', '.join(parts)})"
 
 
@@ -660,12 +687,7 @@ class ClusterParallel:
 
     def _minibatch(self, unit: WorkUnit, round_index: int) -> WorkUnit:
         """``per_worker`` tasks of the unit, walking through it over the rounds."""
-        k, keys = self.per_worker, unit.keys
-        if k is None or len(keys) <= k:
-            return unit
-        start = round_index * k
-        return WorkUnit(worker=unit.worker, stage=unit.stage, section=unit.section,
-                        keys=tuple(keys[(start + i) % len(keys)] for i in range(k)))
+        return minibatch(unit, self.per_worker, round_index)
 
     def observe(self, unit: WorkUnit, task_id: str, score: float) -> None:
         """Feed one rollout's reward into its cluster's estimate.
