@@ -1,6 +1,6 @@
 """The Merger's optional acceptance rules, driven by messages alone (no bus, no
 threads): the screen on each diff's evidence task, attribution of a fused commit's
-diffs, and retiring an accepted edit."""
+diffs, retiring an accepted edit, recheck and the sequential gate."""
 
 from __future__ import annotations
 
@@ -240,3 +240,65 @@ def test_recheck_leaves_a_clear_gain_alone():
     log: list = []
     out, closed = merge_round(m, 0, [d("g0"), d("g1")], log=log)
     assert closed.committed and len(log) == 1   # 4/8 against 0/8: one gate, no recheck
+
+
+# -- the sequential gate ------------------------------------------------------------------
+
+
+def test_the_sequential_gate_stops_a_candidate_behind_the_head_on_its_first_tasks():
+    """The head holds g0..g2 (6/8); "bad" breaks h0..h2. On the first 4 held-out tasks
+    it solves 1 where the head solves 4: it stops there, the rest is never scored."""
+    m = Merger(sequential=True, sequential_first=4, sequential_slack=1.0)
+    answer(m, m.handle(Open(heldout_ids=HELD,
+                            initial_state={"g0": "on", "g1": "on", "g2": "on"})), [])
+    assert m.score == 6 / 8
+    log: list = []
+    out, closed = merge_round(m, 0, [d("bad")], log=log)
+    assert [r.task_ids for r in log] == [["h0", "h1", "h2", "h3"]]
+    assert not commits(out) and not closed.committed
+    assert closed.outcomes == {"below-threshold": 1} and m.stats["gate-stopped"] == 1
+
+
+def test_the_sequential_gate_scores_the_rest_of_a_promising_candidate():
+    """Ahead on its first tasks, a candidate is scored on the rest too; the two parts
+    make its held-out score (the decision of the whole split), and its per-task
+    scores are complete, so the next gate is sequential again."""
+    m = opened(sequential=True, sequential_first=4)
+    log: list = []
+    out, closed = merge_round(m, 0, [d("g0"), d("g1"), d("g2")], log=log)
+    assert [r.task_ids for r in log] == [["h0", "h1", "h2", "h3"], ["h4", "h5", "h6", "h7"]]
+    assert closed.committed and m.score == 6 / 8 and closed.heldout_reward == 6 / 8
+    assert commits(out)[0].state == {"g0": "on", "g1": "on", "g2": "on"}
+    log = []
+    _, second = merge_round(m, 1, [d("bad")], log=log)
+    # The window moved on (h4..h7): "bad" solves h6, h7 there without breaking h4,
+    # h5, so it goes on to h0..h3, where it breaks three: 5/8 < 6/8.
+    assert [r.task_ids for r in log] == [["h4", "h5", "h6", "h7"], ["h0", "h1", "h2", "h3"]]
+    assert not second.committed and m.score == 6 / 8
+
+
+def test_without_per_task_scores_of_the_head_the_gate_scores_the_whole_split():
+    m = Merger(sequential=True, sequential_first=4)
+    out = m.handle(Open(heldout_ids=HELD))
+    (_, req), = out
+    m.handle(EvalDone(eval_id=req.eval_id, score=0.0))   # a mean, no per-task scores
+    log: list = []
+    _, closed = merge_round(m, 0, [d("g0")], log=log)
+    assert [r.task_ids for r in log] == [HELD] and closed.committed
+
+
+def test_a_harmful_diff_fused_with_good_ones_is_dropped_behind_the_sequential_gate():
+    m = opened(attribute=True, sequential=True, sequential_first=4)
+    out, closed = merge_round(m, 0, [d("g0"), d("bad"), d("g1"), d("g2")])
+    assert commits(out)[0].state == {"g0": "on", "g1": "on", "g2": "on"}
+    assert closed.outcomes == {"committed": 3, "harmful": 1} and m.score == 6 / 8
+
+
+def test_an_accepted_edit_is_retired_behind_the_sequential_gate():
+    m = opened(retire=True, sequential=True, sequential_first=4)
+    merge_round(m, 0, [d("bad")])
+    merge_round(m, 1, [d("g0"), d("g1"), d("g2")])
+    assert "bad" in m.state
+    out, third = merge_round(m, 2, [d("useless")])
+    assert commits(out)[0].state == {"g0": "on", "g1": "on", "g2": "on"}
+    assert third.outcomes == {"below-threshold": 1, "retired": 1} and m.score == 6 / 8

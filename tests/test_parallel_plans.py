@@ -201,6 +201,26 @@ def test_workers_sharing_a_section_split_its_tasks_disjointly_and_rotate():
     assert r1[0].keys == r0[2].keys and r1[2].keys == r0[0].keys
 
 
+def test_tensor_parallel_per_worker_is_a_minibatch_round_that_walks_each_unit():
+    whole = TensorParallel(2, keys=CATEGORIES, route=route_by_prefix)
+    tp = TensorParallel(2, keys=CATEGORIES, route=route_by_prefix, per_worker=1)
+    ids = routed_tasks(3)
+    assert repr(tp) == "TensorParallel(2, keys=..., route=..., per_worker=1)"
+    seen: dict[int, set[str]] = {0: set(), 1: set()}
+    for r in range(6):
+        units, full = tp.plan(2, r, ids), whole.plan(2, r, ids)
+        for u, f in zip(units, full, strict=True):
+            # One task of the unit the whole-unit round would hand this worker.
+            assert u.section == f.section and len(u.keys) == 1 and u.keys[0] in f.keys
+            seen[u.worker].add(u.keys[0])
+    sections = tp.section_map()
+    for w in (0, 1):   # over the rounds each worker walks its section's tasks
+        assert {sections[route_by_prefix(t)] for t in seen[w]} == {w}
+        assert len(seen[w]) > 1
+    with pytest.raises(ParallelConfigError, match="per_worker"):
+        TensorParallel(2, keys=CATEGORIES, per_worker=0)
+
+
 def test_tensor_parallel_refuses_a_task_routed_to_a_key_no_section_owns():
     tp = TensorParallel(2, keys=CATEGORIES, route=route_by_prefix)
     with pytest.raises(ParallelConfigError, match=r"task 'returns-1' -> key 'returns'"):
