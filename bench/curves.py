@@ -137,7 +137,8 @@ def evobus_variant(spec: str):
     """``evobus[pw=4,screen,attribute,retire]``: evobus with DataParallel(per_worker=4)
     (``pw=shard``: DataParallel(), the whole shard a round)
     and the Merger's optional rules switched on (docs/concepts.md); ``w=16``: 16
-    workers; ``async``: asynchronous, ``lease=4`` tasks per lease; ``cp``:
+    workers; ``async``: asynchronous, ``lease=4`` tasks per lease; ``first``:
+    ``conflicts="first"`` (``scored``: ``conflicts="score"``); ``cp``:
     ClusterParallel over the domain's task types (:func:`cluster_of`), ``cp=k`` with
     ``per_worker=k``; ``tp``: TensorParallel routed over a keyed domain's settings
     (:func:`tensor_parallel`), ``tp=k`` with ``per_worker=k``."""
@@ -158,6 +159,10 @@ def evobus_variant(spec: str):
             kw["lease_size"] = int(value)
         elif name == "async":
             kw["asynchronous"] = True
+        elif name == "first":
+            kw["conflicts"] = "first"
+        elif name == "scored":
+            kw["conflicts"] = "score"
         else:
             kw[name] = True
 

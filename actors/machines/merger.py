@@ -80,6 +80,9 @@ log = logging.getLogger(__name__)
 
 
 STALENESS = ("full", "guarded", "reflective")
+#: How conflicting diffs are settled: each scored on top of the head, the best kept
+#: (``score``), or the first proposer's kept unscored (``first``: one gate a merge).
+CONFLICTS = ("score", "first")
 #: Async bucket for proposals (sync mode buckets them by round).
 _ASYNC = -1
 
@@ -102,7 +105,11 @@ class Merger(ScoreTables, Screening, Probing):
                  probe_tasks: int = PROBE_TASKS, probe_evals: int = PROBE_EVALS,
                  recheck: bool = False, sequential: bool = False,
                  sequential_first: int = SEQUENTIAL_FIRST,
-                 sequential_slack: float = SEQUENTIAL_SLACK) -> None:
+                 sequential_slack: float = SEQUENTIAL_SLACK,
+                 conflicts: str = "score") -> None:
+        if conflicts not in CONFLICTS:
+            raise ValueError(f"conflicts={conflicts!r}: choose one of {', '.join(CONFLICTS)}")
+        self.conflicts = conflicts
         if staleness not in STALENESS:
             raise ValueError(f"staleness={staleness!r}: choose one of {', '.join(STALENESS)}")
         if isinstance(cache_states, bool) or not isinstance(cache_states, int) \
@@ -355,6 +362,12 @@ class Merger(ScoreTables, Screening, Probing):
         m = self.merge
         m.free, m.groups = conflict_groups(diffs)
         m.stage = "variants"
+        if m.groups and self.conflicts == "first":
+            # One gate a merge: the first proposer of each group (plan order) goes on
+            # to the fused candidate unscored, the others are ``conflict``.
+            self._count(m.outcomes, "conflict", sum(len(g) - 1 for g in m.groups))
+            m.free = m.free + [g[0] for g in m.groups]
+            return self._to_fused()
         if m.groups:
             return self._score_each([d for g in m.groups for d in g])
         return self._to_fused()

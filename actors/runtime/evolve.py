@@ -22,7 +22,7 @@ from actors.addresses import MERGER, PLANNER, SCHEDULER, worker_name
 from actors.artifacts import AppendRules, declared_keys, normaliser
 from actors.version import PACKAGE_VERSION
 from actors.errors import BackendFailing, ConfigError
-from actors.machines.merger import STALENESS, Merger
+from actors.machines.merger import CONFLICTS, STALENESS, Merger
 from actors.policies.parallelism import default_parallel
 from actors.policies.pipeline import PipelineParallel
 from actors.machines.planner import Planner, split_tasks
@@ -156,7 +156,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            log_overwrite: bool = False, resume_from: Any = None, workers: Any = None, refs: dict[str, Any] | None = None,
            insecure: bool = False, tracking: Any = None, screen: bool = False,
            attribute: bool = False, retire: bool = False,
-           recheck: bool = False, sequential: bool = False) -> EvolveResult:
+           recheck: bool = False, sequential: bool = False,
+           conflicts: str = "score") -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
@@ -174,7 +175,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     harmful diffs of a fused commit, and remove accepted keys whose removal scores
     better; ``recheck``: score a close call twice, the head too, for noisy models;
     ``sequential``: score a gate's candidate on a held-out minibatch first and stop
-    there when it is behind the head task for task.
+    there when it is behind the head task for task; ``conflicts``: "score" (each
+    of the diffs that write one key differently scored on the held-out split, the best
+    kept) or "first" (the first proposer's kept unscored: one gate a merge).
 
     ``parallel`` (default ``DataParallel(per_worker=1)``, one task per worker a round,
     chosen by the benchmarks in docs/parallelism.md; ``DataParallel()`` rolls out each
@@ -192,7 +195,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                          (max_rollouts, max_calls, max_seconds, target_reward, patience,
                           max_tokens, max_cost))
     modes = dataclasses.replace(modes, gate=_gate(screen, attribute, retire, recheck,
-                                                      sequential))
+                                                      sequential, conflicts))
     _check_numbers(solved_threshold, lease_size)
     tasks = _validate(tasks, reward, agent, run, propose, n_workers, modes.rounds,
                       held_out_frac, max_concurrency)
@@ -454,12 +457,16 @@ def _check_budgets(max_calls, max_tokens, max_cost, prices, agent, run, propose,
 
 
 def _gate(screen: bool, attribute: bool, retire: bool, recheck: bool,
-          sequential: bool = False) -> dict[str, bool]:
+          sequential: bool = False, conflicts: str = "score") -> dict[str, Any]:
     """The Merger's optional acceptance rules (docs/concepts.md), each on or off: the
     log header records them all, and a header that lacks one was written before it
     existed (replay takes it as off)."""
+    if conflicts not in CONFLICTS:
+        raise ConfigError(f"evolve(conflicts={conflicts!r}): choose one of "
+                          f"{', '.join(map(repr, CONFLICTS))}")
     return {"screen": bool(screen), "attribute": bool(attribute), "retire": bool(retire),
-            "recheck": bool(recheck), "sequential": bool(sequential)}
+            "recheck": bool(recheck), "sequential": bool(sequential),
+            "conflicts": conflicts}
 
 
 def _start_tracker(tracking, params: dict[str, Any], plan_with, strategy,
