@@ -302,3 +302,48 @@ def test_an_accepted_edit_is_retired_behind_the_sequential_gate():
     out, third = merge_round(m, 2, [d("useless")])
     assert commits(out)[0].state == {"g0": "on", "g1": "on", "g2": "on"}
     assert third.outcomes == {"below-threshold": 1, "retired": 1} and m.score == 6 / 8
+
+
+# -- one gate a merge: conflicts="first" ---------------------------------------------------
+
+
+def test_conflicts_first_keeps_the_first_proposer_unscored_and_pays_one_gate():
+    from protocol import REMOVE
+
+    m = opened(conflicts="first")
+    merge_round(m, 0, [d("bad")])
+    merge_round(m, 1, [d("g0"), d("g1"), d("g2")])   # 5/8 with "bad"
+    log: list = []
+    out, closed = merge_round(m, 2, [Diff("a", "a", 2, {"bad": "other"}), d("g9"),
+                                     Diff("b", "b", 2, {"bad": REMOVE})], log=log)
+    # Plan order: "a" writes "bad" first, so it goes on unscored and "b" (the better
+    # removal) is a conflict. One eval, the fused candidate's, and it does not beat the
+    # head (5/8 again), so its two diffs are bisected: two more evals, no commit.
+    assert [r.task_ids for r in log] == [HELD, HELD, HELD]
+    assert not commits(out) and not closed.committed
+    assert closed.outcomes == {"conflict": 1, "below-threshold": 2}
+
+
+def test_conflicts_first_pays_one_gate_for_a_round_of_variants():
+    m = opened(conflicts="first")
+    log: list = []
+    out, closed = merge_round(m, 0, [Diff("a", "a", 0, {"g0": "x"}), d("g1"),
+                                      Diff("b", "b", 0, {"g0": "y"}),
+                                      Diff("c", "c", 0, {"g1": "z"})], log=log)
+    assert [r.task_ids for r in log] == [HELD]
+    assert commits(out)[0].state == {"g0": "x", "g1": "on"}
+    assert closed.outcomes == {"conflict": 2, "committed": 2} and m.score == 4 / 8
+
+
+def test_conflicts_names_its_choices():
+    import pytest
+
+    from actors import evolve
+    from actors.errors import ConfigError
+    from protocol import Task
+
+    with pytest.raises(ValueError, match="conflicts='best'"):
+        Merger(conflicts="best")
+    with pytest.raises(ConfigError, match="conflicts='best'.*'score', 'first'"):
+        evolve([Task(id="t0", prompt="p")], lambda t, o: 0.0, run=lambda r, t: "",
+               propose=lambda *a: None, conflicts="best")

@@ -75,7 +75,8 @@ def test_a_log_from_before_the_default_round_replays_with_the_round_and_rules_it
     path = LOGS / "sync_data_parallel.evolog"
     meta = read_log(path).header.meta
     assert "per_worker" not in meta["scenario_toml"] and meta["parallel"] == "DataParallel()"
-    assert "screen" not in msgspec.json.decode(meta["machine_args"])["merger"]
+    merger = msgspec.json.decode(meta["machine_args"])["merger"]
+    assert "screen" not in merger and "conflicts" not in merger
     assert replay_log(path).divergence is None
     # Planned with today's default round instead, it diverges at the first LeaseBatch.
     wrong = replay_log(path, parallel=DataParallel(per_worker=1)).divergence
@@ -90,8 +91,10 @@ def test_a_log_written_now_records_the_round_and_every_rule_on_or_off(tmp_path):
     meta = read_log(log).header.meta
     assert meta["parallel"] == "DataParallel(per_worker=1)"
     merger = msgspec.json.decode(meta["machine_args"])["merger"]
-    assert {k: merger[k] for k in ("screen", "attribute", "retire", "recheck")} == {
-        "screen": False, "attribute": False, "retire": True, "recheck": False}
+    assert {k: merger[k] for k in ("screen", "attribute", "retire", "recheck", "sequential",
+                                   "conflicts")} == {
+        "screen": False, "attribute": False, "retire": True, "recheck": False,
+        "sequential": False, "conflicts": "first"}
     assert replay_log(log).divergence is None
 
 

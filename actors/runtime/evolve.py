@@ -157,7 +157,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            insecure: bool = False, tracking: Any = None, screen: bool = False,
            attribute: bool = False, retire: bool = False,
            recheck: bool = False, sequential: bool = False,
-           conflicts: str = "score") -> EvolveResult:
+           conflicts: str = "first") -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
@@ -175,9 +175,11 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     harmful diffs of a fused commit, and remove accepted keys whose removal scores
     better; ``recheck``: score a close call twice, the head too, for noisy models;
     ``sequential``: score a gate's candidate on a held-out minibatch first and stop
-    there when it is behind the head task for task; ``conflicts``: "score" (each
-    of the diffs that write one key differently scored on the held-out split, the best
-    kept) or "first" (the first proposer's kept unscored: one gate a merge).
+    there when it is behind the head task for task; ``conflicts``: "first" (the
+    default: of the diffs that write one key differently, the first proposer's goes on
+    to the fused candidate unscored, so a merge pays one held-out gate) or "score"
+    (each scored on the held-out split, the best kept; a log header without
+    ``conflicts`` replays so).
 
     ``parallel`` (default ``DataParallel(per_worker=1)``, one task per worker a round,
     chosen by the benchmarks in docs/parallelism.md; ``DataParallel()`` rolls out each
