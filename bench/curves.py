@@ -45,13 +45,23 @@ SPENT = "(budget spent)"
 class Calls:
     """The one counting wrapper: every call of every library goes through it."""
 
-    def __init__(self, domain: Domain, budget: int, seed: int) -> None:
+    def __init__(self, domain: Domain, budget: int, seed: int, latency_ms: float = 0.0) -> None:
         self.domain = domain
         self.budget = budget
         self.rng = random.Random(seed)
         self.n = 0
         self.refused = 0
         self.lock = threading.Lock()
+        #: Each answered call sleeps a lognormal time of this median (0: none): the
+        #: latency-bound runs, where wall clock follows the calls a library makes at once.
+        self.latency_ms = latency_ms
+        self._wait = random.Random(seed + 7919)
+
+    def _latency(self) -> None:
+        if self.latency_ms > 0:
+            with self.lock:
+                seconds = self.latency_ms / 1000 * self._wait.lognormvariate(0.0, 0.5)
+            time.sleep(seconds)
 
     def reward(self, task, output) -> float:
         return self.domain.reward(task, output)
@@ -62,7 +72,9 @@ class Calls:
                 self.refused += 1
                 return SPENT
             self.n += 1
-            return self.domain.run(rendered, task, self.rng)
+            answer = self.domain.run(rendered, task, self.rng)
+        self._latency()
+        return answer
 
     def propose(self, rendered, task, output, reward):
         with self.lock:
@@ -70,7 +82,9 @@ class Calls:
                 self.refused += 1
                 return None
             self.n += 1
-            return self.domain.propose(rendered, task, self.rng)
+            proposal = self.domain.propose(rendered, task, self.rng)
+        self._latency()
+        return proposal
 
 
 def split(domain: Domain, seed: int):
@@ -187,7 +201,7 @@ def tensor_parallel(domain: Domain, n_workers: int,
     if not keys:
         raise NotApplicable(f"{domain.name}: TensorParallel needs a key space "
                             f"({domain.shape} declares none)")
-    first = {t.id: sorted(t.meta["need"])[0] for t in domain.tasks}
+    first = {t.id: min(t.meta["need"]) for t in domain.tasks}
     return TensorParallel(min(n_workers, len(keys)), route=first.__getitem__,
                           per_worker=per_worker)
 
@@ -221,9 +235,9 @@ def available(system: str) -> str | None:
     return None
 
 
-def one(name: str, domain_name: str, budget: int, seed: int) -> dict:
+def one(name: str, domain_name: str, budget: int, seed: int, latency_ms: float = 0.0) -> dict:
     domain = DOMAINS[domain_name]()
-    calls = Calls(domain, budget, seed)
+    calls = Calls(domain, budget, seed, latency_ms)
     t = time.perf_counter()
     rendered = system(name)(domain, calls, seed)
     return {"system": name, "domain": domain_name, "budget": budget, "seed": seed,
@@ -231,7 +245,7 @@ def one(name: str, domain_name: str, budget: int, seed: int) -> dict:
             "seconds": time.perf_counter() - t}
 
 
-def measure(systems, domains, budgets, seeds) -> list[dict]:
+def measure(systems, domains, budgets, seeds, latency_ms: float = 0.0) -> list[dict]:
     out = []
     for domain in domains:
         for budget in budgets:
@@ -240,15 +254,16 @@ def measure(systems, domains, budgets, seeds) -> list[dict]:
                     continue
                 for seed in range(seeds):
                     try:
-                        out.append(one(system, domain, budget, seed))
+                        out.append(one(system, domain, budget, seed, latency_ms))
                     except NotApplicable:
                         break
                     logging.getLogger("bench.curves").info("%s", out[-1])
     return out
 
 
-def summary(points: list[dict], systems) -> list[tuple]:
-    """One row per (domain, budget): each system's mean quality [min-max] @ mean calls."""
+def summary(points: list[dict], systems, seconds: bool = False) -> list[tuple]:
+    """One row per (domain, budget): each system's mean quality [min-max] @ mean calls
+    (and ``in`` mean wall-clock seconds, with ``seconds``)."""
     rows = []
     keys = sorted({(p["domain"], p["budget"]) for p in points},
                   key=lambda k: (list(DOMAINS).index(k[0]), k[1]))
@@ -262,7 +277,10 @@ def summary(points: list[dict], systems) -> list[tuple]:
                 continue
             q = [p["quality"] for p in mine]
             c = statistics.mean(p["calls"] for p in mine)
-            row.append(f"{statistics.mean(q):.2f} [{min(q):.2f}-{max(q):.2f}] @ {c:,.0f}")
+            cell = f"{statistics.mean(q):.2f} [{min(q):.2f}-{max(q):.2f}] @ {c:,.0f}"
+            if seconds:
+                cell += f" in {statistics.mean(p['seconds'] for p in mine):.1f} s"
+            row.append(cell)
         rows.append(tuple(row))
     return rows
 
@@ -311,6 +329,9 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--markdown", action="store_true", help="print the table as markdown")
     p.add_argument("--from-json", default=None,
                    help="print (and plot) the points a --json run saved, running nothing")
+    p.add_argument("--seconds", action="store_true", help="show wall clock in the table")
+    p.add_argument("--latency-ms", type=float, default=0.0,
+                   help="every call sleeps a lognormal time of this median (wall clock)")
     p.add_argument("-v", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.v else logging.WARNING)
@@ -330,9 +351,9 @@ def main(argv=None) -> list[dict]:
             points = json.load(f)
         systems = [s for s in systems if any(p["system"] == s for p in points)]
     else:
-        points = measure(systems, domains, budgets, seeds)
+        points = measure(systems, domains, budgets, seeds, args.latency_ms)
     header = ("domain", "budget") + tuple(systems)
-    rows = summary(points, systems)
+    rows = summary(points, systems, seconds=args.latency_ms > 0 or args.seconds)
     if args.markdown:
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 COMPONENT = "artifact"
 NOT_INSTALLED = "gepa not installed (pip install gepa==0.1.4)"
@@ -39,6 +40,11 @@ def available() -> bool:
     return True
 
 
+#: Threads an evaluation batch runs on when calls are latency-bound (the other
+#: libraries' worker count).
+THREADS = 4
+
+
 class Adapter:
     """A GEPA adapter over a domain, its counting model wrapper and an evobus strategy
     (used only to render the state and to turn a proposal into an edit)."""
@@ -54,11 +60,14 @@ class Adapter:
         from gepa.core.adapter import EvaluationBatch
 
         rendered = self.render(candidate)
-        outputs, scores = [], []
-        for task in batch:
-            out = self.calls.run(rendered, task)
-            outputs.append(out)
-            scores.append(self.calls.reward(task, out))
+        if getattr(self.calls, "latency_ms", 0) > 0:
+            # Latency-bound runs: the batch is evaluated on THREADS threads, as the
+            # other libraries run their workers.
+            with ThreadPoolExecutor(THREADS) as pool:
+                outputs = list(pool.map(lambda t: self.calls.run(rendered, t), batch))
+        else:
+            outputs = [self.calls.run(rendered, task) for task in batch]
+        scores = [self.calls.reward(task, out) for task, out in zip(batch, outputs)]
         traces = [{"task": t, "output": o, "score": s}
                   for t, o, s in zip(batch, outputs, scores)] if capture_traces else None
         return EvaluationBatch(outputs=outputs, scores=scores, trajectories=traces)
