@@ -6,9 +6,12 @@ The merge of one round (every decision is counted in ``outcomes``):
 1. identical diffs collapse (``duplicate``); diffs that change nothing are dropped
    (``unchanged``); with tensor parallelism, a diff touching a key outside its
    proposer's section is rejected on arrival (``section-violation``);
-2. diffs that write the same key with different values conflict: each is scored on
-   the held-out tasks on top of the head, the best one stays in, the rest are
-   ``conflict`` (the first proposer wins an exact tie);
+2. diffs that write the same key with different values conflict: with
+   ``conflicts="score"`` (this class's default, what a log header without the field
+   ran with) each is scored on the held-out tasks on top of the head, the best one
+   stays in, the rest are ``conflict`` (the first proposer wins an exact tie); with
+   ``conflicts="first"`` (evolve()'s default) the first proposer's stays in unscored,
+   so the merge pays one held-out gate;
 3. the survivors are fused into one candidate and scored; it is committed only if it
    strictly beats the head (an exact tie is never accepted);
 4. if the fused candidate does not beat the head and it held several diffs, its two
@@ -24,8 +27,10 @@ diff on its own evidence task before the gate, and conflicting variants on a hel
 minibatch; ``attribute`` and ``retire`` (actors/machines/probing.py, with the group
 testing of actors/machines/attribution.py) look for the diffs that hold a fused commit
 back (``harmful``) and for the head's keys whose removal scores higher (``retired``);
-``recheck`` (probing.py) scores a close call a second time, the head too. An op of
-text ``REMOVE`` deletes its key.
+``recheck`` (probing.py) scores a close call a second time, the head too;
+``sequential`` (screening.py) scores a gate's candidate on a held-out minibatch first
+and stops there when it is behind the head task for task. An op of text ``REMOVE``
+deletes its key.
 
 Scoring is work: an ``EvalRequest`` to the Scheduler, answered by ``EvalDone``. Scores
 are cached per (candidate state, task set) (actors/machines/scoring.py), so a
