@@ -9,9 +9,9 @@ target is a miss and is shown as such.
 
 Beside each, agentdescent's own ``evolve()`` on the same tasks, the same train/held-out
 split and its own ``KeyedRules``. An agentdescent synchronous round rolls out one task
-per worker; evobus's default round is ``DataParallel(per_worker=1)``, the minibatch
-round that is agentdescent's round task for task; the sync rows are given a second time
-with ``DataParallel()``, the whole train split a round (one gate per pass).
+per worker (``DataParallel(per_worker=1)`` in evobus, task for task); evobus's default
+round is ``DataParallel(per_worker=4)``; the sync rows are given a second time with
+``DataParallel()``, the whole train split a round (one gate per pass).
 
 A third figure per configuration counts every ``run()`` call, train rollouts and held-out
 scoring alike (a counting wrapper around the same ``run`` for both libraries): what

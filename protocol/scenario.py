@@ -50,9 +50,9 @@ class SingleSlotSpec(_Section, frozen=True, tag="SingleSlot", tag_field="kind"):
 
 
 class DataParallelSpec(_Section, frozen=True, tag="DataParallel", tag_field="kind"):
-    #: Tasks each worker rolls out per round (a minibatch of its shard; 1 by default,
+    #: Tasks each worker rolls out per round (a minibatch of its shard; 4 by default,
     #: as evolve()'s default round); "shard": the whole shard.
-    per_worker: Annotated[int, msgspec.Meta(ge=1)] | Literal["shard"] = 1
+    per_worker: Annotated[int, msgspec.Meta(ge=1)] | Literal["shard"] = 4
 
 
 class TensorParallelSpec(_Section, frozen=True, tag="TensorParallel", tag_field="kind"):

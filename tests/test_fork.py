@@ -62,8 +62,8 @@ def test_a_fork_counts_what_was_spent_against_the_budgets(finished, tmp_path, ca
 
 
 def test_a_fork_from_a_version_the_log_does_not_hold_lists_its_versions(finished, capsys):
-    assert main(["resume", str(finished), "--from-version", "12"]) == 2
-    assert "its versions: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11" in capsys.readouterr().err
+    assert main(["resume", str(finished), "--from-version", "7"]) == 2
+    assert "its versions: 0, 1, 2, 3, 4, 5, 6" in capsys.readouterr().err
 
 
 def test_scenario_without_from_version_is_refused(finished, tmp_path, capsys):

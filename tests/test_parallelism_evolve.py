@@ -32,7 +32,8 @@ def test_the_parallelism_example_keeps_its_invariants():
     routed = rows["TensorParallel(4, keys=..., route=...)"]
     unrouted = rows["TensorParallel(4, keys=...)"]
     assert routed["out-of-section"] == 0
-    assert routed["delivered"] == dp["delivered"] and routed["reward"] == dp["reward"] == 1.0
+    assert routed["delivered"] == routed["proposed"] and dp["delivered"] == dp["proposed"]
+    assert routed["reward"] == dp["reward"] == 1.0
     assert unrouted["out-of-section"] > 0
     assert unrouted["delivered"] + unrouted["out-of-section"] == unrouted["proposed"]
     assert rows["BlockParallel()  [custom]"]["reward"] == 1.0
@@ -160,15 +161,15 @@ def test_a_scenario_declares_the_minibatch_round():
     assert build_parallel(parse_scenario(text).parallel) == DataParallel(per_worker=2)
 
 
-def test_a_scenario_round_is_one_task_per_worker_unless_it_asks_for_the_whole_shard():
+def test_a_scenario_round_is_the_default_minibatch_unless_it_asks_for_the_whole_shard():
     from actors.runtime.launch import build_parallel
     from protocol.scenario import parse_scenario
 
     toml = Path(__file__).resolve().parent.parent / "scenarios" / "router.toml"
     text = toml.read_text()
-    assert build_parallel(parse_scenario(text).parallel) == DataParallel(per_worker=1)
+    assert build_parallel(parse_scenario(text).parallel) == DataParallel(per_worker=4)
     no_section = text.replace('[parallel]\nkind = "DataParallel"\n', "")
     assert "[parallel]" not in no_section
-    assert build_parallel(parse_scenario(no_section).parallel) == DataParallel(per_worker=1)
+    assert build_parallel(parse_scenario(no_section).parallel) == DataParallel(per_worker=4)
     shard = text.replace('kind = "DataParallel"\n', 'kind = "DataParallel"\nper_worker = "shard"\n')
     assert build_parallel(parse_scenario(shard).parallel) == DataParallel()

@@ -89,7 +89,7 @@ def test_a_log_written_now_records_the_round_and_every_rule_on_or_off(tmp_path):
            propose=router.propose, strategy=KeyedRules(router.CATEGORIES), rounds=2,
            seed=0, bus="memory", log=str(log), retire=True)
     meta = read_log(log).header.meta
-    assert meta["parallel"] == "DataParallel(per_worker=1)"
+    assert meta["parallel"] == "DataParallel(per_worker=4)"
     merger = msgspec.json.decode(meta["machine_args"])["merger"]
     assert {k: merger[k] for k in ("screen", "attribute", "retire", "recheck", "sequential",
                                    "conflicts")} == {

@@ -185,9 +185,10 @@ class DataParallel:
     shard when it holds ``k`` or fewer). Each round is still disjoint; every shard is
     walked through in ``ceil(len(shard) / k)`` rounds. Smaller rounds mean more
     merges (and held-out gates) per rollout: ``per_worker=1`` is agentdescent's
-    synchronous round, task for task, and learns in fewer train rollouts and model
-    calls on domains where one round's proposals conflict; it is what ``evolve()``
-    plans with when no ``parallel`` is given (:func:`default_parallel`).
+    synchronous round, task for task; ``per_worker=4`` is what ``evolve()`` plans
+    with when no ``parallel`` is given (:func:`default_parallel`; with conflicting
+    edits settled by their first proposer it needs the fewest model calls on the
+    benchmarks, docs/parallelism.md).
     ``DataParallel()`` (``per_worker=None``) rolls out the whole shard: it gates least
     often and spends the fewest messages a rollout.
 
@@ -232,7 +233,7 @@ class DataParallel:
 
 #: Tasks per worker per round when no ``parallel`` is given (docs/parallelism.md has
 #: the measurements that chose it).
-DEFAULT_PER_WORKER = 1
+DEFAULT_PER_WORKER = 4
 
 
 def default_parallel() -> DataParallel:

@@ -181,7 +181,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     (each scored on the held-out split, the best kept; a log header without
     ``conflicts`` replays so).
 
-    ``parallel`` (default ``DataParallel(per_worker=1)``, one task per worker a round,
+    ``parallel`` (default ``DataParallel(per_worker=4)``, four tasks per worker a round,
     chosen by the benchmarks in docs/parallelism.md; ``DataParallel()`` rolls out each
     worker's whole shard a round). ``rounds`` (default 15) counts synchronous rounds; in asynchronous mode it has no
     meaning (a warning says so if it is passed) and the run stops on a budget:

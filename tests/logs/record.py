@@ -72,11 +72,13 @@ cluster_of = "scenarios.router:cluster_of"
 
 # Barrier-free: waves on NeedWork, Merged/backpressure, a lag budget of one version (so
 # Refresh and re-verification of stale proposals, as work, both happen), drained by the
-# rollout budget.
+# rollout budget. One task per worker a wave (per_worker = 1, the default round when it
+# was recorded; a wave of 4 per worker stalls less and never refreshes).
 SCENARIOS["async_router"] = ('name = "async_router"\nmode = "async"\nasync_ratio = 1\n'
                              'staleness = "reflective"\n' + _COMMON + """
 [parallel]
 kind = "DataParallel"
+per_worker = 1
 
 [budgets]
 max_rollouts = 240
