@@ -40,6 +40,8 @@ class Ledger:
         self.reserved_cost = 0.0
         self.spent: str | None = None
         self.in_flight_when_spent: int | None = None
+        #: A token or cost budget has been passed (not only found too small for a lease).
+        self.passed = False
         self.refused_leases = 0
 
     # -- limits ---------------------------------------------------------------------------
@@ -169,12 +171,17 @@ class Ledger:
         """A token or cost budget passed by this lease's end: the calls in flight then
         were this lease's and those still reserved."""
         b = self.limits
-        if b is None or self.spent is not None:
+        if b is None or self.passed:
             return
         for name, limit, used in (("max_tokens", b.max_tokens, self.tokens),
                                   ("max_cost", b.max_cost, self.cost)):
             if limit is not None and sum(used.values()) >= limit:
-                self.spent, self.in_flight_when_spent = name, self.reserved_total + calls
+                # Passed now: the calls in flight now are what passed it, even when the
+                # budget refused a lease before (work already admitted, e.g. the gate
+                # of a round whose next leases were refused, still runs).
+                self.passed = True
+                self.spent = self.spent or name
+                self.in_flight_when_spent = self.reserved_total + calls
                 return
 
     def _count(self, u: Usage, kind: str) -> None:
