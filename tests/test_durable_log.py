@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SCENARIO = """
 name = "slow-router"
-rounds = 3
+rounds = 20
 seed = 0
 held_out_frac = 0.4
 log = "{log}"

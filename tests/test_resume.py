@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def router_kwargs(**extra):
     kw = dict(tasks=router.tasks(), reward=router.reward, run=router.run,
               propose=router.propose, strategy=KeyedRules(router.CATEGORIES), rounds=2,
-              n_workers=4, seed=0, bus="memory", parallel=DataParallel())
+              n_workers=4, seed=0, bus="memory", parallel=DataParallel(),
+              conflicts="score")   # each variant scored: a run long enough to cut anywhere
     kw.update(extra)
     return kw
 
@@ -240,7 +241,7 @@ def test_resuming_a_log_that_does_not_replay_is_refused(full_run, tmp_path):
 
 SLOW_SCENARIO = """
 name = "slow-router"
-rounds = 3
+rounds = 7
 seed = 0
 held_out_frac = 0.4
 log = "{log}"
