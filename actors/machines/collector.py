@@ -77,6 +77,7 @@ STOPPING = "stopping"
 ENDED = "ended"
 
 _ANSWERS = frozenset((BranchDone, BranchFailed, Interaction))
+_RELEASED = Stop(reason="the group has no more branches for this worker")
 
 
 def check_inputs(pending: Mapping[str, PendingInteraction], used: Iterable[str],
@@ -684,13 +685,19 @@ class Collector:
         idle = [w for w in self.pool if not workers[w].held]
         if not idle:
             return []
-        may_return = set(self.table.revoking)
-        # A lease queued behind a running one may be revoked; with liveness on, any lease
-        # out comes back if its worker is lost.
+        # A lease queued behind a running one may be revoked, as may one being revoked
+        # (always held: counted once); with liveness on, any lease out comes back if its
+        # worker is lost.
+        revoking = self.table.revoking
         first = 0 if self.start.deadline is not None else 1
+        may_return = 0
         for worker in workers.values():
-            may_return.update(worker.held[first:])
-        go = idle[len(may_return):]
+            held = worker.held
+            if held:
+                may_return += len(held) - first
+                if first and held[0] in revoking:
+                    may_return += 1
+        go = idle[may_return:]
         if not go:
             return []
         self.released.update(go)
@@ -698,8 +705,7 @@ class Collector:
         self.pool = [w for w in self.pool if w not in gone]
         for w in go:
             self.table.leave(w)   # holds nothing; no longer watched
-        return [(w, Stop(reason="the group has no more branches for this worker"))
-                for w in go]
+        return [(w, _RELEASED) for w in go]
 
     def _maybe_end(self) -> list[Out]:
         if self.phase in (IDLE, AWAITING_INPUTS, ENDED) or self.leases:
