@@ -448,11 +448,6 @@ class GroupStart(Msg, frozen=True):
     #: False (older logs): guided leases from the first.
     ordered: bool = False
     batch_below: float = 0.0
-    #: With ``ordered``, once branches are measured no cheaper than ``batch_below``: the
-    #: next leases are cut as a wave, one per worker at once, worker ``p``'s holding the
-    #: ``p``-th, ``p + workers``-th, ... queued branches (starts still in input order).
-    #: False (older logs): one branch per lease until they are measured cheap.
-    waves: bool = False
     #: Liveness: a worker whose Hello declares a heartbeat is presumed lost after
     #: ``deadline`` seconds of silence (None: never), or on ``Lost``; its branch leases are
     #: re-dispatched under their ids, and a lease whose workers were lost ``max_tries``

@@ -476,8 +476,6 @@ class Collector:
             self.state[i] = PENDING
         if self.phase == RUNNING:
             self.queue.extendleft(reversed(requeue))
-            if requeue and self.start.waves:   # a wave deals from a queue in input order
-                self.queue = collections.deque(sorted(self.queue))
 
     def _measure(self, msg: BranchDone) -> None:
         self.busy_seconds += msg.elapsed
@@ -570,8 +568,6 @@ class Collector:
         if not again and not self.queue:
             return self._rebalance() + self._release()
         table = self.table
-        if not again and self.waving and not table.lost:
-            return self._wave()
         workers = table.workers
         # The worker with the fewest leases out, the first in pool order among them (an
         # idle one first); counted once here, then kept up to date as leases go out
@@ -617,54 +613,12 @@ class Collector:
         else:
             indices = [popleft() for _ in range(k)]
             items = self._lease_items(indices)
-        return self._lease(indices, items, in_order=not batching)
-
-    @property
-    def waving(self) -> bool:
-        """Leases go out as waves (``GroupStart.waves``): starts follow input order and
-        the branches are measured, no cheaper than ``batch_below`` each."""
-        return self.start.waves and not self.batching and self.busy_items >= self.concurrency
-
-    def _wave(self) -> list[Out]:
-        """One in-order lease per worker of the pool, all cut at once once every one has
-        room: worker ``p``'s holds the ``p``-th, ``p + W``-th, ... of the first ``W x d``
-        queued branches (``W`` workers; ``d`` shrinks with the queue, as guided leases
-        do). The queue is in input order, so each worker's branches rise across its
-        leases and every branch below a dealt one is dealt, started or done: the smallest
-        branch not started is always its worker's next, and its turn has come (nobody
-        waits forever), while every branch still starts in its turn."""
-        table, pool, queue = self.table, self.pool, self.queue
-        workers, slots = table.workers, self.slots
-        if not pool or any(len(workers[w].held) >= slots for w in pool):
-            return []   # the wave goes out when every worker can take its part
-        width = len(pool)
-        start = self.start
-        depth = -(-len(queue) // (start.chunk_factor * width))
-        depth = max(1, min(start.max_chunk, depth))
-        popleft = queue.popleft
-        dealt = [popleft() for _ in range(min(len(queue), width * depth))]
-        items, state = start.items, self.state
-        out: list[Out] = []
-        for p, worker in enumerate(pool[:len(dealt)]):
-            indices = dealt[p::width]
-            for i in indices:
-                state[i] = LEASED
-            lease = self._lease(indices, [items[i] for i in indices], in_order=True)
-            table.add(lease.lease_id, lease)
-            table.give(lease.lease_id, worker)
-            out.append((worker, lease))
-        self.peak_leases = max(self.peak_leases, len(table.payload))
-        if queue:
-            return out
-        return out + self._rebalance() + self._release()
-
-    def _lease(self, indices: list[int], items: list[Any], in_order: bool) -> Branch:
         lease_id = f"{self.gid}.{self.n_leases}"
         self.n_leases += 1
         journals = ({i: self.journals[i] for i in indices if i in self.journals}
                     if self.journals else {})
         return Branch(group_id=self.gid, lease_id=lease_id, indices=indices, items=items,
-                      journals=journals, in_order=in_order)
+                      journals=journals, in_order=not batching)
 
     def _lease_items(self, indices: list[int]) -> list[Any]:
         """The items of a lease's branches, now leased."""
