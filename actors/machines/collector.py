@@ -76,6 +76,9 @@ PAUSING = "pausing"
 STOPPING = "stopping"
 ENDED = "ended"
 
+_ANSWERS = frozenset((BranchDone, BranchFailed, Interaction))
+_RELEASED = Stop(reason="the group has no more branches for this worker")
+
 
 def check_inputs(pending: Mapping[str, PendingInteraction], used: Iterable[str],
                  answers: Mapping[str, Any], approvals: Mapping[str, Any],
@@ -189,15 +192,18 @@ class Collector:
         return None
 
     def handle(self, msg: Message) -> list[Out]:
+        if type(msg) in _ANSWERS:   # the bulk of a group's messages: tested first
+            lease = self._settle(msg)
+            out = [] if lease is None else self._on_answer(msg, lease.indices)
+            # Any answer, even a late one, is a sign of life: it takes a worker presumed
+            # lost back (nothing to do while no worker is watched or lost).
+            table = self.table
+            if table.lost or table.seen:
+                out += self._on_heartbeat(msg.worker)
+            return out
         match msg:
             case GroupStart():
                 return self._on_start(msg)
-            case BranchDone() | BranchFailed() | Interaction():
-                lease = self._settle(msg)
-                out = [] if lease is None else self._on_answer(msg, lease.indices)
-                # Any answer, even a late one, is a sign of life: it takes a worker
-                # presumed lost back.
-                return out + self._on_heartbeat(msg.worker)
             case UserInputs():
                 return self._on_inputs(msg)
             case Hello():
@@ -226,10 +232,11 @@ class Collector:
             self.dropped += 1
             return None
         table = self.table
-        waiting = table.waiting(msg.lease_id)   # taken back: its first holder answers
-        lease = table.answer(msg.lease_id)
+        lease_id = msg.lease_id
+        waiting = lease_id not in table.holder   # taken back: its first holder answers
+        lease = table.answer(lease_id)
         if lease is not None and waiting:
-            self.again.remove(msg.lease_id)
+            self.again.remove(lease_id)
         return lease
 
     # -- workers ------------------------------------------------------------------------
@@ -410,30 +417,49 @@ class Collector:
 
     def _on_answer(self, msg: BranchDone | BranchFailed | Interaction,
                    indices: list[int]) -> list[Out]:
+        state, values = self.state, self.values
         for i, value in zip(msg.indices, msg.values):
-            self.state[i] = FINISHED
-            self.values[i] = value
+            state[i] = FINISHED
+            values[i] = value
         for i in msg.cancelled:
-            self.state[i] = CANCELLED
-        self.effects.extend(msg.effects)
+            state[i] = CANCELLED
+        if msg.effects:
+            self.effects.extend(msg.effects)
         self.result_bytes += msg.nbytes
         n_reported = len(msg.indices) + len(msg.cancelled) + len(msg.unstarted)
         out: list[Out] = []
-        if isinstance(msg, BranchDone) and (msg.indices or msg.suspended):
+        kind = type(msg)
+        if kind is BranchDone and (msg.indices or msg.suspended):
             self._measure(msg)
-        for s in () if isinstance(msg, Interaction) else msg.suspended:
+        if kind is not Interaction:
+            for s in msg.suspended:
+                n_reported += 1
+                self._wait(s.index, s.pending, s.journal)
+        if kind is not BranchDone:
             n_reported += 1
-            self._wait(s.index, s.pending, s.journal)
+            out += self._stopped_at(msg)
+        if msg.unstarted or n_reported != len(indices):
+            self._requeue(msg, indices, n_reported)
+        limit = self.start.max_result_bytes
+        if limit and msg.indices and self.result_bytes > limit:
+            out += self._too_large(msg, limit)
+        return out + self._dispatch() + self._maybe_end()
+
+    def _stopped_at(self, msg: BranchFailed | Interaction) -> list[Out]:
+        """The branch a failed or interrupted lease stopped at."""
         match msg:
             case BranchFailed(index=i, error=error, error_type=etype, after_stop=after):
-                n_reported += 1
                 self.state[i] = FAILED
                 self.errors[i] = f"{etype}: {error}" if etype else error
-                out += self._fail(i, error, etype, secondary=after)
+                return self._fail(i, error, etype, secondary=after)
             case Interaction(index=i, pending=p, journal=journal):
-                n_reported += 1
                 if self._wait(i, p, journal) and self.start.suspend != "all":
-                    out += self._pause()
+                    return self._pause()
+        return []
+
+    def _requeue(self, msg: BranchDone | BranchFailed | Interaction, indices: list[int],
+                 n_reported: int) -> None:
+        """Branches of the lease that did not start go back to the head of the queue."""
         requeue = list(msg.unstarted)   # in lease order: the worker stops at one point
         if n_reported != len(indices):
             # A worker that does not account for a branch: never count it as done.
@@ -450,10 +476,6 @@ class Collector:
             self.state[i] = PENDING
         if self.phase == RUNNING:
             self.queue.extendleft(reversed(requeue))
-        limit = self.start.max_result_bytes
-        if limit and msg.indices and self.result_bytes > limit:
-            out += self._too_large(msg, limit)
-        return out + self._dispatch() + self._maybe_end()
 
     def _measure(self, msg: BranchDone) -> None:
         self.busy_seconds += msg.elapsed
@@ -542,6 +564,9 @@ class Collector:
         out: list[Out] = []
         if self.phase != RUNNING:
             return out
+        again = self.again
+        if not again and not self.queue:
+            return self._rebalance() + self._release()
         table = self.table
         workers = table.workers
         # The worker with the fewest leases out, the first in pool order among them (an
@@ -556,8 +581,8 @@ class Collector:
         # actors.groups.host._StartOrder.)
         batching = self.batching
         cap = self.slots if len(pool) + len(table.lost) >= len(self.planned) else 1
-        again = self.again
-        while (again or self.queue) and counts:
+        queue = self.queue
+        while (again or queue) and counts:
             fewest = min(counts)
             if fewest >= cap:
                 break
@@ -572,6 +597,8 @@ class Collector:
             table.give(lease.lease_id, worker)
             self.peak_leases = max(self.peak_leases, len(table.payload))
             out.append((worker, lease))
+        if again or queue:   # (then there is nothing to rebalance or release)
+            return out
         return out + self._rebalance() + self._release()
 
     def _cut(self, batching: bool) -> Branch:
@@ -579,7 +606,24 @@ class Collector:
         start = self.start
         popleft = self.queue.popleft
         k = self._lease_size() if batching else 1
-        indices = [popleft() for _ in range(k)]
+        if k == 1:
+            i = popleft()
+            indices, items = [i], [start.items[i]]
+            self.state[i] = LEASED
+        else:
+            indices = [popleft() for _ in range(k)]
+            items = self._lease_items(indices)
+        lease_id = f"{self.gid}.{self.n_leases}"
+        self.n_leases += 1
+        journals = ({i: self.journals[i] for i in indices if i in self.journals}
+                    if self.journals else {})
+        return Branch(group_id=self.gid, lease_id=lease_id, indices=indices, items=items,
+                      journals=journals, in_order=not batching)
+
+    def _lease_items(self, indices: list[int]) -> list[Any]:
+        """The items of a lease's branches, now leased."""
+        start = self.start
+        k = len(indices)
         first, last = indices[0], indices[-1]
         contiguous = last - first == k - 1 and indices == list(range(first, last + 1))
         if contiguous:
@@ -589,12 +633,7 @@ class Collector:
             for i in indices:
                 self.state[i] = LEASED
             items = [start.items[i] for i in indices]
-        lease_id = f"{self.gid}.{self.n_leases}"
-        self.n_leases += 1
-        journals = ({i: self.journals[i] for i in indices if i in self.journals}
-                    if self.journals else {})
-        return Branch(group_id=self.gid, lease_id=lease_id, indices=indices, items=items,
-                      journals=journals, in_order=not batching)
+        return items
 
     def _lease_size(self) -> int:
         start = self.start
@@ -646,13 +685,19 @@ class Collector:
         idle = [w for w in self.pool if not workers[w].held]
         if not idle:
             return []
-        may_return = set(self.table.revoking)
-        # A lease queued behind a running one may be revoked; with liveness on, any lease
-        # out comes back if its worker is lost.
+        # A lease queued behind a running one may be revoked, as may one being revoked
+        # (always held: counted once); with liveness on, any lease out comes back if its
+        # worker is lost.
+        revoking = self.table.revoking
         first = 0 if self.start.deadline is not None else 1
+        may_return = 0
         for worker in workers.values():
-            may_return.update(worker.held[first:])
-        go = idle[len(may_return):]
+            held = worker.held
+            if held:
+                may_return += len(held) - first
+                if first and held[0] in revoking:
+                    may_return += 1
+        go = idle[may_return:]
         if not go:
             return []
         self.released.update(go)
@@ -660,8 +705,7 @@ class Collector:
         self.pool = [w for w in self.pool if w not in gone]
         for w in go:
             self.table.leave(w)   # holds nothing; no longer watched
-        return [(w, Stop(reason="the group has no more branches for this worker"))
-                for w in go]
+        return [(w, _RELEASED) for w in go]
 
     def _maybe_end(self) -> list[Out]:
         if self.phase in (IDLE, AWAITING_INPUTS, ENDED) or self.leases:
