@@ -237,7 +237,7 @@ WORKERS = {"local": "local = 4",
 
 
 def scenario(url: str, workers: str, parallel: str, mode: str, budgets: str,
-             agent: str = "") -> str:
+             agent: str = "", agent_ref: str = "tests.budget_domain:CountingAgent") -> str:
     return f'''name = "budget"
 {"mode = 'async'" if mode == "async" else "rounds = 40"}
 seed = 0
@@ -245,7 +245,7 @@ seed = 0
 tasks = "tests.budget_domain:tasks"
 reward = "tests.budget_domain:reward"
 [domain.agent]
-ref = "tests.budget_domain:CountingAgent"
+ref = "{agent_ref}"
 [domain.agent.kwargs]
 base_url = "{url}"
 model = "sim"
@@ -271,10 +271,11 @@ def calls_file(tmp_path, monkeypatch):
     return str(path)
 
 
-def _run(calls_file, workers, parallel, mode, budgets):
+def _run(calls_file, workers, parallel, mode, budgets, **kw):
     with SimulatedEndpoint(latency=0.002, sigma=0.5, seed=1, reply=bd.router_reply) as ep:
         result = run_scenario(parse_scenario(scenario(ep.url, WORKERS[workers],
-                                                      PARALLEL[parallel], mode, budgets)))
+                                                      PARALLEL[parallel], mode, budgets,
+                                                      **kw)))
     return result, bd.counted(calls_file), ep.counts
 
 
@@ -327,6 +328,42 @@ def test_cost_of_what_was_served_passes_max_cost_by_no_more_than_the_calls_in_fl
     assert b["cost"]["total"] == pytest.approx(cost, rel=1e-6)
     assert cost <= 0.004 + b["in_flight_when_spent"] * served["max_call_tokens"] * 2.0 / 1e6
     assert counted["total"] == served["ok"]
+
+
+# -- calls made inside parallel groups run from a rollout -------------------------------------
+
+GROUPS = dict(agent_ref="tests.budget_domain:GroupAgent")
+
+
+@pytest.mark.parametrize("workers,mode", [
+    pytest.param("process", "sync", id="process-sync"),
+    pytest.param("process", "async", marks=pytest.mark.slow, id="process-async"),
+    pytest.param("local", "sync", id="local-sync")])
+def test_branches_of_groups_inside_rollouts_never_pass_max_calls(calls_file, workers, mode):
+    # A worker in another process asks the Scheduler's ledger before each branch starts
+    # (CallsAsk), and so does a thread worker: branches are reserved as rollouts are, so
+    # no call starts past the cap.
+    result, counted, served = _run(calls_file, workers, "DataParallel", mode,
+                                   "max_calls = 250", **GROUPS)
+    calls = result.budget["calls"]
+    assert result.stop_reason == "max_calls" and counted["branch"] > counted["solve"], counted
+    assert counted["total"] <= 250, (counted, calls)
+    assert counted["total"] == calls["total"], (counted, calls)
+    # A solve whose group a spent budget refused never sends its own request.
+    assert served["ok"] <= counted["total"] and calls["rollout"] > counted["propose"]
+
+
+@pytest.mark.parametrize("workers", ["process", "local"])
+def test_branches_of_groups_inside_rollouts_count_their_tokens(calls_file, workers):
+    result, counted, served = _run(calls_file, workers, "DataParallel", "sync",
+                                   "max_tokens = 1500", **GROUPS)
+    b = result.budget
+    tokens = served["prompt_tokens"] + served["completion_tokens"]
+    assert counted["branch"] > 0 and b["spent"] == "max_tokens", b
+    assert b["tokens"]["total"] == tokens            # the branches' tokens travelled too
+    assert tokens <= 1500 + b["in_flight_when_spent"] * served["max_call_tokens"], b
+    # A solve whose group the spent budget refused never sends its own request.
+    assert served["ok"] <= counted["total"] == b["calls"]["total"]
 
 
 # -- throttling ---------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from bus.base import MAX_FRAME_BYTES
 
 from actors.errors import ConfigError
 from actors.errors import BudgetExhausted
+from actors import usage
 
 
 #: The most a branch's result (and all of a group's results together) may take encoded:
@@ -112,6 +113,9 @@ class _Ledger:
         #: The evolve() run this group is part of (actors.workers.scope.RunScope): its
         #: max_calls caps the branch starts of this group and of every group under it.
         self.run = run if parent is None else parent.run
+        #: The usage meter of the call that started the group (actors.usage): its branches'
+        #: model calls report into it, so they count in the run's token and cost budgets.
+        self.meter = usage.current()
         chain, ledger = [], self
         while ledger is not None:
             chain.append(ledger)
@@ -119,7 +123,7 @@ class _Ledger:
         self.chain = chain[::-1]     # root first: locks are always taken in this order
         self.limited = any(lg.budgets.calls is not None or lg.budgets.cost is not None
                            or lg.budgets.seconds is not None for lg in self.chain) or (
-            self.run is not None and self.run.max_calls is not None)
+            self.run is not None and self.run.limited)
 
     def seconds(self) -> float:
         return self.seconds_before + (time.monotonic() - self.t0)
