@@ -1057,3 +1057,59 @@ def test_a_run_whose_every_remote_worker_is_lost_stops_after_wait_seconds(tmp_pa
     message = str(err.value)
     assert "no worker has been registered for" in message and "(wait_seconds = 2)" in message
     assert "workers presumed lost: w0" in message
+
+
+# -- nested groups write their effects ahead too ---------------------------------------------
+
+
+def test_a_nested_groups_effects_are_on_disk_and_not_run_again_on_resume(tmp_path,
+                                                                          monkeypatch):
+    from actors.groups import run_group
+    from actors.groups.checkpoint import EffectLog
+
+    count, ckpt = tmp_path / "count.txt", tmp_path / "g.ckpt"
+    monkeypatch.setenv("EVOBUS_TEST_COUNT", str(count))
+    paused = run_group("trust_groups:nested_counted_then_ask", [0, 1], max_concurrency=1,
+                       max_items=2, checkpoint=ckpt)
+    assert paused.status == "user_input_pending"
+    keys = [0, 1, 2, 10, 11, 12]
+    assert _counts(count) == {k: 1 for k in keys}
+    # Each nested branch's intent and result, under the branch that started its group.
+    recorded = EffectLog(ckpt).recorded
+    assert {(scope, b, kind) for (scope, b, _), (kind, *_) in
+            ((k, (r.kind,)) for k, r in recorded.items())} == {
+        (f"{i}.1/", j, "result") for i in (0, 1) for j in range(3)}
+    done = _resume_to_the_end(ckpt, paused)
+    assert done.status == "completed" and done.results == ["3: yes", "33: yes"]
+    assert _counts(count) == {k: 1 for k in keys}      # the re-run branches found them
+    assert not (tmp_path / "g.ckpt.effects").exists()
+
+
+#: Where each seeded kill lands: the nested effect (key 10 * branch + j) held after it ran.
+NESTED_KILLS = {seed: __import__("random").Random(seed).choice([1, 2, 10, 12, 21, 30, 32])
+                for seed in range(5)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", sorted(NESTED_KILLS))
+def test_kill_9_inside_a_nested_group_never_runs_a_finished_effect_twice(tmp_path,
+                                                                         monkeypatch, seed):
+    from actors.groups import load_checkpoint, resume_group
+
+    count, ckpt, hold = tmp_path / "count.txt", tmp_path / "g.ckpt", tmp_path / "hold"
+    hold.mkdir()
+    monkeypatch.setenv("EVOBUS_TEST_COUNT", str(count))
+    at = NESTED_KILLS[seed]
+    proc = _python(f"from actors.groups import run_group\n"
+                   f"run_group('trust_groups:nested_counted', list(range(4)), "
+                   f"max_concurrency=1, max_items=4, chunk=1, checkpoint={str(ckpt)!r})",
+                   {"EVOBUS_TEST_HOLD": f"{hold}:{at}"})
+    _kill_when_held(proc, hold)
+    before = _counts(count)
+    assert set(before.values()) == {1} and at in before, (seed, at, before)
+    assert load_checkpoint(ckpt).status == "running"
+    done = resume_group(ckpt)
+    assert done.status == "completed", (seed, at, done.error)
+    assert done.results == [30 * i + 3 for i in range(4)]
+    # Every nested effect ran once: those before the kill came from the effect log.
+    assert _counts(count) == {10 * i + j: 1 for i in range(4) for j in range(3)}, (seed, at)
