@@ -230,8 +230,8 @@ _RECORD = struct.Struct("<II")  # payload length, crc32 of the payload
 
 
 class _EffectRecord(msgspec.Struct, array_like=True, frozen=True):
-    kind: str     # "intent" (about to run), "result" (ran; value: what it returned), or
-    #               "failed" (it raised)
+    kind: str     # "intent" (about to run), "result" (ran; value: what it returned),
+    #               "failed" (it raised), or "spent" (value: the budgets' totals)
     branch: int
     step: int     # the effect's position in its branch's journal
     name: str
@@ -263,6 +263,9 @@ class EffectLog:
         self.path = effects_path(checkpoint)
         self._lock = threading.Lock()
         self.recorded: dict[tuple[str, int, int], _EffectRecord] = {}
+        #: What the group had consumed when it last charged a budget (a "spent" record:
+        #: [calls, cost, seconds], totals), so a run killed while running still counts.
+        self.spent: list[float] | None = None
         if self.path.exists():
             self._load(self.path.read_bytes())
         self._file = open(self.path, "ab")  # noqa: SIM115 (closed in close())
@@ -277,11 +280,14 @@ class EffectLog:
             if len(payload) < length or zlib.crc32(payload) != crc:
                 break  # a torn tail: the crash came while this record was written
             rec = decode(payload)
+            pos += _RECORD.size + length
+            if rec.kind == "spent":
+                self.spent = list(rec.value)
+                continue
             key = (rec.scope, rec.branch, rec.step)
             old = self.recorded.get(key)
             if old is None or old.kind != "result":
                 self.recorded[key] = rec
-            pos += _RECORD.size + length
 
     def replayed(self, branch: int, step: int, name: str,
                  scope: str = "") -> tuple[bool, Any]:
@@ -311,13 +317,22 @@ class EffectLog:
         """The effect raised: it ran and said it failed; a branch run again retries it."""
         self._append(_EffectRecord("failed", branch, step, name, scope=scope))
 
+    def spend(self, consumed) -> None:
+        """The group's budgets were charged: its totals (``Consumed``), on disk before the
+        branch or the spend that charged them goes on."""
+        self._append(_EffectRecord("spent", -1, -1, "",
+                                   [consumed.calls, consumed.cost, consumed.seconds]))
+
     def _append(self, rec: _EffectRecord) -> None:
         payload = self._encode(rec)
         with self._lock:
             self._file.write(_RECORD.pack(len(payload), zlib.crc32(payload)) + payload)
             self._file.flush()
             os.fsync(self._file.fileno())
-            self.recorded[(rec.scope, rec.branch, rec.step)] = rec
+            if rec.kind == "spent":
+                self.spent = list(rec.value)
+            else:
+                self.recorded[(rec.scope, rec.branch, rec.step)] = rec
 
     def close(self) -> None:
         with self._lock:

@@ -294,6 +294,9 @@ def _execute_on(plan: _Plan, settings: "_Settings", ledger: _Ledger, store: Stor
         if plan.checkpoint is not None and parent is None else \
         parent.effect_log if parent is not None else None
     host.effect_scope = getattr(_ambient, "effect_scope", "") if parent is not None else ""
+    if host.effect_log is not None and parent is None:   # budgets spent: written ahead too
+        ledger.absorb(host.effect_log.spent)
+        ledger.on_charge = host.effect_log.spend
     if fleet is not None:
         fleet.open(host=host, target_ref=plan.ref, wants_ctx=settings.wants_ctx,
                    suspend_all=settings.suspend == "all", returns=plan.returns,

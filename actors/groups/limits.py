@@ -110,6 +110,9 @@ class _Ledger:
         self.seconds_before = consumed.seconds
         self.t0 = time.monotonic()
         self.parent = parent
+        #: Called with the totals after each charge (a top-level group with a checkpoint
+        #: records them, so a group killed while running still counts them on resume).
+        self.on_charge = None
         #: The evolve() run this group is part of (actors.workers.scope.RunScope): its
         #: max_calls caps the branch starts of this group and of every group under it.
         self.run = run if parent is None else parent.run
@@ -156,6 +159,9 @@ class _Ledger:
                     "started inside one; raise max_calls or start fewer branches")
             for lg in self.chain:
                 setattr(lg, field_, getattr(lg, field_) + amount)
+            root = self.chain[0]
+            if root.on_charge is not None:   # written ahead (a checkpoint's effect log)
+                root.on_charge(root.snapshot())
 
     def add_calls(self, n: int) -> None:
         """Count ``n`` branch starts at once (no budget to check: ``limited`` is False)."""
@@ -178,6 +184,14 @@ class _Ledger:
 
     def charge_cost(self, units: float) -> None:
         self._charge("cost", units)
+
+    def absorb(self, spent: list[float] | None) -> None:
+        """Count at least ``spent`` ([calls, cost, seconds], what a run killed while it ran
+        had recorded) as consumed already."""
+        if spent:
+            self.calls = max(self.calls, int(spent[0]))
+            self.cost = max(self.cost, float(spent[1]))
+            self.seconds_before = max(self.seconds_before, float(spent[2]))
 
     def snapshot(self) -> Consumed:
         return Consumed(calls=self.calls, seconds=round(self.seconds(), 6), cost=self.cost)
