@@ -301,9 +301,7 @@ def test_calls_counted_by_a_wrapper_never_pass_max_calls(calls_file, workers, pa
     assert counted["propose"] == calls["proposal"] and calls["scoring"] > 0
 
 
-@pytest.mark.parametrize("workers,parallel,mode", _matrix(process_too=False) + [
-    pytest.param("process", "DataParallel", "async", marks=pytest.mark.slow,
-                 id="process-DataParallel-async")])
+@pytest.mark.parametrize("workers,parallel,mode", _matrix(process_too=True))
 def test_tokens_served_pass_max_tokens_by_no_more_than_the_calls_in_flight(
         calls_file, workers, parallel, mode):
     result, counted, served = _run(calls_file, workers, parallel, mode, "max_tokens = 4000")
@@ -315,9 +313,7 @@ def test_tokens_served_pass_max_tokens_by_no_more_than_the_calls_in_flight(
     assert counted["total"] == served["ok"] == b["calls"]["total"]
 
 
-@pytest.mark.parametrize("workers,parallel,mode", _matrix(process_too=False) + [
-    pytest.param("process", "ClusterParallel", "sync", marks=pytest.mark.slow,
-                 id="process-ClusterParallel-sync")])
+@pytest.mark.parametrize("workers,parallel,mode", _matrix(process_too=True))
 def test_cost_of_what_was_served_passes_max_cost_by_no_more_than_the_calls_in_flight(
         calls_file, workers, parallel, mode):
     budgets = 'max_cost = 0.004\nprices = {sim = [1.0, 2.0]}'
