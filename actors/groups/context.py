@@ -151,7 +151,7 @@ class BranchContext:
     def _effect_failed(self, name: str, pos: int) -> None:
         effects = getattr(self._host, "effect_log", None)
         if effects is not None:
-            effects.failed(self.branch, pos, name, self._host.effect_scope)
+            effects.failed(self.branch, pos, name, *self._scope())
 
     def _ahead(self, name: str, pos: int) -> tuple[bool, Any]:
         """With a checkpoint (its effects written ahead: EffectLog): the result of this
@@ -160,11 +160,16 @@ class BranchContext:
         effects = getattr(self._host, "effect_log", None)
         if effects is None:
             return False, None
-        scope = self._host.effect_scope
-        ran, value = effects.replayed(self.branch, pos, name, scope)
+        ran, value = effects.replayed(self.branch, pos, name, *self._scope())
         if not ran:
-            effects.intent(self.branch, pos, name, scope)
+            effects.intent(self.branch, pos, name, *self._scope())
         return ran, value
+
+    def _scope(self) -> tuple[str, ...]:
+        """Where a nested group's branch records its effects (nothing for a top-level
+        branch, whose effect log may be one that only knows branches: RemoteEffects)."""
+        scope = self._host.effect_scope
+        return (scope,) if scope else ()
 
     def _external_slot(self) -> tuple[_Gate, ...]:
         """Wait for a slot under every external-call limit (host limits); the caller
@@ -184,7 +189,7 @@ class BranchContext:
         value = msgspec.msgpack.decode(_encodable(value, f"the result of effect {name!r}"))
         effects = getattr(self._host, "effect_log", None)
         if record and effects is not None:  # on disk before the branch goes on
-            effects.result(self.branch, pos, name, value, self._host.effect_scope)
+            effects.result(self.branch, pos, name, value, *self._scope())
         self._journal.append(JournalEntry(kind="effect", key=name, value=value))
         self._effects.append((self.branch, name))
         return value

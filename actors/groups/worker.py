@@ -247,7 +247,7 @@ class BranchRunner:
         t0 = time.monotonic()
         previous = getattr(_ambient, "host", None)
         _ambient.host = host
-        outer_meter = usage.swap(host.ledger.meter)   # its calls count with the caller's
+        outer_meter = usage.swap(getattr(host.ledger, "meter", None))   # counted with the caller
         fast = host.fast
         parent = host.parent
         box = self.box
