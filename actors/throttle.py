@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
+import collections
 import email.utils
+import math
 import random
 import threading
 import time
@@ -104,35 +106,59 @@ class Backoff:
         return value, attempts[0], slept[0]
 
 
+#: After a quiet moment a limiter lets requests through this many times faster than its
+#: rate until its window is full again (never more than ``burst`` in a window).
+CATCH_UP = 4
+
+
 class Limiter:
-    """At most ``max_concurrent`` requests at once and ``per_minute`` a minute, spaced
-    evenly: a turn nobody took can be taken late, but only the one just missed (a burst
-    of two at most, so an endpoint that counts over a sliding second sees the same rate
-    in every second, plus one). ``with limiter:`` waits its turn; :attr:`waited` sums
-    the seconds every thread waited."""
+    """At most ``max_concurrent`` requests at once, and ``per_minute`` a minute counted
+    the way providers (and bench.endpoint) count it: over a sliding window of about a
+    second. At most ``burst = ceil(per_minute / 60)`` requests start in any window of
+    ``burst * 60 / per_minute`` seconds (one second, or just over it when the rate is
+    not a whole number a second; for a rate under one a second, one request per
+    ``60 / per_minute`` seconds). A quiet moment (no thread had a call to make) leaves
+    room in the window, which the requests after it take at up to :data:`CATCH_UP`
+    times the rate (spaced, not all at once: requests started together reach the
+    endpoint in a jittered order). Turns are taken at the moment a request goes, on
+    ``time.monotonic()``. ``with limiter:`` waits its turn; :attr:`waited` sums the
+    seconds every thread waited."""
 
     def __init__(self, max_concurrent: int | None = None,
                  per_minute: float | None = None) -> None:
         self.max_concurrent, self.per_minute = max_concurrent, per_minute
         self._slots = threading.BoundedSemaphore(max_concurrent) if max_concurrent else None
-        self._interval = 60.0 / per_minute if per_minute else 0.0
-        self._next = 0.0
+        self.burst = max(1, math.ceil(per_minute / 60.0 - 1e-9)) if per_minute else 0
+        self.window = self.burst * 60.0 / per_minute if per_minute else 0.0
+        self.spacing = 60.0 / per_minute / CATCH_UP if per_minute else 0.0
+        self._turns: collections.deque[float] = collections.deque(maxlen=self.burst or 1)
+        self._turn = threading.Condition(threading.Lock())
         self._lock = threading.Lock()
         self.waited = 0.0
         self.local = threading.local()
+
+    def _next_turn(self, now: float) -> float:
+        turns = self._turns
+        if not turns:
+            return now
+        at = turns[-1] + self.spacing
+        if len(turns) == self.burst:   # the window is full: when its oldest turn leaves
+            at = max(at, turns[0] + self.window)
+        return at
 
     def __enter__(self) -> "Limiter":
         t0 = time.monotonic()
         if self._slots is not None:
             self._slots.acquire()
-        if self._interval:
-            with self._lock:
-                now = time.monotonic()
-                turn = max(now - self._interval, self._next)
-                self._next = turn + self._interval
-            if turn > now:
-                time.sleep(turn - now)
-            # (turn < now: the missed turn, taken at once)
+        if self.window:
+            with self._turn:
+                while True:  # woken early or late, the turn is taken at the time it goes
+                    now = time.monotonic()
+                    at = self._next_turn(now)
+                    if at <= now:
+                        self._turns.append(now)  # (maxlen: the oldest turn leaves)
+                        break
+                    self._turn.wait(at - now)
         waited = time.monotonic() - t0
         self.local.waited = waited
         with self._lock:

@@ -11,7 +11,9 @@ does not).
 
 A thread the call starts itself has no meter (the meter is per thread; a coroutine
 the call awaits runs on the call's thread and reports to it): report from the call's
-own thread.
+own thread. The branches of a parallel group the call starts report into the call's
+meter (the group takes it with :func:`current`, its worker threads :func:`swap` it in
+while they run its branches), so a group's model calls count with the call's.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from typing import Any, Callable
 
 from protocol import Usage
 
-__all__ = ["bind", "metered", "report", "reports_usage", "take"]
+__all__ = ["bind", "current", "metered", "report", "reports_usage", "swap", "take"]
 
 #: The meter of the call running on this thread (``meter``: model -> sums), if any.
 _LOCAL = threading.local()
+#: A meter can be shared by the threads running a group's branches.
+_ADD = threading.Lock()
 
 
 def report(*, model: str = "", input_tokens: int = 0, output_tokens: int = 0,
@@ -38,14 +42,15 @@ def report(*, model: str = "", input_tokens: int = 0, output_tokens: int = 0,
     meter = getattr(_LOCAL, "meter", None)
     if meter is None:
         return
-    entry = meter.setdefault(model, [0, 0, None, 0, 0.0, 0])
-    entry[0] += int(input_tokens)
-    entry[1] += int(output_tokens)
-    if cost is not None:
-        entry[2] = (entry[2] or 0.0) + float(cost)
-    entry[3] += int(attempts)
-    entry[4] += float(throttled)
-    entry[5] += int(calls)
+    with _ADD:
+        entry = meter.setdefault(model, [0, 0, None, 0, 0.0, 0])
+        entry[0] += int(input_tokens)
+        entry[1] += int(output_tokens)
+        if cost is not None:
+            entry[2] = (entry[2] or 0.0) + float(cost)
+        entry[3] += int(attempts)
+        entry[4] += float(throttled)
+        entry[5] += int(calls)
 
 
 def bind(meter: dict[str, list] | None) -> None:
@@ -55,15 +60,28 @@ def bind(meter: dict[str, list] | None) -> None:
     _LOCAL.meter = meter
 
 
+def current() -> dict[str, list] | None:
+    """The meter bound on this thread (None outside a metered call)."""
+    return getattr(_LOCAL, "meter", None)
+
+
+def swap(meter: dict[str, list] | None) -> dict[str, list] | None:
+    """Bind ``meter`` on this thread for a while; returns the one to bind back after."""
+    outer = getattr(_LOCAL, "meter", None)
+    _LOCAL.meter = meter
+    return outer
+
+
 def take(meter: dict[str, list], phase: str) -> list[Usage]:
     """What was reported into ``meter`` since the last take, as ``Usage`` of ``phase``
     (one per model); empties it."""
     if not meter:
         return []
-    out = [Usage(phase=phase, model=model, input_tokens=e[0], output_tokens=e[1],
-                 cost=e[2], attempts=e[3], throttled=round(e[4], 6), calls=e[5])
-           for model, e in meter.items()]
-    meter.clear()
+    with _ADD:
+        out = [Usage(phase=phase, model=model, input_tokens=e[0], output_tokens=e[1],
+                     cost=e[2], attempts=e[3], throttled=round(e[4], 6), calls=e[5])
+               for model, e in meter.items()]
+        meter.clear()
     return out
 
 

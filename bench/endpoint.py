@@ -25,7 +25,7 @@ Draws come from one ``random.Random(seed)`` in arrival order. ``counts`` holds
 ``stalls``, ``prompt_tokens`` and ``completion_tokens`` (of the answers sent),
 ``max_call_tokens`` (the most one answer used), and ``peak_concurrent``
 (requests being handled at once); ``ok_times`` holds the clock (``time.monotonic()``)
-of each 200 sent. ``stop()`` ends any stall at once.
+of each 200 sent, ``limited_times`` of each request refused over ``rps``. ``stop()`` ends any stall at once.
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ class SimulatedEndpoint:
         self.stall_seconds, self.seed, self.reply, self.model = stall_seconds, seed, reply, model
         self.counts: dict[str, int] = collections.Counter()
         self.ok_times: list[float] = []   # time.monotonic() of each 200 sent
+        self.limited_times: list[float] = []  # time.monotonic() of each 429 over ``rps``
         self._rng = random.Random(seed)
         self._accepted: collections.deque[float] = collections.deque()
         self._lock = threading.Lock()
@@ -123,6 +124,7 @@ class SimulatedEndpoint:
                     window.popleft()
                 if len(window) >= self.rps:
                     self.counts["rate_limited"] += 1
+                    self.limited_times.append(now)
                     return "rate_limited", window[0] + 1.0 - now
                 window.append(now)
             draw = self._rng.random()
@@ -241,6 +243,7 @@ class EndpointProcess:
         self.options = options
         self.counts: dict[str, int] = {}
         self.ok_times: list[float] = []
+        self.limited_times: list[float] = []
         self.url = ""
         self._proc = None
 
@@ -261,6 +264,8 @@ class EndpointProcess:
         out, _ = self._proc.communicate(input="", timeout=30)  # EOF on stdin: stop
         report = json.loads(out.strip().splitlines()[-1])
         self.counts, self.ok_times = report["counts"], report["ok_times"]
+        self.limited_times = report["limited_times"]
+        self.t0 = report["t0"]  # the child's time.monotonic() the times count from
 
 
 def _serve(options: str) -> None:
@@ -273,8 +278,9 @@ def _serve(options: str) -> None:
     print(ep.url, flush=True)
     sys.stdin.read()
     ep.stop()
-    print(json.dumps({"counts": dict(ep.counts),
-                      "ok_times": [t - t0 for t in ep.ok_times]}), flush=True)
+    print(json.dumps({"counts": dict(ep.counts), "t0": t0,
+                      "ok_times": [t - t0 for t in ep.ok_times],
+                      "limited_times": [t - t0 for t in ep.limited_times]}), flush=True)
 
 
 if __name__ == "__main__":

@@ -71,7 +71,8 @@ class RolloutResult(msgspec.Struct, frozen=True, omit_defaults=True):
 
     ``score`` is None when the backend failed (``error`` says how); ``diff`` is the
     proposal the worker derived from the rollout, if any. ``calls`` counts backend
-    calls (run + propose) for the ``max_calls`` budget; ``usage`` is what those calls
+    calls (run + propose, and the branches of parallel groups they started:
+    ``group_calls`` of them) for the ``max_calls`` budget; ``usage`` is what those calls
     reported (empty when they reported nothing)."""
 
     task_id: str
@@ -80,6 +81,7 @@ class RolloutResult(msgspec.Struct, frozen=True, omit_defaults=True):
     error: str | None = None
     calls: int = 0
     usage: list[Usage] = []
+    group_calls: int = 0
 
 
 class Ref(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):

@@ -324,6 +324,27 @@ class Lost(Msg, frozen=True):
     reason: str = ""
 
 
+class CallsAsk(Msg, frozen=True):
+    """Worker -> Scheduler: may the call running under ``lease_id`` start ``calls`` more
+    calls (branches of a parallel group it started)? Only from a worker in another
+    process, for a lease it holds; they are reserved against the run's budgets as the
+    lease's own calls are, and answered with ``CallsGranted``."""
+
+    worker: str
+    lease_id: str
+    ask: int
+    calls: int = 1
+
+
+class CallsGranted(Msg, frozen=True):
+    """Scheduler -> Worker: the answer to ``CallsAsk`` ``ask``: reserved (``refused``
+    empty), or not, with why (the budget spent, or the lease no longer open)."""
+
+    lease_id: str
+    ask: int
+    refused: str = ""
+
+
 class Cancel(Msg, frozen=True):
     """Anyone -> a worker: stop the lease (cooperatively) if it is still running."""
 
@@ -636,6 +657,9 @@ class Spec(Msg, frozen=True):
     heartbeat: float = 1.0
     #: Where the worker's heartbeats go ("": the Scheduler; a group session: its relay).
     heartbeat_to: str = ""
+    #: The run has a calls, tokens or cost budget: a group started inside a call asks
+    #: the Scheduler (``CallsAsk``) before each branch starts.
+    ask_budget: bool = False
 
 
 class Refused(Msg, frozen=True):
@@ -698,7 +722,7 @@ Message = (
     Start | Budget | Open | Baseline | Tick | Finish | Halted | Unhalt | Shutdown | Lease | LeaseBatch | LeaseDone
     | Settled | SettledBatch | Barrier | EvalRequest | EvalDone | Commit | RoundClosed
     | Progress | RunDone
-    | Hello | Heartbeat | Lost | Cancel | Stop | NeedWork | Merged | Refresh | Drain | Flush
+    | Hello | Heartbeat | Lost | CallsAsk | CallsGranted | Cancel | Stop | NeedWork | Merged | Refresh | Drain | Flush
     | GroupStart | Branch | BranchDone | BranchFailed | Interaction | Hold | UserInputs
     | GroupCancel | GroupResult | GroupSuspended | Revoke
     | Join | Spec | Refused  # workers in other processes
@@ -708,7 +732,7 @@ Message = (
 __all__ = [
     "Msg", "Message", "Start", "Budget", "Open", "Baseline", "Tick", "Finish", "Halted", "Unhalt", "Shutdown", "Lease",
     "LeaseBatch", "LeaseDone", "Settled", "SettledBatch", "Barrier", "EvalRequest", "EvalDone", "Commit",
-    "RoundClosed", "RoundRecord", "Progress", "RunDone", "Hello", "Heartbeat", "Lost", "Cancel", "Stop", "NeedWork", "Merged", "Refresh", "Drain", "Flush",
+    "RoundClosed", "RoundRecord", "Progress", "RunDone", "Hello", "Heartbeat", "Lost", "CallsAsk", "CallsGranted", "Cancel", "Stop", "NeedWork", "Merged", "Refresh", "Drain", "Flush",
     "Diff", "RolloutResult", "Usage",
     "JournalEntry", "PendingInteraction", "Suspension", "GroupStart", "Branch", "BranchDone",
     "BranchFailed", "Interaction", "Hold", "UserInputs", "GroupCancel", "GroupResult",

@@ -7,7 +7,9 @@ process id) to the file ``$EVOBUS_TEST_CALLS`` names, *before* it starts, so the
 holds calls made in worker processes too and never depends on our own counters.
 :func:`router_reply` is a model for bench.endpoint.SimulatedEndpoint that knows the
 router: it routes by the keyword lists in the system message and proposes the missed
-message's keyword for its category.
+message's keyword for its category. :class:`GroupAgent`'s ``solve`` first fans out
+through ``parallel()``: one model call per word of the prompt's first three, each
+counted (``branch``) by the branch before it starts.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import os
 import re
 from typing import Any
 
+import threading
+
+from actors import parallel
 from actors.openai_agent import OpenAIAgent
 from protocol import Task
 from scenarios import router
@@ -44,12 +49,37 @@ class CountingAgent(OpenAIAgent):
         return super().propose(rendered, task, output, reward)
 
 
+_AGENTS: dict[str, OpenAIAgent] = {}
+_AGENTS_LOCK = threading.Lock()
+
+
+def ask_word(item: list[str]) -> str:
+    """A group's branch: one counted model call about one word."""
+    url, word = item
+    _count("branch")
+    with _AGENTS_LOCK:
+        agent = _AGENTS.get(url)
+        if agent is None:
+            agent = _AGENTS[url] = OpenAIAgent(model="sim", base_url=url, api_key_env="")
+    return agent.chat([{"role": "user", "content": f"What does {word} mean?"}])
+
+
+class GroupAgent(CountingAgent):
+    def solve(self, rendered: str, task) -> str:
+        _count("solve")   # counted as it starts, whether its group or its request fails
+        words = task.prompt.split()[:3]
+        parallel(ask_word, [[self.base_url, w] for w in words], max_concurrency=3,
+                 max_items=3)
+        return OpenAIAgent.solve(self, rendered, task)
+
+
 def counted(path: str) -> dict[str, int]:
-    """Calls the wrapper saw, by method (``solve``, ``propose``) and in all."""
+    """Calls the wrapper saw, by method (``solve``, ``propose``, a group's ``branch``)
+    and in all."""
     lines = open(path).read().split() if os.path.exists(path) else []
     kinds = lines[0::2]
     return {"solve": kinds.count("solve"), "propose": kinds.count("propose"),
-            "total": len(kinds)}
+            "branch": kinds.count("branch"), "total": len(kinds)}
 
 
 def router_reply(body: dict[str, Any]) -> str:

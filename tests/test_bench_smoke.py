@@ -22,7 +22,8 @@ def test_python_m_bench_quick_prints_one_table(root, clean_env):
         assert column in header, header
     lines = out.splitlines()
     for workload in ("(1) no-op rollouts", "(2) a proposal every rollout", "(3) lognormal",
-                     "(4) router", "(8) peak RSS", "(8) log bytes"):
+                     "(4) router", "(8) peak RSS", "(8) log bytes",
+                     "(9) rate-limited endpoint"):
         rows = [line for line in lines if line.startswith(workload)]
         assert rows, f"no {workload!r} row in:\n{out}"
         # A benchmark that fails is a row saying so, never a crash of the suite.

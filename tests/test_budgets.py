@@ -237,7 +237,7 @@ WORKERS = {"local": "local = 4",
 
 
 def scenario(url: str, workers: str, parallel: str, mode: str, budgets: str,
-             agent: str = "") -> str:
+             agent: str = "", agent_ref: str = "tests.budget_domain:CountingAgent") -> str:
     return f'''name = "budget"
 {"mode = 'async'" if mode == "async" else "rounds = 40"}
 seed = 0
@@ -245,7 +245,7 @@ seed = 0
 tasks = "tests.budget_domain:tasks"
 reward = "tests.budget_domain:reward"
 [domain.agent]
-ref = "tests.budget_domain:CountingAgent"
+ref = "{agent_ref}"
 [domain.agent.kwargs]
 base_url = "{url}"
 model = "sim"
@@ -271,10 +271,11 @@ def calls_file(tmp_path, monkeypatch):
     return str(path)
 
 
-def _run(calls_file, workers, parallel, mode, budgets):
+def _run(calls_file, workers, parallel, mode, budgets, **kw):
     with SimulatedEndpoint(latency=0.002, sigma=0.5, seed=1, reply=bd.router_reply) as ep:
         result = run_scenario(parse_scenario(scenario(ep.url, WORKERS[workers],
-                                                      PARALLEL[parallel], mode, budgets)))
+                                                      PARALLEL[parallel], mode, budgets,
+                                                      **kw)))
     return result, bd.counted(calls_file), ep.counts
 
 
@@ -300,9 +301,7 @@ def test_calls_counted_by_a_wrapper_never_pass_max_calls(calls_file, workers, pa
     assert counted["propose"] == calls["proposal"] and calls["scoring"] > 0
 
 
-@pytest.mark.parametrize("workers,parallel,mode", _matrix(process_too=False) + [
-    pytest.param("process", "DataParallel", "async", marks=pytest.mark.slow,
-                 id="process-DataParallel-async")])
+@pytest.mark.parametrize("workers,parallel,mode", _matrix(process_too=True))
 def test_tokens_served_pass_max_tokens_by_no_more_than_the_calls_in_flight(
         calls_file, workers, parallel, mode):
     result, counted, served = _run(calls_file, workers, parallel, mode, "max_tokens = 4000")
@@ -314,9 +313,7 @@ def test_tokens_served_pass_max_tokens_by_no_more_than_the_calls_in_flight(
     assert counted["total"] == served["ok"] == b["calls"]["total"]
 
 
-@pytest.mark.parametrize("workers,parallel,mode", _matrix(process_too=False) + [
-    pytest.param("process", "ClusterParallel", "sync", marks=pytest.mark.slow,
-                 id="process-ClusterParallel-sync")])
+@pytest.mark.parametrize("workers,parallel,mode", _matrix(process_too=True))
 def test_cost_of_what_was_served_passes_max_cost_by_no_more_than_the_calls_in_flight(
         calls_file, workers, parallel, mode):
     budgets = 'max_cost = 0.004\nprices = {sim = [1.0, 2.0]}'
@@ -327,6 +324,42 @@ def test_cost_of_what_was_served_passes_max_cost_by_no_more_than_the_calls_in_fl
     assert b["cost"]["total"] == pytest.approx(cost, rel=1e-6)
     assert cost <= 0.004 + b["in_flight_when_spent"] * served["max_call_tokens"] * 2.0 / 1e6
     assert counted["total"] == served["ok"]
+
+
+# -- calls made inside parallel groups run from a rollout -------------------------------------
+
+GROUPS = dict(agent_ref="tests.budget_domain:GroupAgent")
+
+
+@pytest.mark.parametrize("workers,mode", [
+    pytest.param("process", "sync", id="process-sync"),
+    pytest.param("process", "async", marks=pytest.mark.slow, id="process-async"),
+    pytest.param("local", "sync", id="local-sync")])
+def test_branches_of_groups_inside_rollouts_never_pass_max_calls(calls_file, workers, mode):
+    # A worker in another process asks the Scheduler's ledger before each branch starts
+    # (CallsAsk), and so does a thread worker: branches are reserved as rollouts are, so
+    # no call starts past the cap.
+    result, counted, served = _run(calls_file, workers, "DataParallel", mode,
+                                   "max_calls = 250", **GROUPS)
+    calls = result.budget["calls"]
+    assert result.stop_reason == "max_calls" and counted["branch"] > counted["solve"], counted
+    assert counted["total"] <= 250, (counted, calls)
+    assert counted["total"] == calls["total"], (counted, calls)
+    # A solve whose group a spent budget refused never sends its own request.
+    assert served["ok"] <= counted["total"] and calls["rollout"] > counted["propose"]
+
+
+@pytest.mark.parametrize("workers", ["process", "local"])
+def test_branches_of_groups_inside_rollouts_count_their_tokens(calls_file, workers):
+    result, counted, served = _run(calls_file, workers, "DataParallel", "sync",
+                                   "max_tokens = 1500", **GROUPS)
+    b = result.budget
+    tokens = served["prompt_tokens"] + served["completion_tokens"]
+    assert counted["branch"] > 0 and b["spent"] == "max_tokens", b
+    assert b["tokens"]["total"] == tokens            # the branches' tokens travelled too
+    assert tokens <= 1500 + b["in_flight_when_spent"] * served["max_call_tokens"], b
+    # A solve whose group the spent budget refused never sends its own request.
+    assert served["ok"] <= counted["total"] == b["calls"]["total"]
 
 
 # -- throttling ---------------------------------------------------------------------------------
@@ -356,24 +389,6 @@ def test_an_agent_that_says_retry_later_is_called_again_and_counted_once():
     b = result.budget
     solves = b["calls"]["rollout"] + b["calls"]["scoring"]   # one call each, retried or not
     assert agent.n > solves and b["attempts"] > 0             # the retries were reported
-
-
-def test_the_limiter_keeps_concurrency_and_rate_for_every_thread_of_the_process():
-    with SimulatedEndpoint(latency=0.05, seed=2) as ep:
-        agents = [OpenAIAgent(model="sim", base_url=ep.url, api_key_env="", max_concurrent=2,
-                              requests_per_minute=1200) for _ in range(2)]
-        assert agents[0].limiter is agents[1].limiter              # one per endpoint
-        task = __import__("protocol").Task(id="t", prompt="hello there")
-        t0 = time.monotonic()
-        threads = [threading.Thread(target=agents[i % 2].solve, args=("sys", task))
-                   for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=30)
-        elapsed = time.monotonic() - t0
-    assert ep.counts["ok"] == 8 and ep.counts["peak_concurrent"] <= 2
-    assert elapsed >= 7 * 60 / 1200                                # spaced, no burst
 
 
 def test_retry_after_is_read_as_seconds_milliseconds_or_an_http_date():

@@ -47,6 +47,8 @@ EXAMPLES = {
     "Hello": protocol.Hello(worker="worker-0", slots=2, fingerprint="abc"),
     "Heartbeat": protocol.Heartbeat(worker="worker-0"),
     "Lost": protocol.Lost(worker="worker-0", reason="its process exited (code -9)"),
+    "CallsAsk": protocol.CallsAsk(worker="proc-0", lease_id="r1.u0", ask=3, calls=2),
+    "CallsGranted": protocol.CallsGranted(lease_id="r1.u0", ask=3, refused="max_calls"),
     "Cancel": protocol.Cancel(lease_id="x"),
     "Stop": protocol.Stop(reason="done"),
     "NeedWork": protocol.NeedWork(wave=2),

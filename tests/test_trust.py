@@ -1057,3 +1057,107 @@ def test_a_run_whose_every_remote_worker_is_lost_stops_after_wait_seconds(tmp_pa
     message = str(err.value)
     assert "no worker has been registered for" in message and "(wait_seconds = 2)" in message
     assert "workers presumed lost: w0" in message
+
+
+# -- nested groups write their effects ahead too ---------------------------------------------
+
+
+def test_a_nested_groups_effects_are_on_disk_and_not_run_again_on_resume(tmp_path,
+                                                                          monkeypatch):
+    from actors.groups import run_group
+    from actors.groups.checkpoint import EffectLog
+
+    count, ckpt = tmp_path / "count.txt", tmp_path / "g.ckpt"
+    monkeypatch.setenv("EVOBUS_TEST_COUNT", str(count))
+    paused = run_group("trust_groups:nested_counted_then_ask", [0, 1], max_concurrency=1,
+                       max_items=2, checkpoint=ckpt)
+    assert paused.status == "user_input_pending"
+    keys = [0, 1, 2, 10, 11, 12]
+    assert _counts(count) == {k: 1 for k in keys}
+    # Each nested branch's intent and result, under the branch that started its group.
+    recorded = EffectLog(ckpt).recorded
+    assert {(scope, b, kind) for (scope, b, _), (kind, *_) in
+            ((k, (r.kind,)) for k, r in recorded.items())} == {
+        (f"{i}.1/", j, "result") for i in (0, 1) for j in range(3)}
+    done = _resume_to_the_end(ckpt, paused)
+    assert done.status == "completed" and done.results == ["3: yes", "33: yes"]
+    assert _counts(count) == {k: 1 for k in keys}      # the re-run branches found them
+    assert not (tmp_path / "g.ckpt.effects").exists()
+
+
+#: Where each seeded kill lands: the nested effect (key 10 * branch + j) held after it ran.
+NESTED_KILLS = {seed: __import__("random").Random(seed).choice([1, 2, 10, 12, 21, 30, 32])
+                for seed in range(5)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", sorted(NESTED_KILLS))
+def test_kill_9_inside_a_nested_group_never_runs_a_finished_effect_twice(tmp_path,
+                                                                         monkeypatch, seed):
+    from actors.groups import load_checkpoint, resume_group
+
+    count, ckpt, hold = tmp_path / "count.txt", tmp_path / "g.ckpt", tmp_path / "hold"
+    hold.mkdir()
+    monkeypatch.setenv("EVOBUS_TEST_COUNT", str(count))
+    at = NESTED_KILLS[seed]
+    proc = _python(f"from actors.groups import run_group\n"
+                   f"run_group('trust_groups:nested_counted', list(range(4)), "
+                   f"max_concurrency=1, max_items=4, chunk=1, checkpoint={str(ckpt)!r})",
+                   {"EVOBUS_TEST_HOLD": f"{hold}:{at}"})
+    _kill_when_held(proc, hold)
+    before = _counts(count)
+    assert set(before.values()) == {1} and at in before, (seed, at, before)
+    assert load_checkpoint(ckpt).status == "running"
+    done = resume_group(ckpt)
+    assert done.status == "completed", (seed, at, done.error)
+    assert done.results == [30 * i + 3 for i in range(4)]
+    # Every nested effect ran once: those before the kill came from the effect log.
+    assert _counts(count) == {10 * i + j: 1 for i in range(4) for j in range(3)}, (seed, at)
+
+
+# -- budgets spent by a group killed while running -------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_group_killed_while_running_counts_what_it_had_spent_when_resumed(tmp_path,
+                                                                             monkeypatch):
+    from actors.errors import BudgetExhausted
+    from actors.groups import load_checkpoint, resume_group
+
+    count, ckpt, hold = tmp_path / "count.txt", tmp_path / "g.ckpt", tmp_path / "hold"
+    hold.mkdir()
+    monkeypatch.setenv("EVOBUS_TEST_COUNT", str(count))
+    proc = _python(f"from actors.groups import Budgets, run_group\n"
+                   f"run_group('trust_groups:counted_quiet', list(range(6)), "
+                   f"max_concurrency=1, max_items=6, chunk=1, checkpoint={str(ckpt)!r}, "
+                   f"budgets=Budgets(calls=8))",
+                   {"EVOBUS_TEST_HOLD": f"{hold}:3"})
+    _kill_when_held(proc, hold)
+    assert _counts(count) == {i: 1 for i in range(4)}   # branches 0-3 started: 4 calls
+    assert load_checkpoint(ckpt).consumed.calls == 0    # written before the first start
+    # The resume runs the group again under its id: 6 more starts where 8 - 4 are left.
+    outcome = resume_group(ckpt)
+    assert outcome.status == "failed" and isinstance(outcome.error, BudgetExhausted)
+    assert "the calls budget (8) is used up: 8 used" in str(outcome.error)
+    assert outcome.consumed.calls == 8 and outcome.finished == [0, 1, 2, 3]
+    assert _counts(count) == {i: 1 for i in range(4)}   # and no effect ran twice
+    assert load_checkpoint(ckpt).consumed.calls == 8    # kept, for the next resume
+
+
+def test_a_groups_budget_charges_reach_its_effect_log_before_the_branch_runs(tmp_path):
+    from actors.groups import Budgets, run_group
+    from actors.groups.checkpoint import EffectLog
+
+    seen = []
+
+    def look(i, ctx) -> int:    # what a kill at this moment would leave on disk
+        log = EffectLog(tmp_path / "g.ckpt")
+        seen.append(log.spent)
+        log.close()
+        ctx.spend(0.5)
+        return i
+
+    outcome = run_group(look, [0, 1, 2], max_concurrency=1, max_items=3,
+                        checkpoint=tmp_path / "g.ckpt", budgets=Budgets(calls=5, cost=9.0))
+    assert outcome.status == "completed"
+    assert [s[:2] for s in seen] == [[1, 0.0], [2, 0.5], [3, 1.0]]

@@ -75,3 +75,24 @@ def big_effect_then_ask(i, ctx) -> object:
     """An effect returning 20 MB, then a question: the pause would not fit a message."""
     ctx.effect("fetch", lambda: b"x" * (20 * 1024 * 1024))
     return ctx.ask("and now?")
+
+
+def _nested_effect(item, ctx) -> object:
+    """A nested group's branch: one counted effect (key ``10 * i + j``), then the hold."""
+    i, j = item
+    key = 10 * i + j
+    ctx.effect("count", _count, os.environ["EVOBUS_TEST_COUNT"], key)
+    _hold(key)
+    return key
+
+
+def nested_counted(i, ctx) -> object:
+    """Each branch starts a nested group of three branches, each with a counted effect."""
+    return sum(ctx.parallel(_nested_effect, [[i, j] for j in range(3)], max_concurrency=1,
+                            max_items=3))
+
+
+def nested_counted_then_ask(i, ctx) -> object:
+    """nested_counted, then a question: the group pauses after the nested effects ran."""
+    total = nested_counted(i, ctx)
+    return f"{total}: {ctx.ask(f'question {i}')}"

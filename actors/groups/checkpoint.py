@@ -230,12 +230,15 @@ _RECORD = struct.Struct("<II")  # payload length, crc32 of the payload
 
 
 class _EffectRecord(msgspec.Struct, array_like=True, frozen=True):
-    kind: str     # "intent" (about to run), "result" (ran; value: what it returned), or
-    #               "failed" (it raised)
+    kind: str     # "intent" (about to run), "result" (ran; value: what it returned),
+    #               "failed" (it raised), or "spent" (value: the budgets' totals)
     branch: int
     step: int     # the effect's position in its branch's journal
     name: str
     value: Any = None
+    #: "" for a branch of the group itself; for a nested group's branch, the path of
+    #: branches that started it: "B.N/" (the N-th group branch B started), "B.N/b.n/", ...
+    scope: str = ""
 
 
 def effects_path(checkpoint: Path) -> Path:
@@ -250,12 +253,19 @@ class EffectLog:
     group resumed from its checkpoint) gets a recorded result back without running the
     effect again; an intent with no result (the crash came while the effect ran) fails
     that branch with :class:`EffectInDoubt` rather than run it a second time. Records
-    are framed and checksummed; a torn last record (a crash mid-append) is ignored."""
+    are framed and checksummed; a torn last record (a crash mid-append) is ignored.
+    Nested groups write into their top-level group's log, each branch under its
+    ``scope`` (the branches that started it, in order): a top-level branch that runs
+    again starts its nested groups again in the same order, and their branches find
+    their effects where they left them."""
 
     def __init__(self, checkpoint: Path) -> None:
         self.path = effects_path(checkpoint)
         self._lock = threading.Lock()
-        self.recorded: dict[tuple[int, int], _EffectRecord] = {}
+        self.recorded: dict[tuple[str, int, int], _EffectRecord] = {}
+        #: What the group had consumed when it last charged a budget (a "spent" record:
+        #: [calls, cost, seconds], totals), so a run killed while running still counts.
+        self.spent: list[float] | None = None
         if self.path.exists():
             self._load(self.path.read_bytes())
         self._file = open(self.path, "ab")  # noqa: SIM115 (closed in close())
@@ -270,37 +280,48 @@ class EffectLog:
             if len(payload) < length or zlib.crc32(payload) != crc:
                 break  # a torn tail: the crash came while this record was written
             rec = decode(payload)
-            key = (rec.branch, rec.step)
+            pos += _RECORD.size + length
+            if rec.kind == "spent":
+                self.spent = list(rec.value)
+                continue
+            key = (rec.scope, rec.branch, rec.step)
             old = self.recorded.get(key)
             if old is None or old.kind != "result":
                 self.recorded[key] = rec
-            pos += _RECORD.size + length
 
-    def replayed(self, branch: int, step: int, name: str) -> tuple[bool, Any]:
+    def replayed(self, branch: int, step: int, name: str,
+                 scope: str = "") -> tuple[bool, Any]:
         """(True, value) if this effect ran before and its result is recorded; (False,
         None) if it never started. Raises EffectInDoubt if it started and its result was
         never recorded."""
         with self._lock:
-            rec = self.recorded.get((branch, step))
+            rec = self.recorded.get((scope, branch, step))
         if rec is None or rec.name != name or rec.kind == "failed":
             return False, None  # never started, or raised (it said it failed): run it
         if rec.kind == "result":
             return True, rec.value
+        where = f" of the nested group at {scope!r}" if scope else ""
         raise EffectInDoubt(
-            f"branch {branch}: effect {name!r} (step {step}) started before the group "
+            f"branch {branch}{where}: effect {name!r} (step {step}) started before the group "
             f"stopped (a crash or a kill) and its result was never recorded in "
             f"{self.path}, so it may or may not have run; it is not run a second time. "
             "Check its outcome by hand; this branch fails")
 
-    def intent(self, branch: int, step: int, name: str) -> None:
-        self._append(_EffectRecord("intent", branch, step, name))
+    def intent(self, branch: int, step: int, name: str, scope: str = "") -> None:
+        self._append(_EffectRecord("intent", branch, step, name, scope=scope))
 
-    def result(self, branch: int, step: int, name: str, value: Any) -> None:
-        self._append(_EffectRecord("result", branch, step, name, value))
+    def result(self, branch: int, step: int, name: str, value: Any, scope: str = "") -> None:
+        self._append(_EffectRecord("result", branch, step, name, value, scope=scope))
 
-    def failed(self, branch: int, step: int, name: str) -> None:
+    def failed(self, branch: int, step: int, name: str, scope: str = "") -> None:
         """The effect raised: it ran and said it failed; a branch run again retries it."""
-        self._append(_EffectRecord("failed", branch, step, name))
+        self._append(_EffectRecord("failed", branch, step, name, scope=scope))
+
+    def spend(self, consumed) -> None:
+        """The group's budgets were charged: its totals (``Consumed``), on disk before the
+        branch or the spend that charged them goes on."""
+        self._append(_EffectRecord("spent", -1, -1, "",
+                                   [consumed.calls, consumed.cost, consumed.seconds]))
 
     def _append(self, rec: _EffectRecord) -> None:
         payload = self._encode(rec)
@@ -308,7 +329,10 @@ class EffectLog:
             self._file.write(_RECORD.pack(len(payload), zlib.crc32(payload)) + payload)
             self._file.flush()
             os.fsync(self._file.fileno())
-            self.recorded[(rec.branch, rec.step)] = rec
+            if rec.kind == "spent":
+                self.spent = list(rec.value)
+            else:
+                self.recorded[(rec.scope, rec.branch, rec.step)] = rec
 
     def close(self) -> None:
         with self._lock:

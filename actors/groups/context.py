@@ -11,7 +11,7 @@ import msgspec
 from protocol import JournalEntry, PendingInteraction
 from actors.errors import BranchCancelled, GroupError, HostLimitExceeded, _Suspend
 from actors.groups.store import Store, _Gate, _encodable, _enter_all
-from actors.groups.host import _Host
+from actors.groups.host import _Host, _ambient
 from actors.groups.limits import _positive
 from actors.groups.outcome import results_of
 
@@ -33,7 +33,7 @@ class BranchContext:
     Replay must be deterministic: the same asks, approvals and effects in the same order.
     """
 
-    __slots__ = ("_host", "branch", "item", "_journal", "_pos", "_effects")
+    __slots__ = ("_host", "branch", "item", "_journal", "_pos", "_effects", "_nested")
 
     def __init__(self, host: _Host, branch: int, item: Any,
                  journal: list[JournalEntry] | None) -> None:
@@ -43,6 +43,7 @@ class BranchContext:
         self._journal: list[JournalEntry] = list(journal) if journal else []
         self._pos = 0
         self._effects: list[tuple[int, str]] = []
+        self._nested = 0   # nested groups started so far (they name their effects' scope)
 
     @property
     def group_id(self) -> str:
@@ -150,7 +151,7 @@ class BranchContext:
     def _effect_failed(self, name: str, pos: int) -> None:
         effects = getattr(self._host, "effect_log", None)
         if effects is not None:
-            effects.failed(self.branch, pos, name)
+            effects.failed(self.branch, pos, name, *self._scope())
 
     def _ahead(self, name: str, pos: int) -> tuple[bool, Any]:
         """With a checkpoint (its effects written ahead: EffectLog): the result of this
@@ -159,10 +160,16 @@ class BranchContext:
         effects = getattr(self._host, "effect_log", None)
         if effects is None:
             return False, None
-        ran, value = effects.replayed(self.branch, pos, name)
+        ran, value = effects.replayed(self.branch, pos, name, *self._scope())
         if not ran:
-            effects.intent(self.branch, pos, name)
+            effects.intent(self.branch, pos, name, *self._scope())
         return ran, value
+
+    def _scope(self) -> tuple[str, ...]:
+        """Where a nested group's branch records its effects (nothing for a top-level
+        branch, whose effect log may be one that only knows branches: RemoteEffects)."""
+        scope = self._host.effect_scope
+        return (scope,) if scope else ()
 
     def _external_slot(self) -> tuple[_Gate, ...]:
         """Wait for a slot under every external-call limit (host limits); the caller
@@ -182,7 +189,7 @@ class BranchContext:
         value = msgspec.msgpack.decode(_encodable(value, f"the result of effect {name!r}"))
         effects = getattr(self._host, "effect_log", None)
         if record and effects is not None:  # on disk before the branch goes on
-            effects.result(self.branch, pos, name, value)
+            effects.result(self.branch, pos, name, value, *self._scope())
         self._journal.append(JournalEntry(kind="effect", key=name, value=value))
         self._effects.append((self.branch, name))
         return value
@@ -192,5 +199,13 @@ class BranchContext:
                                          max_items=max_items, **options))
 
     def run_group(self, target, items, *, max_concurrency: int, max_items: int, **options):
-        return self._host.nested(target, items, max_concurrency=max_concurrency,
-                                 max_items=max_items, _parent=self._host, **options)
+        # The nested group writes its effects ahead under this branch's scope: the same
+        # one each time the branch runs, as its groups start in the same order.
+        self._nested += 1
+        outer = getattr(_ambient, "effect_scope", "")
+        _ambient.effect_scope = f"{self._host.effect_scope}{self.branch}.{self._nested}/"
+        try:
+            return self._host.nested(target, items, max_concurrency=max_concurrency,
+                                     max_items=max_items, _parent=self._host, **options)
+        finally:
+            _ambient.effect_scope = outer

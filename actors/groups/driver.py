@@ -288,9 +288,15 @@ def _execute_on(plan: _Plan, settings: "_Settings", ledger: _Ledger, store: Stor
                                     done=start.finished)
                         if plan.resume is None else None),
                  convert=converter(plan.returns), suspend_all=settings.suspend == "all")
-    # A top-level group with a checkpoint writes its effects ahead (EffectLog).
+    # A top-level group with a checkpoint writes its effects ahead (EffectLog); a nested
+    # one into the same log, under the scope of the branch that started it.
     host.effect_log = EffectLog(plan.checkpoint) \
-        if plan.checkpoint is not None and parent is None else None
+        if plan.checkpoint is not None and parent is None else \
+        parent.effect_log if parent is not None else None
+    host.effect_scope = getattr(_ambient, "effect_scope", "") if parent is not None else ""
+    if host.effect_log is not None and parent is None:   # budgets spent: written ahead too
+        ledger.absorb(host.effect_log.spent)
+        ledger.on_charge = host.effect_log.spend
     if fleet is not None:
         fleet.open(host=host, target_ref=plan.ref, wants_ctx=settings.wants_ctx,
                    suspend_all=settings.suspend == "all", returns=plan.returns,
@@ -332,7 +338,7 @@ def _execute_on(plan: _Plan, settings: "_Settings", ledger: _Ledger, store: Stor
         actors.stop(abandoned=result_msg is None   # interrupted: branches may still run
                     or isinstance(result_msg, GroupResult) and bool(result_msg.abandoned),
                     t0=t0)
-        if host.effect_log is not None:
+        if host.effect_log is not None and parent is None:   # a nested group's is lent
             host.effect_log.close()
         if lent:
             _enter_all(lent, lambda: False)

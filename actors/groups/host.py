@@ -96,6 +96,12 @@ class _Host:
     make a decision visible at once to every worker of this process (a worker that sees
     an error stops starting branches before its message reaches the Collector)."""
 
+    #: The write-ahead log of ctx.effect (groups.checkpoint.EffectLog), set by the driver
+    #: for a group with a checkpoint and lent to its nested groups; ``effect_scope``:
+    #: where this group's branches record in it ("" for the top-level group).
+    effect_log = None
+    effect_scope = ""
+
     def __init__(self, *, group_id: str, target: Callable, wants_ctx: bool, depth: int,
                  limits: HostLimits, ledger: _Ledger, store: Store,
                  live: tuple[_Gate, ...], external: tuple[_Gate, ...],

@@ -14,6 +14,7 @@ from bus.base import MAX_FRAME_BYTES
 
 from actors.errors import ConfigError
 from actors.errors import BudgetExhausted
+from actors import usage
 
 
 #: The most a branch's result (and all of a group's results together) may take encoded:
@@ -109,9 +110,15 @@ class _Ledger:
         self.seconds_before = consumed.seconds
         self.t0 = time.monotonic()
         self.parent = parent
+        #: Called with the totals after each charge (a top-level group with a checkpoint
+        #: records them, so a group killed while running still counts them on resume).
+        self.on_charge = None
         #: The evolve() run this group is part of (actors.workers.scope.RunScope): its
         #: max_calls caps the branch starts of this group and of every group under it.
         self.run = run if parent is None else parent.run
+        #: The usage meter of the call that started the group (actors.usage): its branches'
+        #: model calls report into it, so they count in the run's token and cost budgets.
+        self.meter = usage.current()
         chain, ledger = [], self
         while ledger is not None:
             chain.append(ledger)
@@ -119,7 +126,7 @@ class _Ledger:
         self.chain = chain[::-1]     # root first: locks are always taken in this order
         self.limited = any(lg.budgets.calls is not None or lg.budgets.cost is not None
                            or lg.budgets.seconds is not None for lg in self.chain) or (
-            self.run is not None and self.run.max_calls is not None)
+            self.run is not None and self.run.limited)
 
     def seconds(self) -> float:
         return self.seconds_before + (time.monotonic() - self.t0)
@@ -152,6 +159,9 @@ class _Ledger:
                     "started inside one; raise max_calls or start fewer branches")
             for lg in self.chain:
                 setattr(lg, field_, getattr(lg, field_) + amount)
+            root = self.chain[0]
+            if root.on_charge is not None:   # written ahead (a checkpoint's effect log)
+                root.on_charge(root.snapshot())
 
     def add_calls(self, n: int) -> None:
         """Count ``n`` branch starts at once (no budget to check: ``limited`` is False)."""
@@ -174,6 +184,14 @@ class _Ledger:
 
     def charge_cost(self, units: float) -> None:
         self._charge("cost", units)
+
+    def absorb(self, spent: list[float] | None) -> None:
+        """Count at least ``spent`` ([calls, cost, seconds], what a run killed while it ran
+        had recorded) as consumed already."""
+        if spent:
+            self.calls = max(self.calls, int(spent[0]))
+            self.cost = max(self.cost, float(spent[1]))
+            self.seconds_before = max(self.seconds_before, float(spent[2]))
 
     def snapshot(self) -> Consumed:
         return Consumed(calls=self.calls, seconds=round(self.seconds(), 6), cost=self.cost)

@@ -15,6 +15,7 @@ from actors.runtime.shell import _FastInbox
 from bus.base import Delivery
 from protocol import (Branch, BranchDone, BranchFailed, Cancel, Hold, Interaction, Revoke, Stop,
                       Suspension)
+from actors import usage
 from actors.errors import BranchCancelled, ResultTooLarge, _Suspend, describe
 from actors.groups.context import BranchContext
 from actors.groups.host import _GO, _Host, _NOT_NOW, _ambient
@@ -246,6 +247,7 @@ class BranchRunner:
         t0 = time.monotonic()
         previous = getattr(_ambient, "host", None)
         _ambient.host = host
+        outer_meter = usage.swap(getattr(host.ledger, "meter", None))   # counted with the caller
         fast = host.fast
         parent = host.parent
         box = self.box
@@ -339,6 +341,7 @@ class BranchRunner:
             return answer(unstarted=[])
         finally:
             _ambient.host = previous
+            usage.swap(outer_meter)
 
     @staticmethod
     def _unencodable(done, values) -> tuple[int, BaseException] | None:

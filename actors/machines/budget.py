@@ -123,6 +123,43 @@ class Ledger:
         self._reserve(eval_id, False, n_tasks)
         return None
 
+    def extend(self, key: str, calls: int) -> str | None:
+        """Reserve ``calls`` more calls for lease ``key`` in flight (the branches of a
+        group one of its calls started, on a worker in another process), released with
+        the lease's own reservation: refused past ``max_calls`` counting what is used and
+        reserved, or once the tokens or the cost used reach their budget. None when
+        reserved (or no budget is set); else why not, naming the budget."""
+        b = self.limits
+        if b is None:
+            return None
+        if key not in self.reserved:
+            return f"lease {key!r} is not in flight: its calls were settled"
+        used_calls = sum(self.calls.values())
+        which = None
+        if b.max_calls is not None and used_calls + self.reserved_total + calls > b.max_calls:
+            which = "max_calls"
+        need = {}
+        for name, limit, used, reserved in (
+                ("max_tokens", b.max_tokens, self.tokens, self.reserved_tokens),
+                ("max_cost", b.max_cost, self.cost, self.reserved_cost)):
+            # Known only when the calls end: refused once spent, as a lease is, so the
+            # overshoot is what the calls in flight use.
+            need[name] = (sum(used.values()) / used_calls if used_calls else 0.0) * calls
+            if which is None and limit is not None and sum(used.values()) >= limit:
+                which = name
+        if which is not None:
+            self._note_spent(which)
+            limit = getattr(b, which)
+            return (f"the run's {which} ({limit:g}) is used up: every call to run/propose/an "
+                    "agent counts, and so does every branch of a group started inside one; "
+                    f"raise {which} or start fewer branches")
+        c, t, co = self.reserved[key]
+        self.reserved[key] = (c + calls, t + need["max_tokens"], co + need["max_cost"])
+        self.reserved_total += calls
+        self.reserved_tokens += need["max_tokens"]
+        self.reserved_cost += need["max_cost"]
+        return None
+
     def _reserve(self, key: str, rollout: bool, tasks: int) -> None:
         calls = tasks * (self.limits.calls_per_task if rollout else 1)
         tokens = (self._per_task(self.tokens, rollout) or 0.0) * tasks
@@ -153,7 +190,7 @@ class Ledger:
                 if scoring:
                     self.calls["scoring"] += r.calls
                 else:  # run, at most one propose, then the calls of groups run inside
-                    proposal = min(1, r.calls - 1)
+                    proposal = min(1, r.calls - r.group_calls - 1)
                     self.calls["proposal"] += proposal
                     self.calls["rollout"] += r.calls - proposal
             for u in r.usage:
@@ -206,7 +243,7 @@ class Ledger:
         b = self.limits
         name = "max_tokens" if b.max_tokens is not None else "max_cost"
         ran = [("run", r.score is not None)]
-        if r.calls >= 2:
+        if r.calls - r.group_calls >= 2:
             ran.append(("propose", not (r.error or "").startswith("propose: ")))
         for phase, ok in ran:
             seen = [u for u in r.usage if u.phase == phase

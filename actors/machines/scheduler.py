@@ -47,10 +47,10 @@ import msgspec
 from actors.addresses import MERGER, PLANNER, Out
 from actors.machines.budget import Ledger
 from actors.machines.leases import Holder, LeaseTable
-from protocol import (Barrier, Budget, Commit, Drain, EvalDone, EvalRequest, Flush,
-                      Heartbeat, Hello, Lease, LeaseBatch, LeaseDone, Lost, Merged, Message,
-                      NeedWork, Refresh, RolloutResult, Settled, SettledBatch, Shutdown,
-                      Stop, Tick)
+from protocol import (Barrier, Budget, CallsAsk, CallsGranted, Commit, Drain, EvalDone,
+                      EvalRequest, Flush, Heartbeat, Hello, Lease, LeaseBatch, LeaseDone, Lost,
+                      Merged, Message, NeedWork, Refresh, RolloutResult, Settled,
+                      SettledBatch, Shutdown, Stop, Tick)
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +172,9 @@ class Scheduler:
         if type(msg) is Lost and self.table.known(sender):
             return (f"a Lost for {msg.worker!r} from worker {sender!r}: a worker never "
                     "reports another lost (the runtime does)")
+        if type(msg) is CallsAsk:   # answered in handle; only as itself, a known worker
+            return None if msg.worker == sender and self.table.known(sender) else (
+                f"a CallsAsk naming worker {msg.worker!r}, sent by {sender!r}")
         if type(msg) is not LeaseDone:
             return None
         if msg.worker != sender:
@@ -213,6 +216,15 @@ class Scheduler:
                 return self._on_eval_request(msg)
             case LeaseDone():
                 return self._on_done(msg)
+            case CallsAsk(worker=name, lease_id=lease_id, calls=n):
+                lease = self.table.payload.get(lease_id)   # (an eval chunk: its request's)
+                key = lease_id if lease is None or lease.kind == "rollout" else \
+                    lease_id.rsplit(".", 1)[0]
+                refused = self.ledger.extend(key, n) if lease is not None and \
+                    self.table.may_answer(lease_id, name) else \
+                    f"lease {lease_id!r} is not {name!r}'s"
+                return [(name, CallsGranted(lease_id=lease_id, ask=msg.ask,
+                                            refused=refused or ""))]
             case Commit():
                 self.head = msg
                 if self.asynchronous:

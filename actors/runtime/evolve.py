@@ -13,6 +13,7 @@ import secrets
 import time
 import uuid
 import warnings
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -29,7 +30,7 @@ from actors.machines.planner import Planner, split_tasks
 from actors.machines.scheduler import Scheduler
 from actors.usage import reports_usage
 from actors.workers.core import SOLVED, WorkerCore
-from actors.workers.scope import RunScope
+from actors.workers.scope import AskedRun, BudgetAsks, RunScope
 from protocol import (Halted, Hello, Progress, Refused, RoundRecord, RunDone, Start, Task,
                       Tick, Unhalt)
 from actors.runtime.clock import Ticker
@@ -219,6 +220,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                               initial_state=state0, solved=solved_threshold,
                               package_version=PACKAGE_VERSION, refs=refs, insecure=insecure,
                               run_id=run_id)
+    if remote is not None and (max_calls, max_tokens, max_cost) != (None, None, None):
+        # Their groups' branch starts ask the Scheduler's budget first (workers.scope).
+        remote.spec = msgspec.structs.replace(remote.spec, ask_budget=True)
     meta = _log_meta(seed, run_id, log_meta, plan_with, task_sampler, modes, remote,
                      strategy)
     groups = task_groups(tasks, plan_with)   # how report/inspect group failing tasks
@@ -325,13 +329,17 @@ def _run(top: _Topology, start: Start, plan_with, task_sampler, resume_from, t0:
 def _spawn_workers(rt: Runtime, top: _Topology, start: Start, resume_from) -> None:
     by_id = {t.id: t for t in top.tasks}
     # Groups started inside run/propose run on this runtime, in this log, within
-    # max_calls; a resumed run's groups find what they had finished (workers.scope).
-    run_scope = RunScope(rt, top.run_id, start.max_calls,
-                         resume_from.group_results() if resume_from is not None else None)
+    # the run's budgets; a resumed run's groups find what they had finished (workers.scope).
+    finished = resume_from.group_results() if resume_from is not None else None
+    budgeted = (start.max_calls, start.max_tokens, start.max_cost) != (None, None, None)
+    run_scope = RunScope(rt, top.run_id, None, finished)
     for i in range(top.remote.local if top.remote else top.n_workers):
-        rt.spawn_worker(WorkerCore(worker_name(i), by_id, top.reward, top.run, top.propose,
+        name = worker_name(i)
+        scope = run_scope if not budgeted else AskedRun(   # each asks the run's ledger
+            top.run_id, BudgetAsks(name, partial(rt.bus.send, name, SCHEDULER)), rt, finished)
+        rt.spawn_worker(WorkerCore(name, by_id, top.reward, top.run, top.propose,
                                    top.strategy, solved=top.solved,
-                                   initial_state=top.state0, scope=run_scope))
+                                   initial_state=top.state0, scope=scope))
 
 
 def _on_round(tracker, agent) -> Callable | None:

@@ -33,7 +33,8 @@ from typing import Any
 
 from actors.addresses import SCHEDULER, REGISTRY
 from actors.errors import ConfigError, RunFailed
-from protocol import Heartbeat, Hello, Join, LeaseDone, Message, Refused, Spec, Stop, Task, Tick
+from protocol import (CallsAsk, Heartbeat, Hello, Join, LeaseDone, Message, Refused, Spec, Stop,
+                      Task, Tick)
 from actors.workers.code import BUILTIN_ALLOW, build_spec, module_of, spec_refs
 from actors.machines.registry import Registry
 from actors.runtime.clock import Ticker
@@ -47,11 +48,11 @@ log = logging.getLogger(__name__)
 
 
 #: A worker's role on the wire: what a peer (a remote or process worker) may send, and
-#: to whom. Answers and heartbeats to the Scheduler (which checks that the sender holds
+#: to whom. Answers, heartbeats and budget asks (for a group's branches) to the Scheduler (which checks that the sender holds
 #: what it answers), its join, hello and refusal to the registry (which checks its code
 #: before the Scheduler hears of it). Never Shutdown, Tick, Stop, a Hello straight to
 #: the Scheduler, or another actor's messages (docs/remote.md, the threat model).
-WORKER_ROLE = {_S: (LeaseDone, Heartbeat), REGISTRY: (Join, Hello, Refused)}
+WORKER_ROLE = {_S: (LeaseDone, Heartbeat, CallsAsk), REGISTRY: (Join, Hello, Refused)}
 
 
 

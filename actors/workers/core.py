@@ -139,7 +139,7 @@ class WorkerCore:
                 may_propose: bool) -> RolloutResult:
         """:meth:`_one` as a call of the run: the groups run/propose start on this thread
         run on the run's runtime, and their branch starts count with the rollout's calls."""
-        call, token = scope.enter(self.scope, f"{lease_id}/{task.id}")
+        call, token = scope.enter(self.scope, f"{lease_id}/{task.id}", lease_id)
         try:
             result = self._one(task, rendered, state, version, may_propose)
         finally:
@@ -147,7 +147,8 @@ class WorkerCore:
         if result.calls > 1:   # propose ran: a call of the run too
             self.scope.add(result.calls - 1)
         if call.calls:
-            result = msgspec.structs.replace(result, calls=result.calls + call.calls)
+            result = msgspec.structs.replace(result, calls=result.calls + call.calls,
+                                             group_calls=call.calls)
         return result
 
     def _one(self, task: Task, rendered: str, state, version: int, may_propose: bool):

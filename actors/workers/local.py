@@ -33,7 +33,11 @@ class WorkerActor(_FastInbox, pykka.ThreadingActor):
         """Start the worker, route its name, and only then say Hello: the Scheduler's
         first lease must find the worker's name routed (see ControlActor.spawn)."""
         ref = cls.start(bus, core, on_crash, slots)
-        bus.attach(core.name, teller(bus, ref))
+        deliver = teller(bus, ref)
+        asks = getattr(core.scope, "asks", None)
+        if asks is not None:   # answers to its budget asks must not queue behind its lease
+            deliver = asks.deliverer(deliver)
+        bus.attach(core.name, deliver)
         # Its inbox queues leases in arrival order, so it can hold one more than it runs:
         # the next lease is there when the current one ends (the Scheduler uses that in
         # async mode, where it saves a round trip through the bus per lease).

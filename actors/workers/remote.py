@@ -47,11 +47,12 @@ from actors.addresses import REGISTRY
 from actors.workers.code import spec_refs, task_digest
 from actors.errors import ConfigError, describe
 from actors.workers.core import Awaiter, WorkerCore
+from actors.workers.scope import AskedRun, BudgetAsks
 from bus.base import Delivery
 from bus.remote import RemoteEndpoint
 from bus.security import ClientKeys
-from protocol import (Branch, Cancel, Commit, GroupOpen, Heartbeat, Hello, Hold, HostReply,
-                      Join, Lease, LeaseDone, Refused, Revoke, Spec, Stop, Task)
+from protocol import (Branch, CallsGranted, Cancel, Commit, GroupOpen, Heartbeat, Hello, Hold,
+                      HostReply, Join, Lease, LeaseDone, Refused, Revoke, Spec, Stop, Task)
 from actors.version import PACKAGE_VERSION
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,7 @@ class RemoteWorker:
         self.slot_queues: list[queue.SimpleQueue] = []
         self.slot_load: list[int] = []
         self.threads: list[threading.Thread] = []
+        self.asks: BudgetAsks | None = None   # the run's budget, asked by message
         self.leases_done = 0
         self.awaiting_spec = False  # a Join is out: the next Spec is answered with Hello
         self.joined_at = 0.0
@@ -278,9 +280,13 @@ class RemoteWorker:
             q.put(None)
         r, spec = self.resolved, self.spec
         self.slot_queues, self.slot_load = [], []
+        # Groups started inside a call are part of the run (actors.workers.scope).
+        self.asks = BudgetAsks(self.name, lambda m: self.ep.send(self.name, SCHEDULER, m)) \
+            if spec.ask_budget else None
         for i in range(self.slots):
             core = WorkerCore(self.name, r.tasks, r.reward, r.run, r.propose, r.strategy,
-                              solved=spec.solved, initial_state=dict(spec.initial_state)) \
+                              solved=spec.solved, initial_state=dict(spec.initial_state),
+                              scope=AskedRun(spec.run_id, self.asks)) \
                 if r.strategy is not None else None   # a session of groups: no rollouts
             q: queue.SimpleQueue = queue.SimpleQueue()
             self.slot_queues.append(q)
@@ -364,6 +370,8 @@ class RemoteWorker:
                     q.put(commit)
             case Cancel(lease_id=lease_id):
                 self.cancelled.add(lease_id)
+            case CallsGranted() as granted if self.asks is not None:
+                self.asks.answer(granted)
             case Spec() | Stop() | Refused():
                 self.inbox.put(delivery.msg)
             case other:
