@@ -101,6 +101,9 @@ MAX_NAMES_PER_PEER = 16
 MAX_PEER_ROUTES = 100_000
 #: How long attach() waits for the broker's acknowledgement by default.
 ATTACH_DEADLINE_S = 10.0
+#: How long the port's socket, once closed, still delivers what the broker forwarded
+#: (the run's last message to each worker is its Stop; milliseconds).
+CLOSE_LINGER_MS = 1000
 
 
 def bind_refusal(addr: str, *, keys: bool, insecure: bool) -> str | None:
@@ -173,8 +176,11 @@ class PeerPort:
             self.addresses.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
 
     def close(self) -> None:
+        """Close the port: what the broker already forwarded (a worker's Stop) still
+        leaves for up to CLOSE_LINGER_MS; a closed socket with linger 0 would drop the
+        frames its I/O thread had not written yet, and the worker would never hear it."""
         if self.socket is not None:
-            self.socket.close(0)
+            self.socket.close(CLOSE_LINGER_MS)
             self.socket = None
         if self._auth is not None:
             self._auth.stop()
@@ -377,6 +383,9 @@ class RemoteEndpoint:
         self.refused: dict[str, str] = {}  # name -> why the broker refused to route it
         self.tokens: dict[str, bytes] = {}  # name -> the token to present on a reconnect
         self.last_heard = time.monotonic()
+        # When a frame last came from the broker; unlike last_heard it is not reset by a
+        # reconnect, so a worker's give_up counts from the broker's last word.
+        self.last_frame = time.monotonic()
         self._flush_s = 0.0
         self.heard = threading.Event()  # the broker has answered at least once
         self._handlers: dict[str, Deliver] = {}
@@ -612,7 +621,7 @@ class RemoteEndpoint:
                 frames = recv_frames(sock, NOBLOCK)
             except zmq.Again:  # the poll's readiness was stale
                 return
-            self.last_heard = time.monotonic()
+            self.last_heard = self.last_frame = time.monotonic()
             if not self.heard.is_set():
                 self.heard.set()
             kind = frames[0]

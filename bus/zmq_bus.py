@@ -216,6 +216,7 @@ class Broker:
                         port.drain(codec)
                 if self._log is not None:  # a commit in this batch is fsynced now, once
                     self._log.flush_if_due()
+            self._last_drain(codec, intake, router)
         finally:
             router.close(0)
             intake.close(0)
@@ -224,6 +225,19 @@ class Broker:
                 port.close()
             if self._log is not None:
                 self._log.close()
+
+    def _last_drain(self, codec: Codec, intake: zmq.Socket, router: zmq.Socket) -> None:
+        """Forward what was sent before stop() (the runtime's last Stop to each worker):
+        a loop that saw the stop flag mid-batch leaves it unread, and a worker in another
+        process would wait for its give_up instead of leaving. Bounded: nothing new can
+        come once the endpoints refuse sends (ZmqBus.close closes them first)."""
+        for sock, on in ((intake, lambda: self._on_intake(codec, intake.recv(_NOBLOCK))),
+                         (router, lambda: self._on_frames(router, codec,
+                                                          _recv_frames(router, _NOBLOCK)))):
+            for _ in range(100_000):
+                if not _readable(sock):
+                    break
+                on()
 
     def _on_frames(self, router: zmq.Socket, codec: Codec, frames: list[bytes]) -> None:
         ident = frames[0]

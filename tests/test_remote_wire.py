@@ -227,7 +227,7 @@ class _FakeEndpoint:
 
     def __init__(self, worker: RemoteWorker, last_heard: float) -> None:
         self.worker = worker
-        self.last_heard = last_heard
+        self.last_heard = self.last_frame = last_heard
         self.sent = []
 
     def send(self, sender, receiver, msg) -> None:
@@ -240,6 +240,34 @@ def test_a_worker_that_hears_nothing_for_give_up_seconds_stops_as_lost():
     w = RemoteWorker("tcp://127.0.0.1:1", give_up=5.0)
     w.ep = _FakeEndpoint(w, last_heard=time.monotonic() - 6.0)
     assert w._serve() == EXIT_LOST and "5 s" in w.stop_reason
+
+
+def test_a_worker_whose_broker_is_gone_gives_up_although_it_keeps_reconnecting():
+    # Each reconnect resets the endpoint's own broker timeout, never the give_up: that
+    # counts from the broker's last frame (here its last ping answer before it closed).
+    bus = ZmqBus(peers=(PeerPort(["tcp://127.0.0.1:0"]),))
+    w = RemoteWorker(bus.addresses[-1], worker_id="w-gone", broker_timeout=1.5, give_up=3.0)
+    codes = queue.SimpleQueue()
+    t = threading.Thread(target=lambda: codes.put(w.run()), daemon=True)
+    t.start()
+    try:
+        assert _wait_until(lambda: w.ep is not None and w.ep.heard.is_set(), WAIT_S)
+    finally:
+        bus.close()
+    closed = time.monotonic()
+    t.join(3.0 + 1.5 + 3.0)  # give_up, one broker timeout, and slack for a loaded machine
+    assert not t.is_alive(), "the worker kept reconnecting past its give_up"
+    assert codes.get_nowait() == EXIT_LOST and "3 s" in w.stop_reason
+    assert w.ep.reconnects >= 1 and time.monotonic() - closed < 7.5
+
+
+def _wait_until(cond, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)  # polling period of a bounded wait, not a synchronisation
+    return cond()
 
 
 def test_a_worker_still_awaiting_its_spec_joins_again_then_serves_until_stop():

@@ -208,7 +208,7 @@ class RemoteWorker:
             # Sleep until the next thing to check: the join's retry, or the broker's
             # silence reaching give_up (a message wakes it at once).
             now = time.monotonic()
-            due = self.ep.last_heard + self.give_up
+            due = self.ep.last_frame + self.give_up
             if self.awaiting_spec:
                 due = min(due, self.joined_at + JOIN_RETRY_S)
             try:
@@ -216,7 +216,7 @@ class RemoteWorker:
             except queue.Empty:
                 if self.awaiting_spec and time.monotonic() - self.joined_at > JOIN_RETRY_S:
                     self._join()
-                if time.monotonic() - self.ep.last_heard > self.give_up:
+                if time.monotonic() - self.ep.last_frame > self.give_up:
                     self.stop_reason = f"no word from the broker for {self.give_up:g} s"
                     log.error("worker %s: no word from the broker at %s for %.0f s; giving up",
                               self.name, self.connect, self.give_up)
