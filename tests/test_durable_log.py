@@ -22,12 +22,13 @@ import pytest
 
 from actors import DataParallel, KeyedRules, evolve
 from actors.errors import ConfigError
-from actors.replay.engine import log_chain
+from actors.replay.engine import log_chain, rebuild
 from actors.replay.resume import ResumePoint
-from actors.runtime.launch import run_scenario
+from actors.replay.resume import resume as resume_in_process
+from actors.runtime.launch import evolve_kwargs, run_scenario
 from actors.testing import replay
-from bus.log import LogWriter, TornTailWarning, read_header, read_log
-from protocol import Lease, LeaseDone, RunDone, Start, decode
+from bus.log import UNDELIVERED, LogWriter, TornTailWarning, read_header, read_log
+from protocol import EvalDone, Lease, LeaseDone, RunDone, Start, decode
 from protocol.scenario import parse_scenario
 from scenarios import router
 
@@ -184,6 +185,34 @@ def test_sigterm_closes_the_log_like_ctrl_c_and_exits_143(tmp_path, whole):
     assert len(records) >= 60
     assert not any(isinstance(decode(r.body), RunDone) for r in records)
     same_as_whole(resume(tmp_path, log), whole)
+
+
+def test_a_message_a_stopping_actor_never_had_is_sent_again_by_resume(tmp_path, whole):
+    # What a SIGTERM can leave: the run's actors stop one by one while messages still
+    # fly, so the Merger may be gone when the Scheduler's EvalDone reaches the broker,
+    # which logs it UNDELIVERED; nothing follows it. Built here from the whole run's
+    # log (its first 60+ records, then that EvalDone marked UNDELIVERED).
+    src = read_log(whole.log_path)
+    cut = next(i for i, r in enumerate(src.records) if i >= 60 and r.receiver == "merger"
+               and isinstance(decode(r.body), EvalDone))
+    log = tmp_path / "run.evolog"
+    writer = LogWriter(log, src.header, fsync="never")
+    for r in src.records[:cut]:
+        writer.append(r.seq, r.t, r.sender, r.receiver, r.body, peer=r.peer, status=r.status)
+    last = src.records[cut]
+    writer.append(last.seq, last.t, last.sender, last.receiver, last.body, status=UNDELIVERED)
+    writer.close()
+    report, engine = rebuild([log], [read_log(log)], strict=False, machines=None, specs={})
+    assert report.ok, report.format()
+    assert ("scheduler", "merger", decode(last.body)) in engine.pending
+    # Without it the Merger would wait for that EvalDone forever: the resume would hang.
+    kwargs = evolve_kwargs(parse_scenario(SCENARIO.format(log=log), "slow.toml"))
+    kwargs.pop("log", None)
+    resumed = resume_in_process(log, **kwargs)
+    same_as_whole({"state": resumed.state, "version": resumed.version,
+                   "final_reward": resumed.final_reward, "rollouts": resumed.rollouts,
+                   "calls": resumed.calls, "outcomes": resumed.outcomes(),
+                   "stop_reason": resumed.stop_reason}, whole)
 
 
 def test_a_second_run_refuses_the_log_path_and_never_changes_the_first_log(tmp_path):

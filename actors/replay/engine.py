@@ -575,9 +575,12 @@ def _feed(engine: "_Replay", paths: list[Path], contents: list[LogContents],
             reopen(engine.machines())
         before = len(engine.unrecorded)
         engine.segment(c.path, c.records)
-        # Undelivered, in the order they were produced (by input seq; stable per actor).
+        # Undelivered, in the order they were produced (by input seq; stable per actor):
+        # first those the log holds as UNDELIVERED (they came before, on each sender's
+        # stream), then those it never recorded.
         lost = sorted(engine.unrecorded[before:], key=lambda u: u.input_seq)
-        pending = [u for u in lost if _resend_to(u.receiver)]
+        pending = _undelivered_at_close(engine, c) \
+            + [u for u in lost if _resend_to(u.receiver)]
         if engine.divergences:
             break
     return pending, resent
@@ -619,6 +622,24 @@ def _collector_factory(meta: dict[str, str], spec: MachineSpec) -> Callable[[str
 
     extra = _accepted(Collector, _machine_args(meta).get("collector", {}))
     return lambda name: Collector(name, **extra)
+
+
+def _undelivered_at_close(engine: "_Replay", c: LogContents) -> list[Unrecorded]:
+    """Messages between control actors (or to the driver) that the log holds as
+    UNDELIVERED because their receiver had already stopped: a run stopped by a signal
+    closes its actors one by one while messages still fly (a Scheduler's EvalDone to a
+    Merger that has stopped). The replay never feeds them to their receiver, and they
+    are not unrecorded either, so a resume must send them again or the receiver waits
+    for them forever. Only those after which their receiver got nothing more: one it
+    missed while it was still running is part of the run as recorded."""
+    last_in: dict[str, int] = {}
+    for rec in c.records:
+        if not rec.status:
+            last_in[rec.receiver] = rec.seq
+    return [Unrecorded(c.path, rec.sender, rec.seq, rec.receiver, decode(rec.body))
+            for rec in c.records
+            if rec.status and rec.sender in engine.tracks and _resend_to(rec.receiver)
+            and rec.seq > last_in.get(rec.receiver, -1)]
 
 
 def _resend_to(receiver: str) -> bool:
