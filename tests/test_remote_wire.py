@@ -242,6 +242,32 @@ def test_a_worker_that_hears_nothing_for_give_up_seconds_stops_as_lost():
     assert w._serve() == EXIT_LOST and "5 s" in w.stop_reason
 
 
+def test_a_stop_sent_while_the_broker_is_stopping_still_reaches_the_remote_worker():
+    # The broker is busy (a local handler) when the runtime sends the worker its Stop and
+    # closes the bus: the Stop waits in the broker's intake, behind its stop flag. It
+    # must still be forwarded, and its frame leave the port before the socket closes.
+    bus = ZmqBus(peers=(PeerPort(["tcp://127.0.0.1:0"]),))
+    entered, release = threading.Event(), threading.Event()
+    bus.attach("busy", lambda d: (entered.set(), release.wait(WAIT_S)))
+    inbox = Inbox()
+    ep = RemoteEndpoint(bus.addresses[-1])
+    try:
+        ep.attach("w", inbox)
+        ep.send("w", "busy", Tick(elapsed=0.0))
+        assert entered.wait(WAIT_S)
+        bus.send("driver", "w", Stop(reason="run finished"))
+        closer = threading.Thread(target=bus.close, daemon=True)
+        closer.start()
+        assert _wait_until(bus.broker._stop.is_set, WAIT_S)
+        release.set()
+        closer.join(WAIT_S)
+        assert [type(d.msg) for d in inbox.wait(1)] == [Stop]
+    finally:
+        release.set()
+        ep.close()
+        bus.close()
+
+
 def test_a_worker_whose_broker_is_gone_gives_up_although_it_keeps_reconnecting():
     # Each reconnect resets the endpoint's own broker timeout, never the give_up: that
     # counts from the broker's last frame (here its last ping answer before it closed).
