@@ -20,13 +20,13 @@ from actors.cli.main import main
 from actors.cli.progress import RunProgress
 from actors.cli.replay import summarize
 from actors.machines.planner import split_tasks
-from actors.runtime.evolve import evolve
 from actors.runtime.launch import evolve_kwargs
 from actors.usage import report
 from bus.log import LogWriter, read_log
-from protocol import LeaseDone, Progress, RunDone, decode
-from protocol.scenario import load_scenario, parse_scenario
+from protocol import Progress, RunDone, decode
+from protocol.scenario import parse_scenario
 from scenarios.router import RouterAgent
+from test_live_progress import inside_round_0
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -136,31 +136,10 @@ def test_the_panel_shows_calls_tokens_and_cost_against_budgets_inside_a_round(ro
     gate = threading.Event()
     kwargs["agent"] = PricedAgent(train[0], gate)
     progress = RunProgress(scenario, source="priced.toml", live=True, stream=io.StringIO())
-    three_done = threading.Event()
-    seen = []
-
-    def watch(sender, receiver, body):
-        progress.in_round.push(sender, receiver, body)
-        if receiver == "scheduler":
-            msg = decode(body)
-            if isinstance(msg, LeaseDone) and msg.kind == "rollout" and msg.round == 0:
-                seen.append(msg.lease_id)
-                if len(seen) == 3:
-                    three_done.set()
-
-    progress.watch = watch
-    result: dict = {}
-    runner = threading.Thread(target=lambda: result.update(r=evolve(**kwargs,
-                                                                    on_progress=progress)))
-    with progress:
-        runner.start()
-        try:
-            assert three_done.wait(30), "three of round 0's four leases never came back"
-            panel = _panel_text(progress, 200)   # inside round 0: one lease held
-            now = progress.in_round.snapshot()
-        finally:
-            gate.set()
-            runner.join(30)
+    # inside round 0: one lease held
+    run, (panel, now) = inside_round_0(
+        progress, kwargs, gate,
+        lambda: (_panel_text(progress, 200), progress.in_round.snapshot()))
     assert "3/4 leases done" in panel and "ETA" in panel, panel
     tokens = now.calls * 120   # every call so far reported 120 tokens
     assert now.tokens == tokens and now.cost == pytest.approx(now.calls * 140 / 1e6)
@@ -169,4 +148,4 @@ def test_the_panel_shows_calls_tokens_and_cost_against_budgets_inside_a_round(ro
     assert f"{5000 - now.calls:,} of 5,000 calls" in flat
     assert f"{1_000_000 - tokens:,} of 1,000,000 tokens" in flat
     assert "of $5.0000 cost" in flat, panel
-    assert result["r"].budget["tokens"]["total"] >= tokens
+    assert run.budget["tokens"]["total"] >= tokens

@@ -40,15 +40,10 @@ def _render(progress: RunProgress, width: int) -> list[str]:
     return console.export_text().splitlines()
 
 
-def test_the_panel_shows_leases_done_inside_a_round(root):
-    scenario = load_scenario(root / "scenarios" / "router.toml")
-    kwargs = evolve_kwargs(scenario, "router.toml")
-    kwargs.pop("log")
-    train, _ = split_tasks([t.id for t in kwargs["tasks"]], scenario.held_out_frac,
-                           scenario.seed)
-    gate = threading.Event()
-    kwargs["agent"] = GatedAgent(train[0], gate)
-    progress = RunProgress(scenario, source="router.toml", live=True, stream=io.StringIO())
+def inside_round_0(progress: RunProgress, kwargs: dict, gate: threading.Event, look):
+    """Run evolve() with the live panel until three of round 0's four leases are answered
+    (the fourth is held by `gate`), call `look()` at that moment, then let the run end.
+    Returns (the run's result, what look returned)."""
     three_done = threading.Event()
     answered = []
 
@@ -69,17 +64,31 @@ def test_the_panel_shows_leases_done_inside_a_round(root):
         runner.start()
         try:
             assert three_done.wait(30), "three of round 0's four leases never came back"
-            lines = _render(progress, 60)   # a moment inside round 0: one lease held
-            closed_then = len(progress.records)
+            seen = look()
         finally:
             gate.set()
             runner.join(30)
+    return result["r"], seen
+
+
+def test_the_panel_shows_leases_done_inside_a_round(root):
+    scenario = load_scenario(root / "scenarios" / "router.toml")
+    kwargs = evolve_kwargs(scenario, "router.toml")
+    kwargs.pop("log")
+    train, _ = split_tasks([t.id for t in kwargs["tasks"]], scenario.held_out_frac,
+                           scenario.seed)
+    gate = threading.Event()
+    kwargs["agent"] = GatedAgent(train[0], gate)
+    progress = RunProgress(scenario, source="router.toml", live=True, stream=io.StringIO())
+    # a moment inside round 0: one lease held
+    run, (lines, closed_then) = inside_round_0(
+        progress, kwargs, gate, lambda: (_render(progress, 60), len(progress.records)))
     text = "\n".join(lines)
     assert "round 0" in text and "3/4 leases done" in text, text
     assert "rollouts" in text and "calls" in text
     assert closed_then == 0   # no round had closed when the panel was drawn
     assert max(len(line) for line in lines) <= 60
-    assert result["r"].rollouts > 0
+    assert run.rollouts > 0
 
 
 def test_the_eta_counts_the_open_rounds_share_of_leases(root):
