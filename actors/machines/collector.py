@@ -51,6 +51,7 @@ from typing import Any, Iterable, Mapping
 
 from actors.addresses import Out
 from actors.machines.leases import LeaseTable
+from actors.machines.workerpool import WorkerPool
 from protocol import (Branch, BranchDone, BranchFailed, Cancel, GroupCancel, GroupResult,
                       GroupStart, GroupSuspended, Heartbeat, Hello, Hold, Interaction,
                       JournalEntry, Lost, Message, PendingInteraction, Revoke, Stop, Tick,
@@ -136,11 +137,11 @@ class Collector:
         self.queue: collections.deque[int] = collections.deque()
         self.concurrency = 0
         self.planned: list[str] = []  # the workers to use: at most max_concurrency
-        self.pool: list[str] = []     # those of them ready for leases
         self.slots = 1
         # The branch leases out (actors/machines/leases.py): who holds which, capacity
         # and prefetch, leases being revoked, late answers, watched workers and losses.
         self.table: LeaseTable[Branch] = LeaseTable()
+        self.pool = WorkerPool(self.table, 1)   # the planned workers ready for leases
         self.again: collections.deque[str] = collections.deque()  # taken back, to re-send
         self.released: set[str] = set()   # workers sent Stop: no lease goes to them
         self.lost_at = 0.0                # when a worker was last presumed lost
@@ -260,7 +261,7 @@ class Collector:
             # The connection dropped: leases it does not list were lost on the way.
             self.again.extend(table.reconnect(worker, 1, msg.leases))
             return self._dispatch()
-        self.pool.append(worker)
+        self.pool.add(worker)
         return self._dispatch() + self._maybe_end()
 
     def _on_heartbeat(self, worker: str) -> list[Out]:
@@ -276,8 +277,7 @@ class Collector:
         log.warning("%s: worker %s is back after being presumed lost; its leases were "
                     "re-dispatched", self.name, worker)
         self.table.join(worker, 1, self.slots - 1)
-        if worker not in self.pool:
-            self.pool.append(worker)
+        self.pool.add(worker)
         return self._dispatch() + self._maybe_end()
 
     def _lose(self, worker: str, why: str) -> list[Out]:
@@ -290,8 +290,7 @@ class Collector:
                     why, table.workers[worker].held or "nothing")
         again, given_up = table.lose(worker)
         self.lost_at = self.elapsed
-        if worker in self.pool:
-            self.pool.remove(worker)
+        self.pool.remove(worker)
         if self.phase == RUNNING:
             self.again.extend(again)
         else:  # stopping or pausing: nothing new starts, and this worker will not answer
@@ -371,11 +370,13 @@ class Collector:
         self.planned = list(msg.workers[:self.concurrency])
         # With ``announce``, a worker takes leases once a Hello says it is on the bus:
         # work starts with the first worker instead of waiting for all of them.
-        self.pool = [] if msg.announce else list(self.planned)
         self.slots = 1 + max(0, msg.prefetch)
         self.table = LeaseTable(max_tries=msg.max_tries)
+        self.pool = WorkerPool(self.table, self.slots)
         for worker in self.planned:
             self.table.join(worker, 1, self.slots - 1)
+            if not msg.announce:
+                self.pool.add(worker)
         self.batching = not msg.ordered
         if msg.resume:
             self.phase = AWAITING_INPUTS
@@ -568,12 +569,9 @@ class Collector:
         if not again and not self.queue:
             return self._rebalance() + self._release()
         table = self.table
-        workers = table.workers
         # The worker with the fewest leases out, the first in pool order among them (an
-        # idle one first); counted once here, then kept up to date as leases go out
-        # (the pool does not change in this loop).
+        # idle one first), from the pool's index by leases held.
         pool = self.pool
-        counts = [len(workers[w].held) for w in pool]
         # Queue leases behind running ones only once every planned worker is ready (or
         # presumed lost): the first workers up must not hoard what the next ones would
         # start at once. (An in-order lease queued behind a long branch is not stuck
@@ -582,13 +580,15 @@ class Collector:
         batching = self.batching
         cap = self.slots if len(pool) + len(table.lost) >= len(self.planned) else 1
         queue = self.queue
-        while (again or queue) and counts:
-            fewest = min(counts)
-            if fewest >= cap:
+        first_with = pool.first_with
+        while again or queue:
+            worker = None
+            for held in range(cap):
+                worker = first_with(held)
+                if worker is not None:
+                    break
+            if worker is None:
                 break
-            j = counts.index(fewest)
-            counts[j] += 1
-            worker = pool[j]
             if again:  # taken back from a lost worker: the same lease, under its id
                 lease = table.payload[again.popleft()]
             else:
@@ -658,20 +658,22 @@ class Collector:
             return []
         table = self.table
         workers, revoking = table.workers, table.revoking
-        idle = sum(1 for w in self.pool if not workers[w].held)
-        need = idle - len(revoking)
+        need = self.pool.idle - len(revoking)
         out: list[Out] = []
         if need <= 0:
             return out
-        for worker in self.pool:
+        asked: list[str] = []
+        for worker in self.pool.with_queued():   # in pool order
             for lease_id in reversed(workers[worker].held[1:]):   # never the running one
                 if lease_id not in revoking:
                     table.revoke(lease_id)
                     out.append((worker, Revoke(lease_id=lease_id)))
+                    asked.append(worker)
                     need -= 1
                     break
             if need <= 0:
                 break
+        self.pool.keep(asked)
         return out
 
     def _release(self) -> list[Out]:
@@ -681,30 +683,25 @@ class Collector:
         sent ``Stop`` now, so they end while the rest finish, not at the group's end."""
         if self.phase != RUNNING or self.queue or self.again or not self.leases:
             return []   # (no lease out: the group ends now, and every worker with it)
-        workers = self.table.workers
-        idle = [w for w in self.pool if not workers[w].held]
-        if not idle:
+        pool, table = self.pool, self.table
+        if not pool.idle:
             return []
         # A lease queued behind a running one may be revoked, as may one being revoked
         # (always held: counted once); with liveness on, any lease out comes back if its
-        # worker is lost.
-        revoking = self.table.revoking
-        first = 0 if self.start.deadline is not None else 1
-        may_return = 0
-        for worker in workers.values():
-            held = worker.held
-            if held:
-                may_return += len(held) - first
-                if first and held[0] in revoking:
-                    may_return += 1
-        go = idle[may_return:]
+        # worker is lost. (Every worker holding a lease is in the pool.)
+        may_return = len(table.holder)
+        if self.start.deadline is None:
+            workers, holder = table.workers, table.holder
+            may_return -= len(pool) - pool.idle
+            may_return += sum(1 for lease_id in table.revoking
+                              if workers[holder[lease_id]].held[0] == lease_id)
+        go = pool.last_idle(pool.idle - may_return)
         if not go:
             return []
         self.released.update(go)
-        gone = set(go)
-        self.pool = [w for w in self.pool if w not in gone]
         for w in go:
-            self.table.leave(w)   # holds nothing; no longer watched
+            pool.remove(w)
+            table.leave(w)   # holds nothing; no longer watched
         return [(w, _RELEASED) for w in go]
 
     def _maybe_end(self) -> list[Out]:

@@ -21,6 +21,7 @@ gets one, when to revoke, what an answer means. Those are its users' policies.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -48,9 +49,13 @@ class Holder:
 
 class LeaseTable(Generic[P]):
     """Leases (``lease id -> payload``) and their holders. ``max_tries``: a lease whose
-    workers were lost that many times is given up (0: never)."""
+    workers were lost that many times is given up (0: never). ``on_held(name, was,
+    now)``, if given, is told every change of a registered worker's number of leases
+    held (a user that indexes workers by it keeps its index up to date from there)."""
 
-    def __init__(self, max_tries: int = 0) -> None:
+    def __init__(self, max_tries: int = 0,
+                 on_held: Callable[[str, int, int], None] | None = None) -> None:
+        self.on_held = on_held
         self.payload: dict[str, P] = {}
         self.holder: dict[str, str] = {}
         #: Every worker a live lease went to: who may answer it (a taken-back lease's
@@ -195,6 +200,8 @@ class LeaseTable(Generic[P]):
             self.active += 1
         held.append(lease_id)
         self.holder[lease_id] = name
+        if self.on_held is not None:
+            self.on_held(name, len(held) - 1, len(held))
         given = self.given.get(lease_id)
         if given is None:
             self.given[lease_id] = {name}
@@ -282,3 +289,5 @@ class LeaseTable(Generic[P]):
             held.remove(lease_id)
             if len(held) < worker.slots:
                 self.active -= 1
+            if self.on_held is not None:
+                self.on_held(worker.name, len(held) + 1, len(held))

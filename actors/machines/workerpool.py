@@ -1,0 +1,137 @@
+"""The workers a Collector leases to, in the order they became ready, indexed by how many
+leases each holds in its :class:`~actors.machines.leases.LeaseTable` (the table's
+``on_held`` keeps the index up to date). What the Collector asks of its pool for every
+answer (the first worker in order among those holding the fewest leases, how many are
+idle, the next one with a lease queued behind the one it runs, the last idle ones) is
+answered in O(log workers) amortised instead of a scan of the pool.
+
+Each index is a heap of ``(rank, name)`` (a worker's rank: when it joined the pool, so
+heap order is pool order) read lazily: an entry is pushed whenever a worker's count
+changes, and one that no longer holds (the worker left, or holds another count) is
+popped when it comes to the top. A heap grown well past the pool is compacted.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any, Callable, Iterator
+
+from actors.machines.leases import LeaseTable
+
+Entry = tuple[int, str]
+
+
+class WorkerPool:
+    """The pool of ``table``'s workers ready for leases; ``slots``: the most leases a
+    worker holds (the one it runs and those queued behind it)."""
+
+    def __init__(self, table: LeaseTable[Any], slots: int) -> None:
+        self.table = table
+        self.slots = max(1, slots)
+        self.rank: dict[str, int] = {}   # the members, in pool order
+        self.next_rank = 0
+        self.idle = 0                    # members holding no lease
+        self.fewest: list[list[Entry]] = [[] for _ in range(self.slots)]  # held == c
+        self.queued: list[Entry] = []    # held >= 2: a lease queued behind a running one
+        self.last: list[Entry] = []      # (-rank, name): idle, last in order first
+        table.on_held = self.changed
+
+    # -- membership -----------------------------------------------------------------------
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.rank
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.rank)
+
+    def add(self, name: str) -> None:
+        """The worker is ready: it joins the pool last."""
+        if name in self.rank:
+            return
+        self.rank[name] = self.next_rank
+        self.next_rank += 1
+        held = self.held(name)
+        self.idle += held == 0
+        self._index(name, held)
+
+    def remove(self, name: str) -> None:
+        if self.rank.pop(name, None) is not None:
+            self.idle -= self.held(name) == 0
+
+    def held(self, name: str) -> int:
+        worker = self.table.workers.get(name)
+        return 0 if worker is None else len(worker.held)
+
+    def changed(self, name: str, was: int, now: int) -> None:
+        """The lease table's ``on_held``: ``name`` held ``was`` leases, now ``now``."""
+        if name not in self.rank:
+            return
+        self.idle += (now == 0) - (was == 0)
+        self._index(name, now)
+
+    # -- reading --------------------------------------------------------------------------
+
+    def first_with(self, count: int) -> str | None:
+        """The first worker in pool order holding ``count`` leases (< slots), or None."""
+        heap = self.fewest[count]
+        rank, held = self.rank, self.held
+        while heap:
+            r, name = heap[0]
+            if rank.get(name) == r and held(name) == count:
+                return name
+            heapq.heappop(heap)
+        return None
+
+    def with_queued(self) -> Iterator[str]:
+        """The workers holding a lease queued behind the one they run, in pool order, each
+        once. One the caller passes over (nothing of it to revoke) is indexed again only
+        when its count changes; the caller says which it used with :meth:`keep`."""
+        heap, seen = self.queued, set()
+        while heap:
+            r, name = heapq.heappop(heap)
+            if name in seen or self.rank.get(name) != r or self.held(name) < 2:
+                continue
+            seen.add(name)
+            yield name
+
+    def keep(self, names: list[str]) -> None:
+        """Index again workers :meth:`with_queued` yielded (still holding what they did)."""
+        for name in names:
+            heapq.heappush(self.queued, (self.rank[name], name))
+
+    def last_idle(self, k: int) -> list[str]:
+        """The ``k`` idle workers last in pool order (fewer if there are not), in order;
+        for the caller to remove."""
+        heap, found = self.last, []
+        while heap and len(found) < k:
+            r, name = heapq.heappop(heap)
+            if self.rank.get(name) == -r and self.held(name) == 0 and name not in found:
+                found.append(name)
+        found.reverse()
+        return found
+
+    # -- the index ------------------------------------------------------------------------
+
+    def _index(self, name: str, held: int) -> None:
+        r = self.rank[name]
+        if held < self.slots:
+            self._push(self.fewest[held], (r, name), lambda e: self._holds(e, held))
+        if held >= 2:
+            self._push(self.queued, (r, name), lambda e: self._holds(e, 2, at_least=True))
+        if held == 0:
+            self._push(self.last, (-r, name), lambda e: self._holds((-e[0], e[1]), 0))
+
+    def _holds(self, entry: Entry, count: int, at_least: bool = False) -> bool:
+        r, name = entry
+        if self.rank.get(name) != r:
+            return False
+        held = self.held(name)
+        return held >= count if at_least else held == count
+
+    def _push(self, heap: list[Entry], entry: Entry, live: Callable[[Entry], bool]) -> None:
+        heapq.heappush(heap, entry)
+        if len(heap) > 4 * len(self.rank) + 64:   # mostly stale: keep the live, once each
+            heap[:] = sorted({e for e in heap if live(e)})
