@@ -137,6 +137,7 @@ class Collector:
         self.queue: collections.deque[int] = collections.deque()
         self.concurrency = 0
         self.planned: list[str] = []  # the workers to use: at most max_concurrency
+        self.planned_set: frozenset[str] = frozenset()
         self.slots = 1
         # The branch leases out (actors/machines/leases.py): who holds which, capacity
         # and prefetch, leases being revoked, late answers, watched workers and losses.
@@ -181,7 +182,7 @@ class Collector:
         """Why ``msg`` from ``sender`` must not reach :meth:`handle` (None: it may): an
         answer for a branch lease that is out must come from a worker it went to.
         Pure; asked by the shell and by replay, as the Scheduler's is."""
-        if type(msg) is Lost and (sender in self.planned or self.table.known(sender)):
+        if type(msg) is Lost and (sender in self.planned_set or self.table.known(sender)):
             return (f"a Lost for {msg.worker!r} from worker {sender!r}: a worker never "
                     "reports another lost (the runtime does)")
         if isinstance(msg, (BranchDone, BranchFailed, Interaction)):
@@ -246,7 +247,7 @@ class Collector:
         """A planned worker is on the bus (``announce``), registers again after a
         reconnect, or is back after being presumed lost."""
         worker, table = msg.worker, self.table
-        if worker not in self.planned or worker in self.released:
+        if worker not in self.planned_set or worker in self.released:
             self.dropped += 1
             return []
         known = worker in table.seen    # it said Hello with a heartbeat before
@@ -368,6 +369,7 @@ class Collector:
         # it never idles for a round trip between two leases.
         self.concurrency = max(0, min(msg.max_concurrency, len(msg.workers)))
         self.planned = list(msg.workers[:self.concurrency])
+        self.planned_set = frozenset(self.planned)
         # With ``announce``, a worker takes leases once a Hello says it is on the bus:
         # work starts with the first worker instead of waiting for all of them.
         self.slots = 1 + max(0, msg.prefetch)
@@ -580,13 +582,9 @@ class Collector:
         batching = self.batching
         cap = self.slots if len(pool) + len(table.lost) >= len(self.planned) else 1
         queue = self.queue
-        first_with = pool.first_with
+        fewest = pool.fewest
         while again or queue:
-            worker = None
-            for held in range(cap):
-                worker = first_with(held)
-                if worker is not None:
-                    break
+            worker = fewest(cap)
             if worker is None:
                 break
             if again:  # taken back from a lost worker: the same lease, under its id

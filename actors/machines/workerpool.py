@@ -8,13 +8,14 @@ answered in O(log workers) amortised instead of a scan of the pool.
 Each index is a heap of ``(rank, name)`` (a worker's rank: when it joined the pool, so
 heap order is pool order) read lazily: an entry is pushed whenever a worker's count
 changes, and one that no longer holds (the worker left, or holds another count) is
-popped when it comes to the top. A heap grown well past the pool is compacted.
+popped when it comes to the top. The heaps are compacted once the entries pushed
+since the last time are several times the pool.
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from actors.machines.leases import LeaseTable
 
@@ -31,9 +32,10 @@ class WorkerPool:
         self.rank: dict[str, int] = {}   # the members, in pool order
         self.next_rank = 0
         self.idle = 0                    # members holding no lease
-        self.fewest: list[list[Entry]] = [[] for _ in range(self.slots)]  # held == c
+        self.fewest_by: list[list[Entry]] = [[] for _ in range(self.slots)]  # held == c
         self.queued: list[Entry] = []    # held >= 2: a lease queued behind a running one
         self.last: list[Entry] = []      # (-rank, name): idle, last in order first
+        self.pushed = 0                  # entries pushed since the heaps were compacted
         table.on_held = self.changed
 
     # -- membership -----------------------------------------------------------------------
@@ -74,15 +76,18 @@ class WorkerPool:
 
     # -- reading --------------------------------------------------------------------------
 
-    def first_with(self, count: int) -> str | None:
-        """The first worker in pool order holding ``count`` leases (< slots), or None."""
-        heap = self.fewest[count]
-        rank, held = self.rank, self.held
-        while heap:
-            r, name = heap[0]
-            if rank.get(name) == r and held(name) == count:
-                return name
-            heapq.heappop(heap)
+    def fewest(self, cap: int) -> str | None:
+        """The first worker in pool order among those holding the fewest leases, if that
+        is fewer than ``cap`` (<= slots); else None."""
+        rank, workers = self.rank, self.table.workers
+        for count in range(cap):
+            heap = self.fewest_by[count]
+            while heap:
+                r, name = heap[0]
+                worker = workers.get(name)
+                if worker is not None and len(worker.held) == count and rank.get(name) == r:
+                    return name
+                heapq.heappop(heap)
         return None
 
     def with_queued(self) -> Iterator[str]:
@@ -118,20 +123,23 @@ class WorkerPool:
     def _index(self, name: str, held: int) -> None:
         r = self.rank[name]
         if held < self.slots:
-            self._push(self.fewest[held], (r, name), lambda e: self._holds(e, held))
+            heapq.heappush(self.fewest_by[held], (r, name))
         if held >= 2:
-            self._push(self.queued, (r, name), lambda e: self._holds(e, 2, at_least=True))
+            heapq.heappush(self.queued, (r, name))
         if held == 0:
-            self._push(self.last, (-r, name), lambda e: self._holds((-e[0], e[1]), 0))
+            heapq.heappush(self.last, (-r, name))
+        self.pushed += 1
+        if self.pushed > 4 * len(self.rank) + 64:
+            self._compact()
 
-    def _holds(self, entry: Entry, count: int, at_least: bool = False) -> bool:
-        r, name = entry
-        if self.rank.get(name) != r:
-            return False
-        held = self.held(name)
-        return held >= count if at_least else held == count
-
-    def _push(self, heap: list[Entry], entry: Entry, live: Callable[[Entry], bool]) -> None:
-        heapq.heappush(heap, entry)
-        if len(heap) > 4 * len(self.rank) + 64:   # mostly stale: keep the live, once each
-            heap[:] = sorted({e for e in heap if live(e)})
+    def _compact(self) -> None:
+        """Drop the stale entries (each heap mostly stale by now), keeping the live once."""
+        self.pushed = 0
+        rank, held = self.rank, self.held
+        for count, heap in enumerate(self.fewest_by):
+            heap[:] = sorted({e for e in heap
+                              if rank.get(e[1]) == e[0] and held(e[1]) == count})
+        self.queued[:] = sorted({e for e in self.queued
+                                 if rank.get(e[1]) == e[0] and held(e[1]) >= 2})
+        self.last[:] = sorted({e for e in self.last
+                               if rank.get(e[1]) == -e[0] and held(e[1]) == 0})
