@@ -1,5 +1,6 @@
 """The ``evobus`` command: main (verbs and dispatch), one module per verb family
 (groups, remote, replay, report, inspect, fork), progress and live (the live views),
 figures (the fold of a run's messages both the live panel and `inspect --summary`
-read), learned (what a run learned, from its log) and render (HTML reports).
+read), learned (what a run learned, from its log), analysis (a log read for its report)
+and render (HTML reports).
 Nothing else imports this package."""

@@ -18,7 +18,7 @@ from actors.errors import BackendFailing, ConfigError, RunFailed
 from actors.replay.resume import ResumePoint, next_log_path, resume_scenario_log
 from actors.cli.progress import exit_code, interrupt_guard
 from bus.log import LogCorrupt
-from actors.cli.render import _GROUP_KINDS, track_group
+from actors.cli.analysis import _GROUP_KINDS, track_group
 from actors.cli.figures import RunFigures
 from actors.cli.fork import cmd_fork
 
@@ -215,7 +215,7 @@ class LogSummary:
 
     def __init__(self) -> None:
         self.figures = RunFigures()
-        self.groups: dict[str, dict[str, Any]] = {}   # parallel groups (actors.cli.render)
+        self.groups: dict[str, dict[str, Any]] = {}   # parallel groups (actors.cli.analysis)
 
     def add(self, sender: str, receiver: str, msg: Any, t: float = 0.0) -> None:
         kind = type(msg).__name__
