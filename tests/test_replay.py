@@ -23,7 +23,7 @@ from actors.replay.verify import replay_log
 from actors.machines.scheduler import Scheduler
 from actors.testing import recorded_logs, replay
 from bus.log import FORMAT_VERSION, LogWriter, TornTailWarning, read_log
-from protocol import (Barrier, Commit, Lease, LeaseBatch, Message, Start, decode,
+from protocol import (Barrier, Commit, Lease, LeaseBatch, Message, Start, Stop, decode,
                       encode)
 from scenarios import router
 
@@ -96,6 +96,22 @@ def test_a_log_written_now_records_the_round_and_every_rule_on_or_off(tmp_path):
         "screen": False, "attribute": False, "retire": True, "recheck": False,
         "sequential": False, "conflicts": "first"}
     assert replay_log(log).divergence is None
+
+
+@pytest.mark.parametrize("bus", ["zmq", "memory"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_finished_run_s_log_ends_with_every_stop_delivered(tmp_path, bus, seed):
+    """The Scheduler tells each worker Stop at Shutdown; a runtime that stopped its workers
+    while those were in flight left them undelivered at the log's end (seen as 4
+    undelivered Stops when re-recording tests/logs)."""
+    log = tmp_path / "run.evolog"
+    evolve(tasks=router.tasks(), reward=router.reward, run=router.run,
+           propose=router.propose, strategy=KeyedRules(router.CATEGORIES), rounds=2,
+           seed=seed, bus=bus, log=str(log), n_workers=4)
+    records = read_log(log).records
+    stops = [r for r in records if decode(r.body).__class__ is Stop]
+    assert len(stops) == 4
+    assert [r for r in records if r.status != 0] == []
 
 
 #: Workers' names: threads, process workers, a group's branch workers.

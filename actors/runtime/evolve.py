@@ -320,6 +320,7 @@ def _run(top: _Topology, start: Start, plan_with, task_sampler, resume_from, t0:
                                         remote, drive["on_progress"], drive["on_round"])
         if isinstance(done, Halted):  # leaving the with-block closes the actors and the log
             return _Ran(done, elapsed_by_round)
+        rt.await_workers()   # their Stops delivered, so the log ends with nothing undelivered
         bus_stats, stats = _counters(rt, done, remote)
         scheduler = rt.machines[SCHEDULER]
         return _Ran(done, elapsed_by_round, bus_stats, stats, scheduler.given_up,

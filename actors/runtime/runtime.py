@@ -157,6 +157,7 @@ class Runtime:
             raise
         self.log_path = log_path
         self.refs: list[pykka.ActorRef] = []
+        self.workers: list[pykka.ActorRef] = []   # the rollout workers spawn_worker started
         self.crashes: "queue.Queue[tuple[str, BaseException]]" = queue.Queue()
         self.inbox: "queue.Queue[Delivery]" = queue.Queue()
         self.bus.attach(DRIVER, self.inbox.put)
@@ -178,7 +179,21 @@ class Runtime:
         self.refs.append(ControlActor.spawn(self.bus, name, machine, self._on_crash))
 
     def spawn_worker(self, core: WorkerCore) -> None:
-        self.refs.append(WorkerActor.spawn(self.bus, core, self._on_crash))
+        ref = WorkerActor.spawn(self.bus, core, self._on_crash)
+        self.refs.append(ref)
+        self.workers.append(ref)
+
+    def await_workers(self, timeout: float = STOP_DEADLINE_S) -> bool:
+        """Wait until every rollout worker has stopped on its own (the Scheduler's Stop at
+        Shutdown). A run that ended normally waits here before close(): a worker stopped
+        by close() while the Scheduler's Stop to it is still in flight leaves that Stop
+        undelivered in the log. False if one is still running at the deadline (close()
+        then stops it)."""
+        deadline = time.monotonic() + timeout
+        for ref in self.workers:
+            if not ref.actor_stopped.wait(max(0.0, deadline - time.monotonic())):
+                return False
+        return True
 
     def start_actor(self, actor_class, *args, **kwargs) -> pykka.ActorRef:
         """Start any other actor on this runtime's bus; the runtime owns it (close stops it).
