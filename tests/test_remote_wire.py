@@ -316,3 +316,39 @@ def test_idle_slot_threads_end_when_the_worker_does():
     w._release_slots()  # what run() does on its way out
     t.join(WAIT_S)
     assert not t.is_alive() and closed.is_set()
+
+
+def test_a_leaving_worker_lets_the_call_its_slot_is_in_finish_and_drops_what_is_queued():
+    # A process worker told Stop while a slot is inside a model call: cutting the call off
+    # mid-flight may still be billed and its usage would never be reported, so the worker
+    # waits for it (bounded by STOP_DRAIN_S); the lease queued behind it never starts.
+    from protocol import Lease
+    w = RemoteWorker("tcp://127.0.0.1:1")
+    w.ep = _FakeEndpoint(w, last_heard=time.monotonic())
+    q: queue.SimpleQueue = queue.SimpleQueue()
+    w.slot_queues, w.slot_load = [q], [0]
+    entered, release, ran = threading.Event(), threading.Event(), []
+
+    def run_lease(lease, cancelled=None):
+        ran.append(lease.lease_id)
+        entered.set()
+        release.wait(WAIT_S)
+        return LeaseDone(lease_id=lease.lease_id, worker=w.name, round=1)
+
+    core = types.SimpleNamespace(run_lease=run_lease, close=lambda: None)
+    slot = threading.Thread(target=w._slot, args=(0, core, q), daemon=True)
+    w.threads = [slot]
+    slot.start()
+    for lease_id in ("first", "queued"):
+        w._to_slot(Lease(lease_id=lease_id, round=1, task_ids=["t"]))
+    assert entered.wait(WAIT_S)
+    w.done.set()
+    w._release_slots()
+    drained = threading.Event()
+    drainer = threading.Thread(target=lambda: (w._drain_slots(), drained.set()), daemon=True)
+    drainer.start()
+    assert not drained.wait(0.2), "the worker left while its slot was in a call"
+    release.set()
+    assert drained.wait(WAIT_S)
+    assert ran == ["first"]
+    assert [(type(m), m.lease_id) for m in w.ep.sent] == [(LeaseDone, "first")]

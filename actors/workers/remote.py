@@ -62,6 +62,10 @@ EXIT_STOPPED, EXIT_LOST, EXIT_REFUSED = 0, 1, 2
 #: A Join not answered with a Spec this soon is sent again (the registry may not have
 #: been listening yet, or the frame was lost with a connection).
 JOIN_RETRY_S = 1.0
+#: How long a leaving worker waits for the calls its slots are in the middle of: a request
+#: cut off mid-flight may still be billed, and its usage would never be reported. What is
+#: queued behind them is dropped (the coordinator re-dispatches or no longer needs it).
+STOP_DRAIN_S = 3.0
 
 
 def default_worker_id() -> str:
@@ -201,6 +205,7 @@ class RemoteWorker:
         finally:
             self.done.set()
             self._release_slots()
+            self._drain_slots()
             self.ep.close(flush=1.0)
 
     def _serve(self) -> int:
@@ -303,13 +308,21 @@ class RemoteWorker:
         for q in self.slot_queues:
             q.put(None)
 
+    def _drain_slots(self) -> None:
+        deadline = time.monotonic() + STOP_DRAIN_S
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in self.threads):
+            log.warning("worker %s: a slot was still in a call %.0f s after the worker "
+                        "stopped; leaving it behind", self.name, STOP_DRAIN_S)
+
     def _slot(self, index: int, core: WorkerCore | None, q: queue.SimpleQueue) -> None:
         """One slot's loop: every kind of work, one at a time, in the order it came."""
         own = Awaiter() if core is None else None   # a session of groups: no core
         try:
             while not self.done.is_set():
                 item = q.get()  # None (a new run, or the worker's end) releases it
-                if item is None:
+                if item is None or self.done.is_set():   # leaving: queued work is dropped
                     return
                 match item:
                     case Commit() as commit if core is not None:
