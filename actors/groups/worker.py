@@ -56,16 +56,16 @@ class _LeaseBox:
             return self.queued.pop(lease_id, None)
 
     def steal(self, need: int) -> Branch | None:
-        """A lease queued behind one this box's worker runs, holding a branch below
+        """A lease queued behind one this box's worker runs, whose first branch is below
         ``need``, taken out (a worker not running yet starts its first lease soon:
         nothing is taken from it). Any lease: a batched one may hold such a branch too
         (one that came back unstarted and went out again once branches were measured
-        cheap)."""
+        cheap). The thief starts only its branches below ``need`` (GroupWorker._steal)."""
         with self.lock:
             if not self.running:
                 return None
             for lease_id, lease in self.queued.items():
-                if min(lease.indices) < need:
+                if lease.indices[0] < need:
                     return self.queued.pop(lease_id)
         return None
 
@@ -153,11 +153,11 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
         self.box = box
         self.settle = Awaiter()   # async targets: one event loop for this worker's thread
 
-    def _run(self, lease: Branch, owner: str | None = None) -> None:
+    def _run(self, lease: Branch, owner: str | None = None, below: int | None = None) -> None:
         # Built per lease: a pooled worker is bound to another group's names and host
         # between two groups (actors.groups.pool).
         BranchRunner(self._send, self.name, self.host, self.box, self.settle,
-                     self._steal).run(lease, owner)
+                     self._steal).run(lease, owner, below)
 
     def _send(self, name: str, msg) -> None:
         self.bus.send(name, self.collector, msg)
@@ -202,16 +202,19 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
         _release(self.bus)
 
     def _steal(self, need: int) -> bool:
-        """Run, here, a lease that holds a branch below ``need`` and waits in a worker's
-        box behind a branch that worker runs (perhaps a long one): see
-        _StartOrder.wait."""
+        """Run, here, the branches below ``need`` of a lease that waits in a worker's box
+        behind a branch that worker runs (perhaps a long one), and answer the rest of it
+        unstarted (the Collector sends them out again at once): see _StartOrder.wait.
+
+        Only those: this thread waits for a branch whose turn comes once every branch
+        below ``need`` has started, so a later branch of the stolen lease could wait for
+        this very thread, which would never come back to it."""
         for box in self.host.boxes:   # its own box too: a lease that came back behind
             lease = box.steal(need)       # the one it runs must not wait on it
             if lease is not None:
-                self._run(lease, owner=box.owner)   # answered as its owner would
+                self._run(lease, owner=box.owner, below=need)   # answered as its owner would
                 return True
         return False
-
 
 
 class BranchRunner:
@@ -229,10 +232,11 @@ class BranchRunner:
         self.settle = settle
         self.steal = steal
 
-    def run(self, lease: Branch, owner: str | None = None) -> None:
+    def run(self, lease: Branch, owner: str | None = None, below: int | None = None) -> None:
         """Run a lease's branches and answer it, as ``owner`` when this worker took the
         lease from another's box (the Collector admits an answer only from the worker
-        the lease went to)."""
+        the lease went to); with ``below``, only its branches below that index (the
+        others are answered unstarted)."""
         host = self.host
         target = host.target
         wants_ctx = host.wants_ctx
@@ -271,6 +275,8 @@ class BranchRunner:
 
         try:
             for pos, index in enumerate(indices):
+                if below is not None and index >= below:
+                    return answer(unstarted=indices[pos:])
                 # Before taking a live-branch slot: a worker waiting for its turn holds none.
                 if in_order and not order.wait(index, give_up, self.steal):
                     return answer(unstarted=indices[pos:])
