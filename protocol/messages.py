@@ -56,6 +56,9 @@ class Start(Msg, frozen=True):
     prices: dict[str, tuple[float, float]] = {}
     #: Calls one rollout task may make (run, then propose): what a lease reserves.
     calls_per_task: int = 2
+    #: Rollout leases chain their proposals (``Lease.chain``); False (every log recorded
+    #: before it existed): each proposal is made on the head.
+    chain: bool = False
 
     #: The run's secret for lease and eval ids (actors/machines/ids.py); "" (every log
     #: recorded before it existed): readable ids such as ``r0.u1``.
@@ -135,7 +138,9 @@ class Lease(Msg, frozen=True):
 
     A lease keeps its id when it is re-dispatched. ``unit`` is the logical worker of the
     plan (``WorkUnit.worker``); ``section`` the artifact section it may edit (TP).
-    ``state`` is set on eval leases: the candidate artifact to score."""
+    ``state`` is set on eval leases: the candidate artifact to score. ``chain``: the
+    worker applies each proposal to its own copy and rolls the lease's next tasks out
+    on the edited state (actors/workers/chain.py)."""
 
     lease_id: str
     round: int
@@ -146,6 +151,7 @@ class Lease(Msg, frozen=True):
     stage: int = 0
     version: int = 0
     state: dict[str, str] | None = None
+    chain: bool = False
 
 
 class LeaseBatch(Msg, frozen=True):

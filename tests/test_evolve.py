@@ -43,10 +43,12 @@ def test_the_default_round_reaches_held_out_one_in_no_more_calls_than_agentdesce
     assert result.stop_reason == "target_reward"
     assert calls[0] == result.rollouts + result.stats["scoring_calls"]
     assert calls[0] <= AGENTDESCENT_SYNC_CALLS, calls[0]
-    # The whole-shard round with each conflicting variant scored (the default before
-    # one gate a merge) spends far more.
+    # The whole-shard round with each conflicting variant scored and every proposal
+    # made on the head (the default before one gate a merge and chained leases) spends
+    # far more.
     whole = evolve(**dict(router_kwargs), n_workers=4, seed=0, rounds=300,
-                   target_reward=1.0, parallel=DataParallel(), conflicts="score")
+                   target_reward=1.0, parallel=DataParallel(), conflicts="score",
+                   chain=False)
     assert whole.rollouts + whole.stats["scoring_calls"] > AGENTDESCENT_SYNC_CALLS
 
 

@@ -149,7 +149,7 @@ class Planner:
                                   + (f".{c}" if size < len(keys) else ""))
                 lease = Lease(lease_id=lease_id, round=r, unit=unit.worker,
                               task_ids=keys[first:first + size], section=unit.section,
-                              stage=unit.stage)
+                              stage=unit.stage, chain=self.start.chain)
                 self.units[lease.lease_id] = unit
                 leases.append(lease)
             self.planned += len(keys)

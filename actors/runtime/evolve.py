@@ -158,7 +158,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            insecure: bool = False, tracking: Any = None, screen: bool = False,
            attribute: bool = False, retire: bool = False,
            recheck: bool = False, sequential: bool = False,
-           conflicts: str = "first") -> EvolveResult:
+           conflicts: str = "first", chain: bool = True) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
@@ -180,7 +180,10 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     default: of the diffs that write one key differently, the first proposer's goes on
     to the fused candidate unscored, so a merge pays one held-out gate) or "score"
     (each scored on the held-out split, the best kept; a log header without
-    ``conflicts`` replays so).
+    ``conflicts`` replays so). ``chain`` (default on): a worker applies each proposal of
+    a lease to its own copy and rolls the lease's next tasks out on the edited state,
+    proposing on top, so one candidate can hold several edits that need each other
+    (docs/concepts.md); off, every proposal of a lease is made on the head.
 
     ``parallel`` (default ``DataParallel(per_worker=4)``, four tasks per worker a round,
     chosen by the benchmarks in docs/parallelism.md; ``DataParallel()`` rolls out each
@@ -235,7 +238,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                   target_reward=target_reward, patience=patience, sections=sections,
                   asynchronous=asynchronous, async_ratio=modes.async_ratio,
                   staleness=modes.staleness, lease_size=lease_size, max_tokens=max_tokens,
-                  max_cost=max_cost, prices=prices,
+                  max_cost=max_cost, prices=prices, chain=bool(chain),
                   lease_key=secrets.token_hex(16))  # ids a peer cannot guess (machines/ids.py)
     tracker = _start_tracker(tracking, locals(), plan_with, strategy, state0, run_id)
     if log is not None:   # `log="runs/x.evolog"` works in a fresh directory, as the CLI does

@@ -18,6 +18,7 @@ from actors.errors import RetryLater, describe
 from actors.throttle import Backoff
 from actors.usage import bind, report, take
 from actors.workers import scope
+from actors.workers.chain import Chain
 from actors.workers.scope import RunScope
 from protocol import Commit, Lease, LeaseDone, RolloutResult, Task
 
@@ -111,10 +112,13 @@ class WorkerCore:
             may_propose = self.propose is not None
         results: list[RolloutResult] = []
         fatal = None
+        chain = Chain(self.strategy, state, rendered) if lease.chain and may_propose else None
         bind(self.meter)  # on the thread that runs the lease: the calls report into it
         for task_id in lease.task_ids:
             if cancelled is not None and cancelled():
                 break
+            if chain is not None:   # the lease's edits so far (actors/workers/chain.py)
+                rendered, state = chain.rendered, chain.state
             task = self.tasks.get(task_id)
             if task is None:
                 fatal = (f"worker {self.name} has no task {task_id!r}: the worker was started "
@@ -128,7 +132,11 @@ class WorkerCore:
             except ValueError as exc:  # a caller's mistake (reward range): fatal for the run
                 fatal = str(exc)
                 break
+            if chain is not None and result.diff is not None:
+                chain.add(len(results), result.diff)
             results.append(result)
+        if chain is not None:
+            results = chain.report(results)
         bind(None)  # what this thread runs next (a group's branch, say) is not this lease's
         self.meter.clear()
         return LeaseDone(lease_id=lease.lease_id, worker=self.name, round=lease.round,
