@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import ClassVar, Protocol, Sequence, runtime_checkable
 
 from protocol import REMOVE, Diff
 
@@ -25,8 +25,9 @@ def rule_id(text: str) -> str:
 
 @runtime_checkable
 class ArtifactStrategy(Protocol):
-    """What evolves. Optional: ``keys()`` (the declared key space) and
-    ``normalise_key(key)`` (how a proposal's key is spelled in the state)."""
+    """What evolves. Optional: ``keys()`` (the declared key space),
+    ``normalise_key(key)`` (how a proposal's key is spelled in the state) and
+    ``round_tasks`` (tasks per worker a round when the run names no parallelism)."""
 
     def initial(self) -> dict[str, str]: ...
 
@@ -34,6 +35,12 @@ class ArtifactStrategy(Protocol):
 
     def to_diff(self, state: dict[str, str], proposal: str, author: str,
                 base_version: int) -> Diff | None: ...
+
+
+def round_tasks(strategy: object) -> int | None:
+    """Tasks per worker a round the strategy asks for when the run names no parallelism
+    (``round_tasks``; None: the default round)."""
+    return getattr(strategy, "round_tasks", None)
 
 
 def declared_keys(strategy: object) -> list[str] | None:
@@ -85,7 +92,15 @@ class AppendRules:
 
 @dataclass
 class SingleSlot:
-    """The artifact is one value; each accepted proposal replaces it."""
+    """The artifact is one value; each accepted proposal replaces it.
+
+    Every diff writes the one key, so a merge keeps one of a round's diffs (the first
+    proposer's, one gate a merge) and what it can hold is what its lease chained
+    (``Lease.chain``): a run that names no parallelism plans ``round_tasks`` tasks per
+    worker a round, not the default four."""
+
+    #: Tasks per worker a round when the run names no parallelism (``round_tasks``).
+    round_tasks: ClassVar[int] = 16
 
     initial_value: str = ""
     key: str = "value"

@@ -152,7 +152,8 @@ def evobus_variant(spec: str):
     (``pw=shard``: DataParallel(), the whole shard a round)
     and the Merger's optional rules switched on (docs/concepts.md); ``w=16``: 16
     workers; ``async``: asynchronous, ``lease=4`` tasks per lease; ``first``:
-    ``conflicts="first"`` (``scored``: ``conflicts="score"``); ``cp``:
+    ``conflicts="first"`` (``scored``: ``conflicts="score"``); ``chain=off``: every
+    proposal made on the head (``evolve(chain=False)``); ``cp``:
     ClusterParallel over the domain's task types (:func:`cluster_of`), ``cp=k`` with
     ``per_worker=k``; ``tp``: TensorParallel routed over a keyed domain's settings
     (:func:`tensor_parallel`), ``tp=k`` with ``per_worker=k``."""
@@ -177,6 +178,8 @@ def evobus_variant(spec: str):
             kw["conflicts"] = "first"
         elif name == "scored":
             kw["conflicts"] = "score"
+        elif name == "chain":
+            kw["chain"] = value != "off"
         else:
             kw[name] = True
 

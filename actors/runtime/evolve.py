@@ -20,11 +20,11 @@ from typing import Any, Callable, Sequence
 import msgspec
 
 from actors.addresses import MERGER, PLANNER, SCHEDULER, worker_name
-from actors.artifacts import AppendRules, declared_keys, normaliser
+from actors.artifacts import AppendRules, declared_keys, normaliser, round_tasks
 from actors.version import PACKAGE_VERSION
 from actors.errors import BackendFailing, ConfigError
 from actors.machines.merger import CONFLICTS, STALENESS, Merger
-from actors.policies.parallelism import default_parallel
+from actors.policies.parallelism import DataParallel, default_parallel
 from actors.policies.pipeline import PipelineParallel
 from actors.machines.planner import Planner, split_tasks
 from actors.machines.scheduler import Scheduler
@@ -122,8 +122,9 @@ def _validate(tasks, reward, agent, run, propose, n_workers, rounds, held_out_fr
 def prepare_parallel(parallel, strategy, task_ids: list[str], n_workers: int):
     """Check the parallelism/artifact pairing before the first rollout; returns the
     strategy to plan with and the key -> section map the Merger enforces (or None)."""
-    if parallel is None:
-        return default_parallel(), None
+    if parallel is None:   # the strategy's round if it asks for one (round_tasks)
+        k = round_tasks(strategy)
+        return (default_parallel() if k is None else DataParallel(per_worker=k)), None
     if isinstance(parallel, PipelineParallel):
         raise ConfigError(parallel.refusal_message())
     if not callable(getattr(parallel, "plan", None)):
@@ -183,10 +184,13 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     ``conflicts`` replays so). ``chain`` (default on): a worker applies each proposal of
     a lease to its own copy and rolls the lease's next tasks out on the edited state,
     proposing on top, so one candidate can hold several edits that need each other
-    (docs/concepts.md); off, every proposal of a lease is made on the head.
+    (docs/concepts.md); a worker whose chained candidate was not committed builds on it
+    in its next leases while the head stays where it was (at most ``BRANCH_LEASES``,
+    actors/workers/chain.py); off, every proposal of a lease is made on the head.
 
     ``parallel`` (default ``DataParallel(per_worker=4)``, four tasks per worker a round,
-    chosen by the benchmarks in docs/parallelism.md; ``DataParallel()`` rolls out each
+    chosen by the benchmarks in docs/parallelism.md, or the strategy's ``round_tasks``
+    when it declares one: 16 for ``SingleSlot``; ``DataParallel()`` rolls out each
     worker's whole shard a round). ``rounds`` (default 15) counts synchronous rounds; in asynchronous mode it has no
     meaning (a warning says so if it is passed) and the run stops on a budget:
     ``max_rollouts``, ``max_calls``, ``max_tokens``, ``max_cost``, ``max_seconds``,
