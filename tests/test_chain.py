@@ -7,11 +7,13 @@ from __future__ import annotations
 import pytest
 
 from actors import AppendRules, DataParallel, KeyedRules, SingleSlot, evolve
+from actors.artifacts import round_tasks
 from actors.machines.planner import Planner
 from actors.policies.parallelism import DataParallel as DP
 from actors.workers.chain import BRANCH_LEASES, Chain
 from actors.workers.core import WorkerCore
-from protocol import REMOVE, Baseline, Commit, Diff, Lease, LeaseBatch, Start, Task
+from bus.log import read_log
+from protocol import REMOVE, Baseline, Commit, Diff, Lease, LeaseBatch, Start, Task, decode
 
 
 def _diff(ops: dict[str, str], author: str = "w0") -> Diff:
@@ -223,3 +225,14 @@ def test_evolve_escapes_a_trap_one_edit_deep_by_chaining_and_stays_in_it_without
     escaped = go(True)
     assert escaped.final_reward == 1.0, (seed, escaped.rendered)
     assert SHORTCUT not in escaped.rendered
+
+
+def test_a_single_slot_run_that_names_no_parallelism_plans_its_own_round(tmp_path):
+    assert round_tasks(SingleSlot()) == 16 and round_tasks(AppendRules()) is None
+    log = tmp_path / "slot.evolog"
+    evolve(_trap_tasks(), lambda task, out: float(out == "good"), run=_trap_run,
+           propose=_trap_propose, strategy=SingleSlot(), n_workers=1, rounds=1, seed=0,
+           bus="memory", log=str(log))
+    leases = [m for m in (decode(r.body) for r in read_log(log).records)
+              if isinstance(m, Lease) and m.kind == "rollout"]
+    assert leases and all(len(m.task_ids) == 16 and m.chain for m in leases)
