@@ -27,7 +27,8 @@ def rule_id(text: str) -> str:
 class ArtifactStrategy(Protocol):
     """What evolves. Optional: ``keys()`` (the declared key space),
     ``normalise_key(key)`` (how a proposal's key is spelled in the state) and
-    ``round_tasks`` (tasks per worker a round when the run names no parallelism)."""
+    ``round_tasks`` (tasks a round, over all workers, when the run names no
+    parallelism)."""
 
     def initial(self) -> dict[str, str]: ...
 
@@ -38,8 +39,8 @@ class ArtifactStrategy(Protocol):
 
 
 def round_tasks(strategy: object) -> int | None:
-    """Tasks per worker a round the strategy asks for when the run names no parallelism
-    (``round_tasks``; None: the default round)."""
+    """Tasks a round (over all workers) the strategy asks for when the run names no
+    parallelism (``round_tasks``; None: the default round)."""
     return getattr(strategy, "round_tasks", None)
 
 
@@ -96,11 +97,11 @@ class SingleSlot:
 
     Every diff writes the one key, so a merge keeps one of a round's diffs (the first
     proposer's, one gate a merge) and what it can hold is what its lease chained
-    (``Lease.chain``): a run that names no parallelism plans ``round_tasks`` tasks per
-    worker a round, not the default four."""
+    (``Lease.chain``): a run that names no parallelism plans ``round_tasks`` tasks a
+    round over its workers (16 per worker with 4 workers), not the default four each."""
 
-    #: Tasks per worker a round when the run names no parallelism (``round_tasks``).
-    round_tasks: ClassVar[int] = 16
+    #: Tasks a round, over all workers, when the run names no parallelism.
+    round_tasks: ClassVar[int] = 64
 
     initial_value: str = ""
     key: str = "value"

@@ -123,8 +123,10 @@ def prepare_parallel(parallel, strategy, task_ids: list[str], n_workers: int):
     """Check the parallelism/artifact pairing before the first rollout; returns the
     strategy to plan with and the key -> section map the Merger enforces (or None)."""
     if parallel is None:   # the strategy's round if it asks for one (round_tasks)
-        k = round_tasks(strategy)
-        return (default_parallel() if k is None else DataParallel(per_worker=k)), None
+        total = round_tasks(strategy)
+        if total is None:
+            return default_parallel(), None
+        return DataParallel(per_worker=max(1, -(-total // n_workers))), None
     if isinstance(parallel, PipelineParallel):
         raise ConfigError(parallel.refusal_message())
     if not callable(getattr(parallel, "plan", None)):
@@ -190,7 +192,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
 
     ``parallel`` (default ``DataParallel(per_worker=4)``, four tasks per worker a round,
     chosen by the benchmarks in docs/parallelism.md, or the strategy's ``round_tasks``
-    when it declares one: 16 for ``SingleSlot``; ``DataParallel()`` rolls out each
+    over the workers when it declares one: 64 for ``SingleSlot``, 16 per worker with 4
+    workers; ``DataParallel()`` rolls out each
     worker's whole shard a round). ``rounds`` (default 15) counts synchronous rounds; in asynchronous mode it has no
     meaning (a warning says so if it is passed) and the run stops on a budget:
     ``max_rollouts``, ``max_calls``, ``max_tokens``, ``max_cost``, ``max_seconds``,
