@@ -31,7 +31,8 @@ def router_kwargs(**extra):
     kw = dict(tasks=router.tasks(), reward=router.reward, run=router.run,
               propose=router.propose, strategy=KeyedRules(router.CATEGORIES), rounds=2,
               n_workers=4, seed=0, bus="memory", parallel=DataParallel(),
-              conflicts="score")   # each variant scored: a run long enough to cut anywhere
+              conflicts="score", chain=False)   # each variant scored, one edit a proposal:
+                                                # a run long enough to cut anywhere
     kw.update(extra)
     return kw
 
@@ -241,7 +242,7 @@ def test_resuming_a_log_that_does_not_replay_is_refused(full_run, tmp_path):
 
 SLOW_SCENARIO = """
 name = "slow-router"
-rounds = 7
+rounds = 12
 seed = 0
 held_out_frac = 0.4
 log = "{log}"
@@ -303,7 +304,7 @@ def test_kill_9_mid_run_then_evobus_resume_gives_the_uninterrupted_artifact(tmp_
                              "--quiet"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        reached = wait_for_seq(log, 150, proc, deadline_s=30)
+        reached = wait_for_seq(log, 60, proc, deadline_s=30)   # of ~216: mid-run
         proc.kill()  # SIGKILL: no cleanup, no flush, no goodbye
     finally:
         proc.kill()
