@@ -129,6 +129,12 @@ class Broker:
         # the current delivery, in order, without a socket (see post()).
         self._posted: collections.deque[tuple[bytes, bytes, bytes]] = collections.deque()
         self._draining = False
+        # The one order: held while a message is stamped, logged and handed to a local
+        # name, on the broker thread (forward) or on a sender's own (inline).
+        self.order = threading.RLock()
+        self._inline: collections.deque[tuple[str, str, Message]] = collections.deque()
+        self._inline_draining = False
+        self._inline_codec = Codec()   # used under ``order`` only
         self.ident: int | None = None
         # Peer ports (bus/remote.py PeerPort), one ROUTER each for remote and
         # process workers, with their own frame policy; routed to through _route().
@@ -196,7 +202,8 @@ class Broker:
                 ready = dict(poller.poll(_POLL_MS))
                 if not ready:
                     if self._log is not None:  # records reach the OS on time when idle too
-                        self._log.flush_if_due()
+                        with self.order:
+                            self._log.flush_if_due()
                     continue
                 # Drain what is there before polling again, reading only the sockets
                 # the poll found readable and asking for more with EVENTS, not with a
@@ -215,7 +222,8 @@ class Broker:
                     if port.socket is not None and port.socket in ready:
                         port.drain(codec)
                 if self._log is not None:  # a commit in this batch is fsynced now, once
-                    self._log.flush_if_due()
+                    with self.order:
+                        self._log.flush_if_due()
             self._last_drain(codec, intake, router)
         finally:
             router.close(0)
@@ -224,7 +232,8 @@ class Broker:
             for port in self._peers:
                 port.close()
             if self._log is not None:
-                self._log.close()
+                with self.order:
+                    self._log.close()
 
     def _last_drain(self, codec: Codec, intake: zmq.Socket, router: zmq.Socket) -> None:
         """Forward what was sent before stop() (the runtime's last Stop to each worker):
@@ -294,6 +303,43 @@ class Broker:
 
     def forward(self, codec: Codec, sender: bytes, receiver: bytes, body: bytes,
                 msg: Message | None = None, peer: str = "") -> None:
+        """:meth:`_forward` in the one order (see :meth:`inline`)."""
+        with self.order:
+            self._forward(codec, sender, receiver, body, msg, peer)
+
+    def inline(self, sender: str, receiver: str, msg: Message) -> bool:
+        """Stamp, log and deliver ``msg`` on the calling thread, as :meth:`forward` does
+        on the broker's, when ``receiver`` is attached by this process (False: it is
+        not, and nothing was done). Under the one order lock: the broker's messages and
+        every sender's inline ones get one sequence and one log. A message sent inline
+        by the handler it reaches is delivered after that handler returns, in order
+        (breadth-first, as on the in-memory bus). The body is encoded and decoded as on
+        the way through the broker, so what arrives is what the log holds."""
+        with self.order:
+            if self._stop.is_set() or receiver.encode() not in self._local:
+                return False
+            self._inline.append((sender, receiver, msg))
+            if self._inline_draining:
+                return True
+            self._inline_draining = True
+            codec = self._inline_codec
+            try:
+                while self._inline:
+                    s, r, m = self._inline.popleft()
+                    body = codec.encode(m)
+                    if len(body) > MAX_FRAME_BYTES:
+                        self.stats.reject(s, f"frame of {len(body)} bytes over the "
+                                          f"{MAX_FRAME_BYTES} limit")
+                        continue
+                    self._forward(codec, s.encode(), r.encode(), body, codec.decode(body))
+            finally:
+                self._inline_draining = False
+            if self._log is not None:   # a commit among these is fsynced now, once
+                self._log.flush_if_due()
+        return True
+
+    def _forward(self, codec: Codec, sender: bytes, receiver: bytes, body: bytes,
+                 msg: Message | None = None, peer: str = "") -> None:
         """Stamp, deliver and log one message whose body decoded (broker thread only).
         ``msg`` is the decoded body when the caller has it (else it is decoded here if a
         local handler needs it); ``peer`` the sending process's authenticated identity
@@ -680,6 +726,16 @@ class ZmqBus:
             self.broker.post(sender, receiver, self._codec.encode(msg))
             return
         self.endpoint.send(sender, receiver, msg)
+
+    def send_inline(self, sender: str, receiver: str, msg: Message) -> None:
+        """``send`` between two actors of this process, handed over on the calling thread
+        rather than the broker's: stamped, logged and delivered in the one order all the
+        same (:meth:`Broker.inline`). A receiver elsewhere, or a send from the broker's
+        own thread, goes as ``send``. (A thread keeps FIFO to a receiver only among
+        sends of one kind: a parallel group's actors send each other every message so.)"""
+        if threading.get_ident() == self.broker.ident or self._closed \
+                or not self.broker.inline(sender, receiver, msg):
+            self.send(sender, receiver, msg)
 
     def send_many(self, sender: str, out: list[tuple[str, Message]]) -> None:
         """``send`` for an actor's outputs, in order: one frame to the broker for them all

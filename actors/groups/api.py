@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from actors.errors import ResumeRefused
 from actors.groups.outcome import GroupOutcome, results_of
 from actors.groups.store import Store
 from actors.groups.driver import (
-                                  _FIXED_AT_START, _OPTIONS, _Plan, _RESUME_ONLY, _ambient_parent, _check_bounds, _check_items, _check_options, _execute, _resolve_target, _take_items)
+                                  _FIXED_AT_START, _OPTIONS, _Plan, _RESUME_ONLY, _ambient_parent, _check_bounds, _check_items, _check_options, _execute, _resolve_target, _take_items, _target_returns)
 from actors.groups.host import _Host
 from actors.groups.checkpoint import (EffectLog, _exclusive, _write_checkpoint, check_code,
                                       load_checkpoint, running_checkpoint)
@@ -51,11 +50,11 @@ def run_group(target, items, *, max_concurrency: int, max_items: int,
     _check_bounds(max_concurrency, max_items)
     taken = _take_items(items, max_items)
     fn, ref = _resolve_target(target, options.get("allow"))
-    returns = output_type(fn, options.get("returns"), "run_group()")
+    returns = _target_returns(fn, options.get("returns"), "run_group()")
     parent = _ambient_parent(_parent)
     # Started inside an evolve() run's call (not inside a branch): part of that run.
     call = scope.current() if parent is None and options.get("runtime") is None else None
-    gid = call.next_group_id() if call is not None else uuid.uuid4().hex[:12]
+    gid = call.next_group_id() if call is not None else os.urandom(6).hex()
     finished = call.run.finished.get(gid, {}) if call is not None else {}
     budgets = options.get("budgets") or Budgets()
     if not isinstance(budgets, Budgets):

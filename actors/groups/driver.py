@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -53,7 +54,7 @@ from actors.groups.pool import _Bind, pool_of
 from actors.groups.worker import _LeaseBox, _worker_deliver
 from actors.groups.store import _encoder, Store, _Gate, _enter_all
 from actors.groups.host import _Host, _StartOrder, _ambient
-from actors.groups.types import as_partial, as_results, converter, type_name
+from actors.groups.types import as_partial, as_results, converter, output_type, type_name
 from actors.version import PACKAGE_VERSION
 from actors.runtime.clock import Ticker
 from actors.runtime.runtime import Runtime, make_log_directory
@@ -139,6 +140,47 @@ def _wants_ctx(fn: Callable) -> bool:
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
                   and p.default is p.empty]
     return len(positional) >= 2
+
+
+#: What a target's signature says (whether it takes ctx; its return annotation as R),
+#: per function: reading a signature costs more than a small group's whole work.
+_facts: "weakref.WeakKeyDictionary[Callable, list]" = weakref.WeakKeyDictionary()
+_UNREAD = object()
+
+
+def _facts_of(fn: Callable) -> list | None:
+    """[key, R or _UNREAD, takes ctx or _UNREAD] remembered for ``fn`` while its code,
+    annotations and signature stay the same objects (a redefinition, or annotations
+    assigned anew, are read again); None for a callable that cannot be weakly
+    referenced (a builtin): read every time."""
+    key = (getattr(fn, "__code__", None), getattr(fn, "__annotations__", None),
+           getattr(fn, "__signature__", None))
+    try:
+        known = _facts.get(fn)
+        if known is None or known[0] != key:
+            known = _facts[fn] = [key, _UNREAD, _UNREAD]
+    except TypeError:
+        return None
+    return known
+
+
+def _target_returns(fn: Callable, returns: Any, where: str) -> Any:
+    """The output type R: ``returns`` if given, else ``fn``'s return annotation."""
+    known = _facts_of(fn) if returns is None else None
+    if known is None:
+        return output_type(fn, returns, where)
+    if known[1] is _UNREAD:
+        known[1] = output_type(fn, None, where)   # raises when there is none: not kept
+    return known[1]
+
+
+def _target_wants_ctx(fn: Callable) -> bool:
+    known = _facts_of(fn)
+    if known is None:
+        return _wants_ctx(fn)
+    if known[2] is _UNREAD:
+        known[2] = _wants_ctx(fn)
+    return known[2]
 
 
 def _infer_ref(fn: Callable) -> Ref | None:
@@ -308,7 +350,8 @@ def _execute_on(plan: _Plan, settings: "_Settings", ledger: _Ledger, store: Stor
                                         max_tries=fleet.workers.max_tries,
                                         ordered=bool(names.local))
     actors = _Actors(runtime, own_runtime, names,
-                     extra=fleet.routes() if fleet is not None else [])
+                     extra=fleet.routes() if fleet is not None else [],
+                     lane=_Lane(runtime.bus) if fleet is None else runtime.bus)
     result_msg: GroupResult | GroupSuspended | None = None
     # A branch that waits for its nested group lends its live-branch slots meanwhile.
     lent: tuple[_Gate, ...] = getattr(_ambient, "slots", ()) if parent is not None else ()
@@ -325,7 +368,7 @@ def _execute_on(plan: _Plan, settings: "_Settings", ledger: _Ledger, store: Stor
         if settings.on_progress is not None:
             progress = _reporter(plan, host, boxes + ([fleet] if fleet else []),
                                  settings.on_progress, t0)
-        result_msg, actors.crash = _drive(runtime, actors.inbox, host, names.driver,
+        result_msg, actors.crash = _drive(actors.lane, actors.inbox, host, names.driver,
                                           names.collector, gid, t0,
                                           ticks=ledger.remaining_seconds() is not None
                                           or fleet is not None,
@@ -410,7 +453,7 @@ def _settings(plan: _Plan) -> _Settings:
             concurrency = min(concurrency, cap)
     return _Settings(limits=limits, depth=depth, cancel_deadline=cancel_deadline,
                      chunk=chunk, prefetch=prefetch, on_progress=on_progress,
-                     wants_ctx=_wants_ctx(plan.fn) if pass_ctx is None else pass_ctx,
+                     wants_ctx=_target_wants_ctx(plan.fn) if pass_ctx is None else pass_ctx,
                      suspend=suspend,
                      concurrency=concurrency,
                      n_workers=max(1, min(concurrency, plan.branches_to_run)))
@@ -520,8 +563,10 @@ class _Actors:
     together, and the first crash among them."""
 
     def __init__(self, runtime: Runtime, own_runtime: Runtime | None, names: _Names,
-                 extra: list | None = None) -> None:
+                 extra: list | None = None, lane=None) -> None:
         self.runtime = runtime
+        #: What the group's actors send on: the bus, or its in-process lane (_Lane).
+        self.lane = lane if lane is not None else runtime.bus
         self.extra = list(extra or [])   # (name, deliver): the proxies of remote slots
         self.own_runtime = own_runtime
         self.names = names
@@ -531,7 +576,7 @@ class _Actors:
         self.attached: list[str] = []
         self.phases: dict[str, float] = {}
         self.crash: _Crash | None = None
-        self.collector = _CollectorShell(runtime.bus, names.collector, self.on_crash)
+        self.collector = _CollectorShell(self.lane, names.collector, self.on_crash)
 
     def on_crash(self, name: str, exc: BaseException) -> None:
         self.inbox.put(_Crash(name, exc))
@@ -542,11 +587,11 @@ class _Actors:
         # socket per actor thread costs ~10x more). Attach returns once the broker routes
         # the name; pykka queues what arrives before the actor's thread has started.
         runtime, names = self.runtime, self.names
-        bus = runtime.bus
+        bus, lane = runtime.bus, self.lane
         # Every name routes before any work flows, in one round trip to the broker.
         boxes = host.boxes = [_LeaseBox(name) for name in names.local]
         routes = [(names.driver, self.inbox.put), (names.collector, self.collector.deliver)] + [
-            (name, _worker_deliver(bus, host, box, name, names.collector))
+            (name, _worker_deliver(lane, host, box, name, names.collector))
             for name, box in zip(names.local, boxes)] + self.extra
         attach_many = getattr(bus, "attach_many", None)
         if attach_many is not None:
@@ -559,12 +604,12 @@ class _Actors:
         # Leases go out at once, into the workers' boxes; then each worker's thread (a
         # warm one of the runtime's pool, or a new one) is bound to its name and finds
         # its leases waiting: none waits for a Hello to make a round trip.
-        bus.send(names.driver, names.collector, start)
+        lane.send(names.driver, names.collector, start)
         if inputs is not None:
-            bus.send(names.driver, names.collector, inputs)
+            lane.send(names.driver, names.collector, inputs)
         self.boxes = boxes
         self.workers = pool_of(runtime).bind(
-            [_Bind(name, host, names.collector, self.on_crash, box)
+            [_Bind(name, host, names.collector, self.on_crash, box, lane)
              for name, box in zip(names.local, boxes)])
         return boxes
 
@@ -631,6 +676,24 @@ def _group_start(plan: _Plan, gid: str, driver: str, workers: list[str],
     return start
 
 
+class _Lane:
+    """The bus as a group whose actors all live in this process sends on it: each
+    message is handed over on the sending thread (``send_inline``: stamped, logged and
+    delivered in the bus's one order, as the in-memory bus always does) rather than
+    through the broker's thread, so a warm group's messages cross no thread but the
+    ones its branches run on. A group with branches in other processes sends on the
+    bus itself."""
+
+    def __init__(self, bus) -> None:
+        self.stats = bus.stats
+        self.send = getattr(bus, "send_inline", bus.send)
+
+    def send_many(self, sender: str, out: list) -> None:
+        send = self.send
+        for receiver, msg in out:
+            send(sender, receiver, msg)
+
+
 class _CollectorShell:
     """The group's Collector, run where the bus delivers its messages (the broker's
     thread, or the sender's on the in-memory bus: either way one delivery at a time, in
@@ -659,7 +722,7 @@ class _CollectorShell:
             self.on_crash(self.name, exc)
 
 
-def _drive(runtime, inbox, host: _Host, driver: str, collector: str, gid: str, t0: float,
+def _drive(bus, inbox, host: _Host, driver: str, collector: str, gid: str, t0: float,
            ticks: bool, progress: Callable[[bool], None] | None = None):
     """Wait for the group's end, sending the time as ``Tick`` and a parent's cancellation
     as ``GroupCancel``, and calling ``progress`` every ``PROGRESS_S``. Every wait is
@@ -667,7 +730,6 @@ def _drive(runtime, inbox, host: _Host, driver: str, collector: str, gid: str, t
 
     The Collector needs the time only for a seconds budget and for the cancel deadline
     once the group is stopping, so ticks go out only then."""
-    bus = runtime.bus
     ticker = Ticker(TICK_S, first=t0 + TICK_S)
     reporting = Ticker(PROGRESS_S, first=t0 + PROGRESS_S)
     cancel_sent = False

@@ -34,6 +34,8 @@ class _Bind(NamedTuple):
     collector: str
     on_crash: Any
     box: _LeaseBox
+    #: What its answers go out on (the bus, or the group's in-process lane).
+    lane: Any = None
 
 
 class _Unbind(NamedTuple):
@@ -50,6 +52,7 @@ class PooledWorker(GroupWorker):
     def __init__(self, bus, pool: "WorkerPool") -> None:
         super().__init__(bus, "", None, "", None, _LeaseBox())
         self.pool = pool
+        self.lane = bus
 
     def on_start(self) -> None:
         threading.current_thread().name = "evobus-branch-worker.idle"
@@ -72,6 +75,9 @@ class PooledWorker(GroupWorker):
                 super().on_receive(message)
         return None
 
+    def _send(self, name: str, msg) -> None:
+        self.lane.send(name, self.collector, msg)
+
     def on_failure(self, exception_type, exception_value, traceback) -> None:
         if self.on_crash is not None:
             self.on_crash(self.name, exception_value)
@@ -83,6 +89,7 @@ class PooledWorker(GroupWorker):
     def _bind(self, bind: _Bind) -> None:
         self.name, self.host, self.collector = bind.name, bind.host, bind.collector
         self.on_crash, self.box = bind.on_crash, bind.box
+        self.lane = bind.lane if bind.lane is not None else self.bus
         threading.current_thread().name = f"evobus-{bind.name}"
         bind.box.ref = self.actor_ref   # before looking into the box (see _worker_deliver)
         self._drain()
