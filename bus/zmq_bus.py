@@ -322,21 +322,38 @@ class Broker:
             if self._inline_draining:
                 return True
             self._inline_draining = True
-            codec = self._inline_codec
             try:
-                while self._inline:
-                    s, r, m = self._inline.popleft()
-                    body = codec.encode(m)
-                    if len(body) > MAX_FRAME_BYTES:
-                        self.stats.reject(s, f"frame of {len(body)} bytes over the "
-                                          f"{MAX_FRAME_BYTES} limit")
-                        continue
-                    self._forward(codec, s.encode(), r.encode(), body, codec.decode(body))
+                self._drain_inline()
             finally:
                 self._inline_draining = False
             if self._log is not None:   # a commit among these is fsynced now, once
                 self._log.flush_if_due()
         return True
+
+    def _drain_inline(self) -> None:
+        codec, queue, local, stats, log_ = (self._inline_codec, self._inline, self._local,
+                                            self.stats, self._log)
+        while queue:
+            sender, receiver, msg = queue.popleft()
+            body = codec.encode(msg)
+            if len(body) > MAX_FRAME_BYTES:
+                stats.reject(sender, f"frame of {len(body)} bytes over the {MAX_FRAME_BYTES} "
+                             "limit")
+                continue
+            msg = codec.decode(body)
+            deliver = local.get(receiver.encode())
+            if deliver is None:   # detached meanwhile (or never here): as forward() does
+                self._forward(codec, sender.encode(), receiver.encode(), body, msg)
+                continue
+            self._seq += 1
+            if log_ is not None:
+                log_.append(self._seq, self._clock(), sender, receiver, body,
+                            type(msg) in self._sync_on)
+            stats.delivered += 1
+            try:
+                deliver(Delivery(self._seq, sender, receiver, msg))
+            except Exception:  # a handler bug must not stop the sender; logged here
+                log.exception("bus: delivering %s to %r failed", type(msg).__name__, receiver)
 
     def _forward(self, codec: Codec, sender: bytes, receiver: bytes, body: bytes,
                  msg: Message | None = None, peer: str = "") -> None:

@@ -19,7 +19,7 @@ from actors.errors import ResumeRefused
 from actors.groups.outcome import GroupOutcome, results_of
 from actors.groups.store import Store
 from actors.groups.driver import (
-                                  _FIXED_AT_START, _OPTIONS, _Plan, _RESUME_ONLY, _ambient_parent, _check_bounds, _check_items, _check_options, _execute, _resolve_target, _take_items, _target_returns)
+                                  _FIXED_AT_START, _OPTIONS, _Plan, _RESUME_ONLY, _ambient_parent, _check_bounds, _check_items, _check_options, _execute, _resolve_target, _take_items, _target_returns, NO_BUDGETS)
 from actors.groups.host import _Host
 from actors.groups.checkpoint import (EffectLog, _exclusive, _write_checkpoint, check_code,
                                       load_checkpoint, running_checkpoint)
@@ -56,7 +56,7 @@ def run_group(target, items, *, max_concurrency: int, max_items: int,
     call = scope.current() if parent is None and options.get("runtime") is None else None
     gid = call.next_group_id() if call is not None else os.urandom(6).hex()
     finished = call.run.finished.get(gid, {}) if call is not None else {}
-    budgets = options.get("budgets") or Budgets()
+    budgets = options.get("budgets") or NO_BUDGETS
     if not isinstance(budgets, Budgets):
         raise ConfigError(f"budgets must be Budgets(calls=, seconds=, cost=), got "
                           f"{type(budgets).__name__}")
@@ -75,8 +75,8 @@ def run_group(target, items, *, max_concurrency: int, max_items: int,
         approvers = list(approvers)
     if not taken:   # an empty list: an empty result, the target is never called
         return GroupOutcome(status="completed", group_id=gid, results=[])
-    _check_items(taken)
-    plan = _Plan(nested=run_group, group_id=gid, fn=fn, ref=ref, items=taken, max_concurrency=max_concurrency,
+    items_bytes = _check_items(taken)
+    plan = _Plan(items_bytes=items_bytes, nested=run_group, group_id=gid, fn=fn, ref=ref, items=taken, max_concurrency=max_concurrency,
                  max_items=max_items, options=options, parent=parent, budgets=budgets,
                  store=store, approvers=approvers,
                  checkpoint=Path(checkpoint) if checkpoint is not None else None,

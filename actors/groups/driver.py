@@ -31,7 +31,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 import msgspec
 import pykka
@@ -50,8 +50,8 @@ from actors.groups.checkpoint import (EffectLog, GroupCheckpoint, _write_checkpo
                                       target_fingerprint, target_name)
 from actors.groups.fleet import Fleet, start_fleet
 from actors.groups.outcome import GroupOutcome, GroupProgress
-from actors.groups.pool import _Bind, pool_of
-from actors.groups.worker import _LeaseBox, _worker_deliver
+from actors.groups.pool import _Bind, pool_of, pooled_deliver
+from actors.groups.worker import _LeaseBox
 from actors.groups.store import _encoder, Store, _Gate, _enter_all
 from actors.groups.host import _Host, _StartOrder, _ambient
 from actors.groups.types import as_partial, as_results, converter, output_type, type_name
@@ -109,6 +109,13 @@ _OPTIONS = {
     "workers": "Workers(local=, processes=, remote=, ...): where branches run, as evolve() "
                "takes it (process/remote workers need a target named by import path)",
 }
+
+
+#: The host limits of a group given none (frozen: one value serves every group).
+_NO_LIMITS = HostLimits()
+
+#: Budgets of a group given none (frozen).
+NO_BUDGETS = Budgets()
 
 
 _RESUME_ONLY = {"principal": "the resumer's name, checked against the group's approvers"}
@@ -233,13 +240,15 @@ def _take_items(items, max_items: int) -> list[Any]:
     return taken
 
 
-def _check_items(items: list[Any]) -> None:
+def _check_items(items: list[Any]) -> int | None:
     """Items cross the bus: refuse, before the first call, one that cannot or that would
-    arrive changed (a tuple would become a list, a dataclass a dict)."""
+    arrive changed (a tuple would become a list, a dataclass a dict). Their size
+    encoded, when they all cross."""
     try:
-        back = msgspec.msgpack.decode(_encoder.encode(items))
+        body = _encoder.encode(items)
+        back = msgspec.msgpack.decode(body)
         if back == items:
-            return
+            return len(body)
     except (TypeError, ValueError, OverflowError):
         back = None
     for i, item in enumerate(items):
@@ -269,7 +278,7 @@ class _Plan:
     max_items: int
     options: dict[str, Any]
     parent: _Host | None
-    budgets: Budgets = Budgets()
+    budgets: Budgets = NO_BUDGETS
     consumed: Consumed | None = None
     store: Store | None = None
     approvers: list[str] | None = None
@@ -285,6 +294,8 @@ class _Plan:
     #: None; and what a resumed run's log says this group had finished already.
     call: Any = None
     finished: dict[int, Any] | None = None
+    #: The items' size encoded, when known (checked at the front door).
+    items_bytes: int | None = None
 
 
 class _Crash:
@@ -398,8 +409,7 @@ def _execute_on(plan: _Plan, settings: "_Settings", ledger: _Ledger, store: Stor
     return outcome
 
 
-@dataclass(frozen=True)
-class _Settings:
+class _Settings(NamedTuple):
     """A group's options, checked, with the limits of the groups above it applied."""
 
     limits: HostLimits
@@ -422,7 +432,7 @@ def _settings(plan: _Plan) -> _Settings:
     if parent is not None:
         limits, depth = parent.limits.tightened(limits), parent.depth + 1
     else:
-        limits, depth = limits or HostLimits(), 1
+        limits, depth = limits or _NO_LIMITS, 1
     if depth > limits.max_depth:
         raise HostLimitExceeded(f"a group nested {depth} deep is over the host's max_depth "
                                 f"({limits.max_depth}); flatten the work or raise "
@@ -591,7 +601,7 @@ class _Actors:
         # Every name routes before any work flows, in one round trip to the broker.
         boxes = host.boxes = [_LeaseBox(name) for name in names.local]
         routes = [(names.driver, self.inbox.put), (names.collector, self.collector.deliver)] + [
-            (name, _worker_deliver(lane, host, box, name, names.collector))
+            (name, pooled_deliver(lane, host, box, name, names.collector))
             for name, box in zip(names.local, boxes)] + self.extra
         attach_many = getattr(bus, "attach_many", None)
         if attach_many is not None:
@@ -668,6 +678,9 @@ def _group_start(plan: _Plan, gid: str, driver: str, workers: list[str],
         journals=ckpt.journals if ckpt else {},
         pending=ckpt.pending if ckpt else [], used_ids=ckpt.used_ids if ckpt else [],
         approvers=plan.approvers, effects=ckpt.effects if ckpt else [])
+    if plan.items_bytes is not None and ckpt is None and not plan.finished \
+            and plan.items_bytes + 256 * (len(workers) + 16) < MAX_FRAME_BYTES:
+        return start   # far below the limit: no need to encode it to know
     size = len(_encoder.encode(start))
     if size > MAX_FRAME_BYTES:
         raise ConfigError(f"the group's items take {size} bytes, over the {MAX_FRAME_BYTES}-"

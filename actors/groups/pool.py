@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import pykka
 
 from actors.groups.host import _Host
-from actors.groups.worker import GroupWorker, _LeaseBox, _release
+from actors.groups.worker import GroupWorker, _LeaseBox, _release, _worker_deliver
 from protocol import Branch, Stop
 
 #: Idle threads a runtime keeps; those beyond it stop when their group ends.
@@ -69,6 +69,8 @@ class PooledWorker(GroupWorker):
         match message.msg:
             case Branch():
                 self._drain()
+                if self.box.stop:   # marked while it ran (see pooled_deliver)
+                    self._unbind()
             case Stop():
                 self._unbind()
             case _:
@@ -103,6 +105,25 @@ class PooledWorker(GroupWorker):
         self.name, self.host, self.collector, self.on_crash = "", None, "", None
         self.box = _LeaseBox()
         threading.current_thread().name = "evobus-branch-worker.idle"
+
+
+def pooled_deliver(bus, host: _Host, box: _LeaseBox, name: str, collector: str):
+    """The bus side of a pooled worker (:func:`_worker_deliver`), but a ``Stop`` that
+    comes while the worker runs its leases (most often the Collector's answer to its own
+    last one, delivered on its own thread) is only marked in the box: the worker looks
+    there once its box is empty, so nothing is queued to wake it. (It marks ``running``
+    false before it looks, and a Stop marks the box before it looks at ``running``: one
+    of the two always sees the other.)"""
+    inner = _worker_deliver(bus, host, box, name, collector)
+
+    def deliver(delivery) -> None:
+        if type(delivery.msg) is Stop:
+            box.stop = True
+            if box.running:
+                return
+        inner(delivery)
+
+    return deliver
 
 
 class WorkerPool:
