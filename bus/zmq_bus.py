@@ -125,6 +125,7 @@ class Broker:
         # their handler itself instead of forwarding over inproc to the endpoint's
         # thread (one thread hop, one socket round and one decode less per message).
         self._local: dict[bytes, Deliver] = {}
+        self._local_names: dict[str, Deliver] = {}   # the same, by name (inline sends)
         # Sends made by a handler while the broker thread runs it: forwarded right after
         # the current delivery, in order, without a socket (see post()).
         self._posted: collections.deque[tuple[bytes, bytes, bytes]] = collections.deque()
@@ -316,7 +317,7 @@ class Broker:
         (breadth-first, as on the in-memory bus). The body is encoded and decoded as on
         the way through the broker, so what arrives is what the log holds."""
         with self.order:
-            if self._stop.is_set() or receiver.encode() not in self._local:
+            if receiver not in self._local_names or self._stop.is_set():
                 return False
             self._inline.append((sender, receiver, msg))
             if self._inline_draining:
@@ -331,8 +332,8 @@ class Broker:
         return True
 
     def _drain_inline(self) -> None:
-        codec, queue, local, stats, log_ = (self._inline_codec, self._inline, self._local,
-                                            self.stats, self._log)
+        codec, queue, local, stats, log_ = (self._inline_codec, self._inline,
+                                            self._local_names, self.stats, self._log)
         while queue:
             sender, receiver, msg = queue.popleft()
             body = codec.encode(msg)
@@ -341,7 +342,7 @@ class Broker:
                              "limit")
                 continue
             msg = codec.decode(body)
-            deliver = local.get(receiver.encode())
+            deliver = local.get(receiver)
             if deliver is None:   # detached meanwhile (or never here): as forward() does
                 self._forward(codec, sender.encode(), receiver.encode(), body, msg)
                 continue
@@ -443,9 +444,11 @@ class Broker:
         """Messages to ``name`` are handed to ``deliver`` on the broker thread, after they
         are stamped and logged (``deliver`` must not block: an actor's ``tell``)."""
         self._local[name.encode()] = deliver
+        self._local_names[name] = deliver
 
     def forget_local(self, name: str) -> None:
         self._local.pop(name.encode(), None)
+        self._local_names.pop(name, None)
 
     def post(self, sender: str, receiver: str, body: bytes) -> None:
         """A send from a handler running on the broker thread: it is forwarded after the
