@@ -35,7 +35,9 @@ class InMemoryBus:
         self.stats = BusStats()
         self._routes: dict[str, Deliver] = {}
         self._lock = threading.RLock()
-        self._queue: collections.deque[tuple[str, str, bytes]] = collections.deque()
+        # (sender, receiver, body, None), or (sender, receiver, None, msg) for a message
+        # handed over as it is (send_inline with copy=False).
+        self._queue: collections.deque[tuple] = collections.deque()
         self._draining = False
         self._seq = first_seq - 1  # the last number given
         self._log = log_writer
@@ -71,12 +73,26 @@ class InMemoryBus:
     def send(self, sender: str, receiver: str, msg: Message) -> None:
         self.send_frame(sender, receiver, encode(msg))
 
+    def send_inline(self, sender: str, receiver: str, msg: Message, copy: bool = True) -> None:
+        """``send`` (this bus always delivers on the sender's thread); with ``copy=False``
+        the sender vouches that decoding would give the message back as it is (a pure
+        machine's output made only of what crossed the bus to it) and within the frame
+        limit: it is handed over as it is, encoded only for the log (ZmqBus.send_inline
+        does the same)."""
+        if copy:
+            self.send_frame(sender, receiver, encode(msg))
+        else:
+            self._enqueue((sender, receiver, None, msg))
+
     def send_frame(self, sender: str, receiver: str, body: bytes) -> None:
+        self._enqueue((sender, receiver, bytes(body), None))
+
+    def _enqueue(self, entry: tuple) -> None:
         with self._lock:
             if self._closed:
                 self.stats.after_close += 1
                 return
-            self._queue.append((sender, receiver, bytes(body)))
+            self._queue.append(entry)
             if self._draining:
                 return
             self._draining = True
@@ -88,15 +104,20 @@ class InMemoryBus:
             if self._log is not None:  # a commit among these is fsynced now, once
                 self._log.flush_if_due()
 
-    def _deliver_one(self, sender: str, receiver: str, body: bytes) -> None:
-        if len(body) > MAX_FRAME_BYTES:
-            self.stats.reject(sender, f"frame of {len(body)} bytes over the {MAX_FRAME_BYTES} limit")
-            return
-        try:
-            msg = decode(body)
-        except msgspec.DecodeError as exc:
-            self.stats.reject(sender, f"does not decode: {exc}")
-            return
+    def _deliver_one(self, sender: str, receiver: str, body: bytes | None,
+                     msg: Message | None) -> None:
+        if body is None:   # handed over as it is: encoded only for the log
+            body = encode(msg) if self._log is not None else b""
+        else:
+            if len(body) > MAX_FRAME_BYTES:
+                self.stats.reject(sender, f"frame of {len(body)} bytes over the "
+                                  f"{MAX_FRAME_BYTES} limit")
+                return
+            try:
+                msg = decode(body)
+            except msgspec.DecodeError as exc:
+                self.stats.reject(sender, f"does not decode: {exc}")
+                return
         deliver = self._routes.get(receiver)
         self._seq += 1
         if deliver is None:

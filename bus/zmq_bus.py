@@ -308,18 +308,21 @@ class Broker:
         with self.order:
             self._forward(codec, sender, receiver, body, msg, peer)
 
-    def inline(self, sender: str, receiver: str, msg: Message) -> bool:
+    def inline(self, sender: str, receiver: str, msg: Message, copy: bool = True) -> bool:
         """Stamp, log and deliver ``msg`` on the calling thread, as :meth:`forward` does
         on the broker's, when ``receiver`` is attached by this process (False: it is
         not, and nothing was done). Under the one order lock: the broker's messages and
         every sender's inline ones get one sequence and one log. A message sent inline
         by the handler it reaches is delivered after that handler returns, in order
         (breadth-first, as on the in-memory bus). The body is encoded and decoded as on
-        the way through the broker, so what arrives is what the log holds."""
+        the way through the broker, so what arrives is what the log holds; with
+        ``copy=False`` the sender vouches that decoding would give the message back as
+        it is (a pure machine's output made only of what crossed the bus to it) and
+        within the frame limit: it is handed over as it is, encoded only for the log."""
         with self.order:
             if receiver not in self._local_names or self._stop.is_set():
                 return False
-            self._inline.append((sender, receiver, msg))
+            self._inline.append((sender, receiver, msg, copy))
             if self._inline_draining:
                 return True
             self._inline_draining = True
@@ -335,14 +338,15 @@ class Broker:
         codec, queue, local, stats, log_ = (self._inline_codec, self._inline,
                                             self._local_names, self.stats, self._log)
         while queue:
-            sender, receiver, msg = queue.popleft()
-            body = codec.encode(msg)
-            if len(body) > MAX_FRAME_BYTES:
-                stats.reject(sender, f"frame of {len(body)} bytes over the {MAX_FRAME_BYTES} "
-                             "limit")
-                continue
-            msg = codec.decode(body)
+            sender, receiver, msg, copy = queue.popleft()
             deliver = local.get(receiver)
+            body = codec.encode(msg) if copy or log_ is not None or deliver is None else b""
+            if copy:
+                if len(body) > MAX_FRAME_BYTES:
+                    stats.reject(sender, f"frame of {len(body)} bytes over the "
+                                 f"{MAX_FRAME_BYTES} limit")
+                    continue
+                msg = codec.decode(body)
             if deliver is None:   # detached meanwhile (or never here): as forward() does
                 self._forward(codec, sender.encode(), receiver.encode(), body, msg)
                 continue
@@ -747,14 +751,15 @@ class ZmqBus:
             return
         self.endpoint.send(sender, receiver, msg)
 
-    def send_inline(self, sender: str, receiver: str, msg: Message) -> None:
+    def send_inline(self, sender: str, receiver: str, msg: Message, copy: bool = True) -> None:
         """``send`` between two actors of this process, handed over on the calling thread
         rather than the broker's: stamped, logged and delivered in the one order all the
         same (:meth:`Broker.inline`). A receiver elsewhere, or a send from the broker's
         own thread, goes as ``send``. (A thread keeps FIFO to a receiver only among
-        sends of one kind: a parallel group's actors send each other every message so.)"""
+        sends of one kind: a parallel group's actors send each other every message so.)
+        ``copy``: see :meth:`Broker.inline`."""
         if threading.get_ident() == self.broker.ident or self._closed \
-                or not self.broker.inline(sender, receiver, msg):
+                or not self.broker.inline(sender, receiver, msg, copy):
             self.send(sender, receiver, msg)
 
     def send_many(self, sender: str, out: list[tuple[str, Message]]) -> None:

@@ -586,7 +586,9 @@ class _Actors:
         self.attached: list[str] = []
         self.phases: dict[str, float] = {}
         self.crash: _Crash | None = None
-        self.collector = _CollectorShell(self.lane, names.collector, self.on_crash)
+        self.collector = _CollectorShell(
+            self.lane.trusted(runtime.bus) if isinstance(self.lane, _Lane) else self.lane,
+            names.collector, self.on_crash)
 
     def on_crash(self, name: str, exc: BaseException) -> None:
         self.inbox.put(_Crash(name, exc))
@@ -697,14 +699,26 @@ class _Lane:
     ones its branches run on. A group with branches in other processes sends on the
     bus itself."""
 
-    def __init__(self, bus) -> None:
+    def __init__(self, bus, copy: bool = True) -> None:
         self.stats = bus.stats
-        self.send = getattr(bus, "send_inline", bus.send)
+        inline = getattr(bus, "send_inline", None)
+        if inline is None:
+            self.send = bus.send
+        elif copy:
+            self.send = inline
+        else:
+            self.send = lambda sender, receiver, msg: inline(sender, receiver, msg, False)
 
     def send_many(self, sender: str, out: list) -> None:
         send = self.send
         for receiver, msg in out:
             send(sender, receiver, msg)
+
+    def trusted(self, bus) -> "_Lane":
+        """The lane for the Collector's messages: a pure machine's output made only of
+        what crossed the bus to it, so nothing in it would change on the way; handed over
+        as it is (``copy=False``), encoded only for the log."""
+        return _Lane(bus, copy=False)
 
 
 class _CollectorShell:
