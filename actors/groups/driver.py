@@ -19,6 +19,7 @@ decision about which branch runs when lives in :mod:`actors.machines.collector`.
 from __future__ import annotations
 
 import atexit
+import functools
 import inspect
 import itertools
 import logging
@@ -181,6 +182,19 @@ def _target_returns(fn: Callable, returns: Any, where: str) -> Any:
     return known[1]
 
 
+@functools.lru_cache(maxsize=256)
+def _cached_converter(r: Any) -> Callable | None:
+    return converter(r)
+
+
+def _converter(r: Any) -> Callable | None:
+    """The check and conversion to R (types.converter), made once per R."""
+    try:
+        return _cached_converter(r)
+    except TypeError:   # an R that cannot be hashed: made every time
+        return converter(r)
+
+
 def _target_wants_ctx(fn: Callable) -> bool:
     known = _facts_of(fn)
     if known is None:
@@ -340,7 +354,7 @@ def _execute_on(plan: _Plan, settings: "_Settings", ledger: _Ledger, store: Stor
                  order=(_StartOrder(len(plan.items), settings.concurrency,
                                     done=start.finished)
                         if plan.resume is None else None),
-                 convert=converter(plan.returns), suspend_all=settings.suspend == "all")
+                 convert=_converter(plan.returns), suspend_all=settings.suspend == "all")
     # A top-level group with a checkpoint writes its effects ahead (EffectLog); a nested
     # one into the same log, under the scope of the branch that started it.
     host.effect_log = EffectLog(plan.checkpoint) \

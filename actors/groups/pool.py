@@ -26,6 +26,11 @@ from protocol import Branch, Stop
 MAX_IDLE = 64
 
 
+#: The box of a worker bound to no group: nothing is ever put in it (a message for a name
+#: it is no longer bound to is dropped before its box is looked at).
+_IDLE = _LeaseBox()
+
+
 class _Bind(NamedTuple):
     """Run this group's worker ``name``: its leases arrive in ``box``."""
 
@@ -50,7 +55,7 @@ class PooledWorker(GroupWorker):
     longer bound to (a ``Stop`` crossing the group's end) is dropped."""
 
     def __init__(self, bus, pool: "WorkerPool") -> None:
-        super().__init__(bus, "", None, "", None, _LeaseBox())
+        super().__init__(bus, "", None, "", None, _IDLE)
         self.pool = pool
         self.lane = bus
 
@@ -103,7 +108,7 @@ class PooledWorker(GroupWorker):
             return
         self.pool.give_back(self.actor_ref, self.box)
         self.name, self.host, self.collector, self.on_crash = "", None, "", None
-        self.box = _LeaseBox()
+        self.box = _IDLE
         threading.current_thread().name = "evobus-branch-worker.idle"
 
 
