@@ -12,15 +12,19 @@ Two workloads, each through ``parallel()``, ``ThreadPoolExecutor.map`` and
 - latency-bound: 2,000 items that sleep 5 ms, bound 32; the figure is the efficiency
   ``ideal / elapsed`` where ``ideal = 2,000 x 5 ms / 32 = 0.3125 s``, the target
   ``>= 0.95`` for ``parallel``. (asyncio awaits ``asyncio.sleep``: its natural form.)
-- per call: 4 no-op items, warm (after a first call), 200 calls a repeat; the figure is
+- per call: 4 no-op items, warm (after a first call), 200 calls a repeat, the
+  contenders taking turns call by call (a burst of load hits them alike); the figure is
   the median time of one call, against a ``ThreadPoolExecutor(4)`` created per call and
   mapping the same items, and ``asyncio.run`` of a ``gather`` under a semaphore; the
-  target: ``parallel`` costs no more than the thread pool.
+  target: ``parallel`` costs no more than the thread pool. The ZeroMQ contender calls
+  ``parallel()`` with no ``bus=``, as a user does: the process-wide runtime's default.
+  The CPU of the whole process per call is printed under the table.
 
 Each ``parallel()`` call runs on the process-wide runtime of its bus (started by the
 first call, so warm calls start no bus) and starts its own Collector and workers: that
 cost is in the figures. ``--bus`` picks the bus: ``zmq`` (the default of
-``parallel()``), ``memory``, or ``both`` side by side (default here).
+``parallel()``), ``memory``, or ``both`` side by side (default here). ``--only
+per-call`` runs the per-call row alone.
 """
 
 from __future__ import annotations
@@ -88,26 +92,35 @@ def run_asyncio(target, items, bound: int, is_async: bool):
     return asyncio.run(main())
 
 
-def per_call(kind: str) -> list[float]:
-    """Seconds per call of ``N_PER_CALL`` no-op items, ``CALLS`` warm calls."""
+def _one_call(kind: str):
+    """One call of ``N_PER_CALL`` no-op items by ``kind``."""
     items = list(range(N_PER_CALL))
     if kind == "threads":
-        def one():
-            return run_threads(noop, items, N_PER_CALL)
-    elif kind == "asyncio":
-        def one():
-            return run_asyncio(noop, items, N_PER_CALL, False)
-    else:
-        def one():
-            return parallel(noop, items, max_concurrency=N_PER_CALL, max_items=N_PER_CALL,
+        return lambda: run_threads(noop, items, N_PER_CALL)
+    if kind == "asyncio":
+        return lambda: run_asyncio(noop, items, N_PER_CALL, False)
+    if kind == "zmq":   # no bus=: the default a user gets (the process-wide runtime's)
+        return lambda: parallel(noop, items, max_concurrency=N_PER_CALL,
+                                max_items=N_PER_CALL)
+    return lambda: parallel(noop, items, max_concurrency=N_PER_CALL, max_items=N_PER_CALL,
                             bus=kind)
-    assert one() == items   # warm: the runtime, imports, the first thread starts
-    spans = []
+
+
+def per_call(kinds: list[str]) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Seconds per call of ``N_PER_CALL`` no-op items, ``CALLS`` warm calls of each kind
+    taking turns call by call; and the process's CPU seconds per call of each."""
+    calls = {kind: _one_call(kind) for kind in kinds}
+    for kind, one in calls.items():
+        assert one() == list(range(N_PER_CALL))   # warm: runtime, imports, first threads
+    spans: dict[str, list[float]] = {kind: [] for kind in kinds}
+    cpu = dict.fromkeys(kinds, 0.0)
     for _ in range(CALLS):
-        t = time.perf_counter()
-        one()
-        spans.append(time.perf_counter() - t)
-    return spans
+        for kind, one in calls.items():
+            c, t = time.process_time(), time.perf_counter()
+            one()
+            spans[kind].append(time.perf_counter() - t)
+            cpu[kind] += time.process_time() - c
+    return spans, {kind: total / CALLS for kind, total in cpu.items()}
 
 
 def _measure_sleep() -> float:
@@ -132,6 +145,40 @@ def _measure_sleep() -> float:
     return statistics.mean(spans)
 
 
+def _label(bus: str) -> str:
+    return f"parallel(), bus={bus}" + (" (the default)" if bus == "zmq" else "")
+
+
+def _print_cpu(cpus: dict[str, list[float]], contenders) -> None:
+    base = stats(cpus["ThreadPoolExecutor.map"])[1]
+    print("CPU of the process per warm call of 4 no-op items (median of repeats): " + "; ".join(
+        f"{label} {stats(cpus[label])[1] * 1e6:,.0f} us "
+        f"({stats(cpus[label])[1] / base:.2f}x)" for label, _ in contenders))
+
+
+def _per_call_only(repeats: int, contenders, buses) -> dict:
+    calls: dict[str, list[float]] = {}
+    cpus: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        spans, cpu = per_call([kind for _, kind in contenders])
+        for label, kind in contenders:
+            calls.setdefault(label, []).append(statistics.median(spans[kind]))
+            cpus.setdefault(label, []).append(cpu[kind])
+    base = stats(calls["ThreadPoolExecutor.map"])[1]
+    rows = [(f"per call, {N_PER_CALL} no-op items, warm", label, fmt3(calls[label], 1e6) + " us",
+             f"{stats(calls[label])[1] / base:.2f}x ThreadPoolExecutor(4) created per call")
+            for label, _ in contenders]
+    print(f"a warm call of {N_PER_CALL} no-op items, {repeats} repeats of {CALLS} calls "
+          "taking turns, median (min-max)")
+    print(table(rows, ("workload", "runner", "figure", "read as")))
+    _print_cpu(cpus, contenders)
+    verdict = {bus: stats(calls[_label(bus)])[1] / base for bus in buses}
+    for bus, cost in verdict.items():
+        print(f"{_label(bus)}: {cost:.2f}x a ThreadPoolExecutor(4) made per call "
+              f"(target <= 1.0: {'met' if cost <= 1.0 else 'NOT met'})")
+    return {"per_call": calls, "cpu": cpus, "verdict": verdict}
+
+
 def fmt3(values: list[float], scale: float = 1.0, digits: int = 0) -> str:
     lo, med, hi = stats([v * scale for v in values])
     f = f"{{:,.{digits}f}}"
@@ -143,6 +190,8 @@ def main(argv=None) -> dict:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--bus", default="both", choices=["zmq", "memory", "both"],
                    help="the bus of the runtime each parallel() call starts (default: both)")
+    p.add_argument("--only", choices=["per-call"], default=None,
+                   help="run one row alone")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     buses = ["zmq", "memory"] if args.bus == "both" else [args.bus]
@@ -153,10 +202,17 @@ def main(argv=None) -> dict:
     rates: dict[str, list[float]] = {}
     effs: dict[str, list[float]] = {}
     calls: dict[str, list[float]] = {}
-    contenders = [(f"parallel(), bus={bus}", bus) for bus in buses] + [
+    contenders = [(_label(bus), bus) for bus in buses] + [
         ("ThreadPoolExecutor.map", "threads"), ("asyncio.gather + Semaphore", "asyncio")]
+    if args.only == "per-call":
+        return _per_call_only(args.repeats, contenders, buses)
+    cpus: dict[str, list[float]] = {}
     # Interleaved, so a burst of load on the machine hits every contender alike.
     for _ in range(args.repeats):
+        spans, cpu = per_call([kind for _, kind in contenders])
+        for label, kind in contenders:
+            calls.setdefault(label, []).append(statistics.median(spans[kind]))
+            cpus.setdefault(label, []).append(cpu[kind])
         for label, kind in contenders:
             if kind == "threads":
                 n = timed(lambda: run_threads(noop, noop_items, NOOP_BOUND))
@@ -169,7 +225,6 @@ def main(argv=None) -> dict:
                 s_ = timed(lambda k=kind: run_parallel(nap, sleep_items, SLEEP_BOUND, k))
             rates.setdefault(label, []).append(N_NOOP / n)
             effs.setdefault(label, []).append(ideal / s_)
-            calls.setdefault(label, []).append(statistics.median(per_call(kind)))
 
     base = stats(rates["ThreadPoolExecutor.map"])[1]
     rows = []
@@ -196,9 +251,10 @@ def main(argv=None) -> dict:
           f"no runner can exceed an efficiency of {SLEEP_S / slept:.3f} on this machine")
     print(table(rows, ("workload", "runner", "figure", "read as")))
     print()
+    _print_cpu(cpus, contenders)
     verdict = {}
     for bus in buses:
-        label = f"parallel(), bus={bus}"
+        label = _label(bus)
         ratio = stats(rates[label])[1] / base
         eff = stats(effs[label])[1]
         cost = stats(calls[label])[1] / per_base
