@@ -10,10 +10,10 @@ from actors import AppendRules, DataParallel, KeyedRules, SingleSlot, evolve
 from actors.artifacts import round_tasks
 from actors.machines.planner import Planner
 from actors.policies.parallelism import DataParallel as DP
-from actors.workers.chain import BRANCH_LEASES, Chain
+from actors.workers.chain import Chain
 from actors.workers.core import WorkerCore
 from bus.log import read_log
-from protocol import REMOVE, Baseline, Commit, Diff, Lease, LeaseBatch, Start, Task, decode
+from protocol import REMOVE, Baseline, Diff, Lease, LeaseBatch, Start, Task, decode
 
 
 def _diff(ops: dict[str, str], author: str = "w0") -> Diff:
@@ -102,55 +102,6 @@ def test_a_chained_lease_rolls_its_next_task_out_on_the_edited_state_and_propose
     assert diffs[0].ops == {"value": "a b c"} and diffs[1:] == [None, None, None]
     assert diffs[0].base_version == done.version == 0
     assert worker.state == {} and worker.rendered == empty   # the head is untouched
-
-
-def test_a_worker_builds_on_its_uncommitted_candidate_while_the_head_stays_and_not_after():
-    seen: list[tuple[str, str, str]] = []
-    worker = _topics_worker(seen)
-    first = worker.run_lease(Lease(lease_id="r1.u0", round=1, task_ids=["t0"], chain=True))
-    assert first.results[0].diff.ops == {"value": "a"}
-    seen.clear()
-    # No commit: the next lease rolls out on the candidate and reports it grown, whole.
-    second = worker.run_lease(Lease(lease_id="r2.u0", round=2, task_ids=["t2", "t1"],
-                                    chain=True))
-    assert seen[0] == ("run", "t2", "a") and seen[1] == ("run", "t1", "a")
-    assert [r.score for r in second.results] == [1.0, 0.0]
-    assert [r.diff for r in second.results][0] is None
-    assert second.results[1].diff.ops == {"value": "a b"}
-    assert second.results[1].diff.base_version == 0
-    # A lease that adds nothing to the branch reports nothing again.
-    third = worker.run_lease(Lease(lease_id="r3.u0", round=3, task_ids=["t2"], chain=True))
-    assert [r.diff for r in third.results] == [None]
-    # BRANCH_LEASES leases in all: the next one starts from the head again.
-    assert BRANCH_LEASES == 3
-    seen.clear()
-    worker.run_lease(Lease(lease_id="r4.u0", round=4, task_ids=["t2"], chain=True))
-    assert seen[0] == ("run", "t2", SingleSlot().empty_render)
-
-
-def test_a_commit_drops_the_workers_branch():
-    seen: list[tuple[str, str, str]] = []
-    worker = _topics_worker(seen)
-    worker.run_lease(Lease(lease_id="r1.u0", round=1, task_ids=["t0"], chain=True))
-    worker.on_commit(Commit(version=1, state={"value": "c"}))
-    seen.clear()
-    done = worker.run_lease(Lease(lease_id="r2.u0", round=2, task_ids=["t1"], chain=True))
-    assert seen[0] == ("run", "t1", "c")
-    assert done.results[0].diff.ops == {"value": "c b"}
-    assert done.results[0].diff.base_version == 1
-
-
-def test_a_carried_rule_is_not_reported_again_unless_a_new_link_writes_its_key():
-    chain = Chain(KeyedRules(["tone", "format"]), {}, "")
-    chain.add(0, _diff({"tone": "formal"}))
-    carried = chain.carried()
-    assert carried.state == {"tone": "formal"} and carried.leases == 2
-    carried.add(0, _diff({"format": "bullets"}))
-    assert carried.fold() == {0: carried.links[1][1]}
-    again = chain.carried()
-    again.add(1, _diff({"tone": "formal, brief"}))
-    folded = again.fold()
-    assert list(folded) == [1] and folded[1].ops == {"tone": "formal, brief"}
 
 
 def test_an_unchained_lease_proposes_every_edit_on_the_head():

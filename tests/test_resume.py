@@ -85,6 +85,20 @@ def full_run(tmp_path_factory):
 # --- resuming from any point ------------------------------------------------------------
 
 
+@pytest.mark.parametrize("fraction", [0.1, 0.5, 0.9])
+def test_resuming_a_cut_chained_run_gives_the_uninterrupted_result(tmp_path, fraction):
+    full_path = tmp_path / "full.evolog"
+    full = evolve(**router_kwargs(chain=True), log=str(full_path))
+    killed = cut(full_path, tmp_path / "run.evolog",
+                 max(1, int(before_the_result(full_path) * fraction)))
+    result = resume(ResumePoint(killed), **router_kwargs(chain=True))
+    same_run(result, full)
+    assert not answered_rollouts(killed) & set(dispatched_rollouts(Path(result.log_path)))
+    assert all(lease.chain for lease in map(decode, (
+        r.body for r in read_log(Path(result.log_path)).records))
+        if isinstance(lease, Lease) and lease.kind == "rollout")
+
+
 @pytest.mark.parametrize("fraction", [0.02, 0.1, 0.25, 0.4, 0.5, 0.6, 0.75, 0.9, 0.98])
 def test_resuming_a_cut_log_gives_the_uninterrupted_result(full_run, tmp_path, fraction):
     full_path, full = full_run

@@ -186,9 +186,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     ``conflicts`` replays so). ``chain`` (default on): a worker applies each proposal of
     a lease to its own copy and rolls the lease's next tasks out on the edited state,
     proposing on top, so one candidate can hold several edits that need each other
-    (docs/concepts.md); a worker whose chained candidate was not committed builds on it
-    in its next leases while the head stays where it was (at most ``BRANCH_LEASES``,
-    actors/workers/chain.py); off, every proposal of a lease is made on the head.
+    (docs/concepts.md, actors/workers/chain.py); off, every proposal of a lease is made
+    on the head.
 
     ``parallel`` (default ``DataParallel(per_worker=4)``, four tasks per worker a round,
     chosen by the benchmarks in docs/parallelism.md, or the strategy's ``round_tasks``

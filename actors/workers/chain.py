@@ -10,13 +10,6 @@ key's final text in the chain (the later link was written over the earlier); a l
 whose keys no other link writes stays the diff it was. Every artifact strategy works
 unchanged (a chain needs only ``render`` and ``to_diff``): a ``SingleSlot`` chain is
 one rewrite, an ``AppendRules`` chain stays one diff per rule.
-
-A branch: when no commit has moved the head since a worker's chained lease, its next
-chained lease carries the chain on (its tasks roll out on the chained candidate, and a
-group of links that gains a new link is reported again, whole, against the head), at
-most ``BRANCH_LEASES`` leases in all; a commit drops the branch. So a candidate that
-needs more edits than one lease finds still gets them (GEPA keeps such candidates in a
-pool; here each worker keeps its own).
 """
 
 from __future__ import annotations
@@ -27,15 +20,11 @@ from actors.artifacts import rule_id
 from actors.machines.candidates import apply
 from protocol import REMOVE, Diff, RolloutResult
 
-#: Leases one chain may span (the first and the ones that carry it on) before the worker
-#: starts again from the head (docs/performance.md: 3 against 1 and unbounded).
-BRANCH_LEASES = 3
-
 
 class Chain:
     """The edits of one lease so far, and the state the next task rolls out on."""
 
-    __slots__ = ("strategy", "base", "state", "rendered", "links", "old", "leases")
+    __slots__ = ("strategy", "base", "state", "rendered", "links")
 
     def __init__(self, strategy, state: dict[str, str], rendered: str) -> None:
         self.strategy = strategy
@@ -44,17 +33,6 @@ class Chain:
         self.rendered = rendered
         #: (position of the result in the lease, the diff it proposed on ``state``).
         self.links: list[tuple[int, Diff]] = []
-        #: The links carried over from earlier leases (the first ``old`` of ``links``).
-        self.old = 0
-        self.leases = 1
-
-    def carried(self) -> "Chain":
-        """This chain, for the worker's next lease on the same head: its links so far
-        are old (reported again only with a new link on their keys)."""
-        chain = Chain(self.strategy, self.base, self.rendered)
-        chain.state, chain.links = self.state, list(self.links)
-        chain.old, chain.leases = len(self.links), self.leases + 1
-        return chain
 
     def add(self, position: int, diff: Diff) -> None:
         """The result at ``position`` proposed ``diff`` (on the chain's state): apply it."""
@@ -69,9 +47,7 @@ class Chain:
         cancel out (a key added, then removed) reports none at all."""
         out: dict[int, Diff | None] = {}
         for group in _groups([d for _, d in self.links]):
-            positions = [self.links[i][0] for i in group if i >= self.old]
-            if not positions:
-                continue
+            positions = [self.links[i][0] for i in group]
             out.update(dict.fromkeys(positions))
             if len(group) == 1:
                 out[positions[0]] = self.links[group[0]][1]
@@ -89,7 +65,7 @@ class Chain:
 
     def report(self, results: list[RolloutResult]) -> list[RolloutResult]:
         """``results`` with each link's diff replaced by the folded one (or none)."""
-        if len(self.links) < 2 and not self.old:
+        if len(self.links) < 2:
             return results
         folded = self.fold()
         out = list(results)

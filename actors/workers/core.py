@@ -18,7 +18,7 @@ from actors.errors import RetryLater, describe
 from actors.throttle import Backoff
 from actors.usage import bind, report, take
 from actors.workers import scope
-from actors.workers.chain import BRANCH_LEASES, Chain
+from actors.workers.chain import Chain
 from actors.workers.scope import RunScope
 from protocol import Commit, Lease, LeaseDone, RolloutResult, Task
 
@@ -92,24 +92,12 @@ class WorkerCore:
         # 30 s, jittered, for 2 minutes at most; then it fails as Throttled.
         self.backoff = Backoff(initial=1.0, maximum=30.0, deadline=120.0)
         self.meter: dict[str, list] = {}  # what calls report (actors.usage), per call
-        #: The last chained lease's candidate while the head has not moved (chain.py).
-        self.branch: Chain | None = None
 
     def close(self) -> None:
         """The worker is done: close the event loop async code ran on, if any."""
         self.settle.close()
 
-    def _chain(self, state, rendered) -> Chain:
-        """A chained lease's chain: the worker's branch carried on (its last chained
-        candidate, not committed, the head where it was), else a new one on the head."""
-        branch = self.branch
-        if branch is not None and branch.base is self.state and branch.leases < BRANCH_LEASES:
-            return branch.carried()
-        return Chain(self.strategy, state, rendered)
-
     def on_commit(self, msg: Commit) -> None:
-        if msg.version > self.version:
-            self.branch = None
         if msg.version >= self.version:
             self.version = msg.version
             self.state = dict(msg.state)
@@ -124,9 +112,7 @@ class WorkerCore:
             may_propose = self.propose is not None
         results: list[RolloutResult] = []
         fatal = None
-        chain = None
-        if lease.chain and may_propose:
-            chain = self._chain(state, rendered)
+        chain = Chain(self.strategy, state, rendered) if lease.chain and may_propose else None
         bind(self.meter)  # on the thread that runs the lease: the calls report into it
         for task_id in lease.task_ids:
             if cancelled is not None and cancelled():
@@ -151,7 +137,6 @@ class WorkerCore:
             results.append(result)
         if chain is not None:
             results = chain.report(results)
-            self.branch = chain if chain.links and chain.state != chain.base else None
         bind(None)  # what this thread runs next (a group's branch, say) is not this lease's
         self.meter.clear()
         return LeaseDone(lease_id=lease.lease_id, worker=self.name, round=lease.round,
