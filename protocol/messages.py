@@ -485,6 +485,11 @@ class GroupStart(Msg, frozen=True):
     #: branch has ended or waits. ``"first"`` (older logs): the first interaction stops
     #: new starts (``Hold``).
     suspend: str = "first"
+    #: Even shares (> 0; 0: guided leases): leases are cut in rounds of one per worker,
+    #: every lease of a round the same size; the first round gives each worker this
+    #: fraction of its fair share (queued / workers), every later one half of what is
+    #: queued over the workers, at least ``min_lease_seconds`` long by measure.
+    shares: float = 0.0
 
 
 class Branch(Msg, frozen=True):

@@ -76,6 +76,13 @@ MIN_LEASE_S = 0.01
 BATCH_BELOW_S = 0.0005
 
 
+#: With every branch in another process, leases are even shares (GroupStart.shares): the
+#: first round this fraction of each worker's fair share, later rounds halving, none
+#: shorter than a round trip through the broker to another process and back.
+FLEET_SHARES = 0.8
+FLEET_MIN_LEASE_S = 0.15
+
+
 #: How often ``on_progress`` hears how far a running group has got.
 PROGRESS_S = 1.0
 
@@ -370,10 +377,13 @@ def _execute_on(plan: _Plan, settings: "_Settings", ledger: _Ledger, store: Stor
                    collector=names.collector, proxies=names.remote)
         # Liveness of the remote slots is the Collector's (GroupStart.deadline, Ticks).
         # Starts in input order are kept by thread workers only (_StartOrder); with every
-        # branch elsewhere, leases are guided batches (results still join in order).
+        # branch elsewhere, leases are even shares (results still join in order).
         start = msgspec.structs.replace(start, deadline=fleet.deadline,
                                         max_tries=fleet.workers.max_tries,
                                         ordered=bool(names.local))
+        if not names.local:
+            start = msgspec.structs.replace(start, shares=FLEET_SHARES,
+                                            min_lease_seconds=FLEET_MIN_LEASE_S)
     actors = _Actors(runtime, own_runtime, names,
                      extra=fleet.routes() if fleet is not None else [],
                      lane=_Lane(runtime.bus) if fleet is None else runtime.bus)

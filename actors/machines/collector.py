@@ -11,7 +11,10 @@ interactions waiting for an answer, the first error. What it decides:
   runs, and ``prefetch`` queued behind it so it never idles for a round trip). Lease
   sizes shrink as the queue does (guided self-scheduling:
   ``ceil(queued / (chunk_factor * concurrency))``): a cheap target costs a handful of
-  messages per worker, a slow one still balances at the tail;
+  messages per worker, a slow one still balances at the tail. With ``GroupStart.shares``
+  (every worker in another process) they are even shares instead: rounds of one lease
+  per worker, all of a round the same size, the first ``shares`` of a fair share, each
+  later one half of what is queued over the workers (factoring);
 - with ``GroupStart.ordered``, starts follow input order: one branch per lease, marked
   ``in_order``, until ``concurrency`` branches are measured cheaper than ``batch_below``
   seconds each (then guided leases as above).
@@ -162,6 +165,9 @@ class Collector:
         self.peak_leases = 0
         self.dropped = 0             # messages not for this group, or out of turn
         self.batching = True         # several branches per lease (see GroupStart.ordered)
+        self.share_rounds = 0        # rounds of even shares cut (GroupStart.shares)
+        self.share_left = 0          # leases left to cut in the current round
+        self.share_size = 0          # the size of each lease of the current round
 
     # -- the table, read -------------------------------------------------------------
 
@@ -638,16 +644,37 @@ class Collector:
         queued = len(self.queue)
         if start.chunk > 0:
             return min(max(1, min(start.max_chunk, start.chunk)), queued)
-        k = -(-queued // (start.chunk_factor * self.concurrency))
-        if self.busy_items and start.min_lease_seconds:
-            # Leases shorter than a round trip leave workers idle between them: keep
-            # each at least min_lease_seconds long (by the workers' own measure,
-            # reported in BranchDone), but never above a fair share.
-            per_item = self.busy_seconds / self.busy_items
-            floor = int(start.min_lease_seconds / per_item) if per_item > 0 \
-                else start.max_chunk
-            k = max(k, min(floor, -(-queued // self.concurrency)))
+        if start.shares > 0:
+            return self._share_size(queued)
+        k = self._at_least_min_lease(-(-queued // (start.chunk_factor * self.concurrency)),
+                                     queued)
         return min(max(1, min(start.max_chunk, k)), queued)
+
+    def _at_least_min_lease(self, k: int, queued: int) -> int:
+        """Leases shorter than a round trip leave workers idle between them: keep each at
+        least min_lease_seconds long (by the workers' own measure, reported in
+        BranchDone), but never above a fair share."""
+        start = self.start
+        if not (self.busy_items and start.min_lease_seconds):
+            return k
+        per_item = self.busy_seconds / self.busy_items
+        floor = int(start.min_lease_seconds / per_item) if per_item > 0 else start.max_chunk
+        return max(k, min(floor, -(-queued // self.concurrency)))
+
+    def _share_size(self, queued: int) -> int:
+        """Even shares (``GroupStart.shares``): one lease per worker a round, all of a round
+        the same size, so no worker starts with more than another and the tail is cut
+        small for every worker alike (factoring, not guided's per-lease shrink)."""
+        start = self.start
+        if self.share_left <= 0:
+            w = self.concurrency
+            k = int(start.shares * queued / w) if self.share_rounds == 0 \
+                else self._at_least_min_lease(-(-queued // (start.chunk_factor * w)), queued)
+            self.share_size = min(max(1, k), start.max_chunk)
+            self.share_left = w
+            self.share_rounds += 1
+        self.share_left -= 1
+        return min(self.share_size, queued)
 
     def _rebalance(self) -> list[Out]:
         """Nothing left to lease, yet a worker is idle while another holds a lease queued
