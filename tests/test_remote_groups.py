@@ -100,6 +100,7 @@ def test_a_group_of_200_items_over_two_curve_workers_returns_results_in_input_or
                     max_concurrency=8, max_items=200, workers=w.section(2))
     assert out.status == "completed", (out.error, w.said())
     assert out.results == [i * i for i in range(200)]
+    assert out.consumed.calls == 200   # counted by the relay from the answers
     remote = out.stats["remote"]
     assert remote["workers_joined"] == 2 and remote["late"] == 0
     assert set(remote["served"]) == {"w0", "w1"} and sum(remote["served"].values()) == 200

@@ -67,6 +67,8 @@ GROUP_ROLE = {RELAY: (BranchDone, BranchFailed, Interaction, Heartbeat, GroupOpe
                       HostCall),
               REGISTRY: (Join, Hello, Refused)}
 
+_ANSWERS = (BranchDone, BranchFailed, Interaction)
+
 #: How long a worker may take to answer ``GroupOpen`` (its import of the target).
 OPEN_DEADLINE_S = 30.0
 
@@ -197,7 +199,8 @@ class Fleet:
         self.peers: dict[str, _Peer] = {}
         self.events: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self.bound: dict[str, str] = {}     # proxy -> the worker it stands for
-        self.sent: dict[tuple[str, str], str] = {}   # (lease id, worker) -> its proxy
+        # (lease id, worker) -> its proxy and the lease's branch count
+        self.sent: dict[tuple[str, str], tuple[str, int]] = {}
         self.host = None
         self.effects = None
         self.open_msg: GroupOpen | None = None
@@ -378,7 +381,10 @@ class Fleet:
                 peer.last_heard = now
                 if now - peer.forwarded >= self.heartbeat / 2:
                     peer.forwarded = now
-                    beats = list(peer.proxies)
+                    # The answer of a one-slot worker, forwarded as its proxy, is that
+                    # proxy's sign of life already (the Collector counts any answer).
+                    if len(peer.proxies) != 1 or type(msg) not in _ANSWERS:
+                        beats = list(peer.proxies)
         for proxy in beats:   # a sign of life of every slot of this worker
             self.bus.send(proxy, self.collector, Heartbeat(worker=proxy))
         match msg:
@@ -423,12 +429,18 @@ class Fleet:
 
     def _on_answer(self, msg) -> None:
         with self.lock:
-            proxy = self.sent.pop((msg.lease_id, msg.worker), None)
-            if proxy is None:   # never sent to this worker: not its to answer
+            sent = self.sent.pop((msg.lease_id, msg.worker), None)
+            if sent is None:   # never sent to this worker: not its to answer
                 self.late += 1
                 return
+            proxy, size = sent
             self.finished += len(msg.indices)
             self.served[msg.worker] = self.served.get(msg.worker, 0) + len(msg.indices)
+        ledger = self.host.ledger if self.host is not None else None
+        if ledger is not None and not ledger.limited:
+            # Counted here from the answer (every branch of the lease not reported
+            # unstarted began), not by a message of its own from the worker.
+            ledger.add_calls(size - len(msg.unstarted))
         self.bus.send(proxy, self.collector, msgspec.structs.replace(msg, worker=proxy))
 
     def _on_call(self, msg: HostCall) -> None:
@@ -459,8 +471,6 @@ class Fleet:
             return host.store.snapshot()
         if op == "ledger.charge_call":
             return host.ledger.charge_call()
-        if op == "ledger.add_calls":
-            return host.ledger.add_calls(*args)
         if op == "ledger.charge_cost":
             return host.ledger.charge_cost(*args)
         if op == "effect.replayed":
@@ -477,7 +487,7 @@ class Fleet:
             with self.lock:
                 worker = self.bound.get(proxy)
                 if isinstance(msg, Branch) and worker is not None:
-                    self.sent[(msg.lease_id, worker)] = proxy
+                    self.sent[(msg.lease_id, worker)] = (proxy, len(msg.indices))
             if isinstance(msg, Stop):
                 return   # the Collector lets this logical worker go: nothing runs here
             if worker is not None:

@@ -77,9 +77,6 @@ class _Calls:
             raise _ERRORS.get(reply.error_type, GroupError)(reply.error)
         return reply.value
 
-    def tell(self, gid: str, op: str, *args: Any) -> None:
-        self.send(HostCall(group_id=gid, worker=self.worker, op=op, args=list(args)))
-
     def on_reply(self, reply: HostReply) -> bool:
         """Hand the reply to its caller; False if no call of these waits for it."""
         with self.lock:
@@ -93,7 +90,8 @@ class _Calls:
 
 class RemoteLedger:
     """The group's budget ledger, kept by the coordinator: each start asks it first when
-    a budget limits starts; otherwise starts are counted once per lease (one-way)."""
+    a budget limits starts; otherwise the coordinator's relay counts the starts from each
+    lease's answer (no message of its own)."""
 
     def __init__(self, calls: _Calls, gid: str, limited: bool) -> None:
         self.calls, self.gid, self.limited = calls, gid, limited
@@ -102,7 +100,7 @@ class RemoteLedger:
         self.calls.call(self.gid, "ledger.charge_call")
 
     def add_calls(self, n: int) -> None:
-        self.calls.tell(self.gid, "ledger.add_calls", n)
+        pass   # counted by the relay from the answer (actors.groups.fleet.Fleet._on_answer)
 
     def charge_cost(self, units: float) -> None:
         self.calls.call(self.gid, "ledger.charge_cost", units)
