@@ -129,6 +129,7 @@ class Broker:
         # Sends made by a handler while the broker thread runs it: forwarded right after
         # the current delivery, in order, without a socket (see post()).
         self._posted: collections.deque[tuple[bytes, bytes, bytes]] = collections.deque()
+        self._posted_by: dict[bytes, int] = {}   # sender -> its messages in _posted
         self._draining = False
         # The one order: held while a message is stamped, logged and handed to a local
         # name, on the broker thread (forward) or on a sender's own (inline).
@@ -458,27 +459,56 @@ class Broker:
         """A send from a handler running on the broker thread: it is forwarded after the
         current delivery returns. A socket would do, until it fills: then the broker
         would wait on itself."""
-        self._posted.append((sender.encode(), receiver.encode(), body))
+        name = sender.encode()
+        self._posted.append((name, receiver.encode(), body))
+        self._posted_by[name] = self._posted_by.get(name, 0) + 1
 
     def _drain_posted(self, codec: Codec) -> None:
+        """Forward what handlers sent, depth first where order allows: what a delivery's
+        handler sends goes before the rest of what was sent before it, unless one of its
+        senders still has an earlier message waiting (each sender's messages leave in
+        the order sent). So a Collector's 512 leases each reach their worker right after
+        the relay hands it on, not after the 511 others have crossed the relay."""
         self._draining = True
+        posted, by = self._posted, self._posted_by
         try:
-            while self._posted:
-                sender, receiver, body = self._posted.popleft()
-                if len(body) > MAX_FRAME_BYTES:
-                    self.stats.reject(sender.decode("utf-8", "replace"),
-                                      f"frame of {len(body)} bytes over the {MAX_FRAME_BYTES} "
-                                      "limit")
-                    continue
-                try:
-                    msg = codec.decode(body)
-                except msgspec.DecodeError as exc:
-                    self.stats.reject(sender.decode("utf-8", "replace"),
-                                      f"does not decode: {exc}")
-                    continue
-                self.forward(codec, sender, receiver, body, msg)
+            while posted:
+                before = len(posted) - 1
+                item = posted.popleft()
+                left = by[item[0]] - 1
+                if left:
+                    by[item[0]] = left
+                else:
+                    del by[item[0]]
+                self._forward_posted(codec, *item)
+                new = len(posted) - before
+                if new > 0 and before and self._first_of_their_senders(new):
+                    posted.rotate(new)   # the handler's sends, in order, to the front
         finally:
             self._draining = False
+
+    def _first_of_their_senders(self, new: int) -> bool:
+        """Are the last ``new`` posted messages the only ones waiting of their senders?"""
+        posted, by = self._posted, self._posted_by
+        tally: dict[bytes, int] = {}
+        for k in range(len(posted) - new, len(posted)):
+            name = posted[k][0]
+            tally[name] = tally.get(name, 0) + 1
+        return all(by[name] == n for name, n in tally.items())
+
+    def _forward_posted(self, codec: Codec, sender: bytes, receiver: bytes,
+                        body: bytes) -> None:
+        if len(body) > MAX_FRAME_BYTES:
+            self.stats.reject(sender.decode("utf-8", "replace"),
+                              f"frame of {len(body)} bytes over the {MAX_FRAME_BYTES} "
+                              "limit")
+            return
+        try:
+            msg = codec.decode(body)
+        except msgspec.DecodeError as exc:
+            self.stats.reject(sender.decode("utf-8", "replace"), f"does not decode: {exc}")
+            return
+        self.forward(codec, sender, receiver, body, msg)
 
     def stop(self) -> None:
         self._stop.set()
