@@ -59,6 +59,8 @@ class TensorParallelSpec(_Section, frozen=True, tag="TensorParallel", tag_field=
     n_sections: Annotated[int, msgspec.Meta(ge=1)]
     keys: list[str] | None = None
     route: Reference | None = None
+    #: Tasks of its unit each worker rolls out per round; omitted, the whole unit.
+    per_worker: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
 class ClusterParallelSpec(_Section, frozen=True, tag="ClusterParallel", tag_field="kind"):

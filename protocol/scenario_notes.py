@@ -56,14 +56,17 @@ NOTES = {
     "SingleSlotSpec.initial_value": "The artifact's starting text.",
     "SingleSlotSpec.key": "The one key the artifact's state uses.",
     "DataParallelSpec.per_worker": "Tasks each worker rolls out per round, a minibatch "
-                                   "of its shard (1 = agentdescent's round, and evolve()'s "
-                                   "default); \"shard\": the whole shard, one gate per "
+                                   "of its shard (1 = agentdescent's round; 4, evolve()'s "
+                                   "default too); \"shard\": the whole shard, one gate per "
                                    "pass over the train split.",
     "TensorParallelSpec.n_sections": "Number of sections the artifact's keys are cut into; "
                                      "worker i edits section i mod n_sections.",
     "TensorParallelSpec.keys": "The key space to cut (default: the strategy's categories).",
     "TensorParallelSpec.route": "`route(task_id) -> key`: send each task to the section "
                                 "its edits land in.",
+    "TensorParallelSpec.per_worker": "Tasks of its unit (its section's routed tasks, or "
+                                     "its shard without `route`) each worker rolls out "
+                                     "per round, a minibatch; omitted, the whole unit.",
     "ClusterParallelSpec.cluster_of": "`cluster_of(task_id) -> cluster`; whole clusters are "
                                       "leased by UCB.",
     "ClusterParallelSpec.c": "UCB exploration constant.",

@@ -178,3 +178,40 @@ def test_a_scenario_round_is_the_default_minibatch_unless_it_asks_for_the_whole_
     assert build_parallel(parse_scenario(no_section).parallel) == DataParallel(per_worker=4)
     shard = text.replace('kind = "DataParallel"\n', 'kind = "DataParallel"\nper_worker = "shard"\n')
     assert build_parallel(parse_scenario(shard).parallel) == DataParallel()
+
+
+TP_SCENARIO = '''[parallel]
+kind = "TensorParallel"
+n_sections = 4
+route = "scenarios.router:route"
+per_worker = 2
+'''
+
+
+def _router_toml_with(parallel: str) -> str:
+    toml = Path(__file__).resolve().parent.parent / "scenarios" / "router.toml"
+    return toml.read_text().replace('[parallel]\nkind = "DataParallel"\n', parallel)
+
+
+def test_a_scenario_declares_the_tensor_parallel_minibatch_round():
+    from actors.runtime.launch import build_parallel
+    from protocol.scenario import parse_scenario
+
+    built = build_parallel(parse_scenario(_router_toml_with(TP_SCENARIO)).parallel)
+    assert isinstance(built, TensorParallel) and built.per_worker == 2
+    assert built.route is router.route
+    whole = build_parallel(parse_scenario(_router_toml_with(
+        TP_SCENARIO.replace("per_worker = 2\n", ""))).parallel)
+    assert whole.per_worker is None
+
+
+def test_a_tensor_parallel_scenario_with_per_worker_runs_minibatch_leases(tmp_path):
+    from actors.runtime.launch import run_scenario
+    from protocol.scenario import parse_scenario
+
+    text = _router_toml_with(TP_SCENARIO).replace("rounds = 15", "rounds = 3")
+    result = run_scenario(parse_scenario(text), log=str(tmp_path / "tp.evolog"))
+    assert result.error is None
+    leases = leases_in(tmp_path / "tp.evolog")
+    assert leases and {len(lease.task_ids) for lease in leases} == {2}
+    assert {lease.section for lease in leases} == {0, 1, 2, 3}

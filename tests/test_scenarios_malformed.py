@@ -56,6 +56,9 @@ CASES = [
     ("tensor-parallel-zero-sections",
      DOMAIN + KEYED + '[parallel]\nkind = "TensorParallel"\nn_sections = 0\n',
      "`$.parallel.n_sections`", "at least 1"),
+    ("tensor-parallel-zero-per-worker",
+     DOMAIN + KEYED + '[parallel]\nkind = "TensorParallel"\nn_sections = 2\nper_worker = 0\n',
+     "`$.parallel.per_worker`", "at least 1"),
     ("workers-negative", DOMAIN + "[workers]\nlocal = -1\n", "`$.workers.local`", "at least 0"),
     ("workers-fraction", DOMAIN + "[workers]\nlocal = 2.5\n", "`$.workers.local`",
      "local = 2"),
@@ -187,3 +190,15 @@ def test_a_reference_whose_call_fails_is_one_line_at_run_time(tmp_path, capsys):
     assert code == 1
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert f"{path}: the run failed: TypeError" in err and "-v" in err
+
+
+def test_validate_names_the_tensor_parallel_minibatch_round(root, tmp_path, monkeypatch,
+                                                            capsys):
+    monkeypatch.chdir(tmp_path)
+    text = (root / "scenarios" / "router.toml").read_text()
+    path = tmp_path / "tp.toml"
+    path.write_text(text.replace('kind = "DataParallel"\n',
+                                 'kind = "TensorParallel"\nn_sections = 4\n'
+                                 'route = "scenarios.router:route"\nper_worker = 1\n'))
+    assert main(["validate", str(path)]) == 0
+    assert "KeyedRules, TensorParallel(per_worker=1))" in capsys.readouterr().out

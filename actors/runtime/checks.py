@@ -187,7 +187,8 @@ def _parallel(scenario: sc.Scenario, *, refs_ok: bool) -> list[tuple[str, str]]:
         return []
     try:
         if parallel is None:
-            parallel = TensorParallel(spec.n_sections, keys=spec.keys)
+            parallel = TensorParallel(spec.n_sections, keys=spec.keys,
+                                      per_worker=spec.per_worker)
         prepare_parallel(parallel, build_strategy(scenario.strategy), None,
                          n_workers_of(scenario.workers))
     except ConfigError as exc:

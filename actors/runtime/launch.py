@@ -55,9 +55,10 @@ def build_parallel(spec: sc.Parallel):
     match spec:
         case sc.DataParallelSpec(per_worker=per_worker):
             return DataParallel(per_worker=None if per_worker == "shard" else per_worker)
-        case sc.TensorParallelSpec(n_sections=n, keys=keys, route=route):
+        case sc.TensorParallelSpec(n_sections=n, keys=keys, route=route, per_worker=per_worker):
             return TensorParallel(n, keys=keys,
-                                  route=_resolve(route, "$.parallel.route") if route else None)
+                                  route=_resolve(route, "$.parallel.route") if route else None,
+                                  per_worker=per_worker)
         case sc.ClusterParallelSpec(cluster_of=cluster_of, c=c, per_worker=per_worker):
             return ClusterParallel(_resolve(cluster_of, "$.parallel.cluster_of"), c=c,
                                    per_worker=per_worker)
