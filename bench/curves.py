@@ -28,6 +28,8 @@ import time
 import warnings
 
 from actors import ClusterParallel, DataParallel, TensorParallel, evolve
+from actors.policies import parallelism
+from actors.policies.parallelism import round_per_worker
 from actors.machines.planner import split_tasks
 from bench import agentdescent_side as ad
 from bench import gepa_side
@@ -163,9 +165,9 @@ def evobus_variant(spec: str):
     for part in filter(None, inside.split(",")):
         name, _, value = part.partition("=")
         if name == "cp":
-            clustered = {"per_worker": int(value)} if value else {}
+            clustered = {"per_worker": -1 if value == "auto" else int(value)} if value else {}
         elif name == "tp":
-            kw["_tp"] = int(value) if value else 0
+            kw["_tp"] = -1 if value == "auto" else int(value) if value else 0
         elif name == "pw":
             kw["parallel"] = DataParallel(per_worker=None if value == "shard" else int(value))
         elif name == "w":
@@ -174,6 +176,8 @@ def evobus_variant(spec: str):
             kw["lease_size"] = int(value)
         elif name == "async":
             kw["asynchronous"] = True
+        elif name == "aw":
+            kw["_waves"] = int(value)
         elif name == "first":
             kw["conflicts"] = "first"
         elif name == "scored":
@@ -184,15 +188,38 @@ def evobus_variant(spec: str):
             kw[name] = True
 
     def run(domain, calls, seed):
+        if "_waves" in kw:   # async waves ahead of the last merge (0: unpaced)
+            saved = parallelism.ASYNC_WAVES
+            parallelism.ASYNC_WAVES = kw["_waves"] or None
+            try:
+                return run_one(domain, calls, seed, {k: v for k, v in kw.items()
+                                                     if k != "_waves"})
+            finally:
+                parallelism.ASYNC_WAVES = saved
+        return run_one(domain, calls, seed, kw)
+
+    def run_one(domain, calls, seed, kw):
         if "_tp" in kw:
             return run_evobus(domain, calls, seed, parallel=tensor_parallel(
-                domain, kw.get("n_workers", N_WORKERS), kw["_tp"] or None),
+                domain, kw.get("n_workers", N_WORKERS), _per_unit(kw["_tp"], kw)),
                 **{k: v for k, v in kw.items() if k != "_tp"})
         if clustered is not None:
+            per_worker = clustered.get("per_worker")
+            if per_worker == -1:   # cp=auto: a round of DEFAULT_ROUND over the clusters
+                n = len(set(map(cluster_of(domain), (t.id for t in domain.tasks))))
+                per_worker = round_per_worker(kw.get("n_workers", N_WORKERS),
+                                              min(n, kw.get("n_workers", N_WORKERS)))
             return run_evobus(domain, calls, seed, parallel=ClusterParallel(
-                cluster_of(domain), **clustered), **kw)
+                cluster_of(domain), per_worker=per_worker), **kw)
         return run_evobus(domain, calls, seed, **kw)
     return run
+
+
+def _per_unit(value: int, kw: dict) -> int | None:
+    """``tp=k``: k; ``tp``: whole units (None); ``tp=auto``: a round of DEFAULT_ROUND."""
+    if value == -1:
+        return round_per_worker(kw.get("n_workers", N_WORKERS))
+    return value or None
 
 
 def tensor_parallel(domain: Domain, n_workers: int,

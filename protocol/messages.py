@@ -372,6 +372,13 @@ class NeedWork(Msg, frozen=True):
     wave: int = 0
 
 
+class WaveSettled(Msg, frozen=True):
+    """Planner -> Merger (async, waves paced by merges): every rollout of ``wave`` has
+    settled, so merge what it proposed now (a merge of nothing closes at once)."""
+
+    wave: int
+
+
 class Merged(Msg, frozen=True):
     """Merger -> Scheduler (async): ``consumed`` proposals left the unmerged backlog."""
 
@@ -734,6 +741,7 @@ Message = (
     | Settled | SettledBatch | Barrier | EvalRequest | EvalDone | Commit | RoundClosed
     | Progress | RunDone
     | Hello | Heartbeat | Lost | CallsAsk | CallsGranted | Cancel | Stop | NeedWork | Merged | Refresh | Drain | Flush
+    | WaveSettled
     | GroupStart | Branch | BranchDone | BranchFailed | Interaction | Hold | UserInputs
     | GroupCancel | GroupResult | GroupSuspended | Revoke
     | Join | Spec | Refused  # workers in other processes
@@ -744,6 +752,7 @@ __all__ = [
     "Msg", "Message", "Start", "Budget", "Open", "Baseline", "Tick", "Finish", "Halted", "Unhalt", "Shutdown", "Lease",
     "LeaseBatch", "LeaseDone", "Settled", "SettledBatch", "Barrier", "EvalRequest", "EvalDone", "Commit",
     "RoundClosed", "RoundRecord", "Progress", "RunDone", "Hello", "Heartbeat", "Lost", "CallsAsk", "CallsGranted", "Cancel", "Stop", "NeedWork", "Merged", "Refresh", "Drain", "Flush",
+    "WaveSettled",
     "Diff", "RolloutResult", "Usage",
     "JournalEntry", "PendingInteraction", "Suspension", "GroupStart", "Branch", "BranchDone",
     "BranchFailed", "Interaction", "Hold", "UserInputs", "GroupCancel", "GroupResult",

@@ -50,9 +50,10 @@ class SingleSlotSpec(_Section, frozen=True, tag="SingleSlot", tag_field="kind"):
 
 
 class DataParallelSpec(_Section, frozen=True, tag="DataParallel", tag_field="kind"):
-    #: Tasks each worker rolls out per round (a minibatch of its shard; 4 by default,
-    #: as evolve()'s default round); "shard": the whole shard.
-    per_worker: Annotated[int, msgspec.Meta(ge=1)] | Literal["shard"] = 4
+    #: Tasks each worker rolls out per round (a minibatch of its shard); omitted,
+    #: evolve()'s default round (4 a worker up to 4 workers, a round of 16 beyond);
+    #: "shard": the whole shard.
+    per_worker: Annotated[int, msgspec.Meta(ge=1)] | Literal["shard"] | None = None
 
 
 class TensorParallelSpec(_Section, frozen=True, tag="TensorParallel", tag_field="kind"):
@@ -149,7 +150,8 @@ class Scenario(_Section, frozen=True):
     seed: int = 0
     held_out_frac: Annotated[float, msgspec.Meta(gt=0, lt=1)] = 0.4
     log: str | None = None
-    async_ratio: Annotated[int, msgspec.Meta(ge=1)] = 3
+    #: Omitted: a tolerance of 3 versions, and workers roll out on the head.
+    async_ratio: Annotated[int, msgspec.Meta(ge=1)] | None = None
     staleness: Literal["full", "guarded", "reflective"] = "guarded"
     domain: Domain | None = None
     strategy: Strategy = AppendRulesSpec()

@@ -26,7 +26,8 @@ NOTES = {
     "Scenario.log": "Write the message log here (relative to the current directory); "
                     "`evobus run --log` overrides it.",
     "Scenario.async_ratio": "Async mode: how many versions a worker may lag behind the "
-                            "head, and the staleness tolerance.",
+                            "head, and the staleness tolerance; omitted, a tolerance of "
+                            "3 and workers roll out on the head ([async.md](async.md)).",
     "Scenario.staleness": "Async mode: what happens to a proposal made on an old version "
                           "([async.md](async.md)).",
     "Scenario.domain": "The tasks, the reward and the agent.",
@@ -56,9 +57,11 @@ NOTES = {
     "SingleSlotSpec.initial_value": "The artifact's starting text.",
     "SingleSlotSpec.key": "The one key the artifact's state uses.",
     "DataParallelSpec.per_worker": "Tasks each worker rolls out per round, a minibatch "
-                                   "of its shard (1 = agentdescent's round; 4, evolve()'s "
-                                   "default too); \"shard\": the whole shard, one gate per "
-                                   "pass over the train split.",
+                                   "of its shard (1 = agentdescent's round); omitted, "
+                                   "evolve()'s default: 4 with up to 4 workers, a round of "
+                                   "16 tasks shared by more (2 each with 8, 1 with 16); "
+                                   "\"shard\": the whole shard, one gate per pass over "
+                                   "the train split.",
     "TensorParallelSpec.n_sections": "Number of sections the artifact's keys are cut into; "
                                      "worker i edits section i mod n_sections.",
     "TensorParallelSpec.keys": "The key space to cut (default: the strategy's categories).",

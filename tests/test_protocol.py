@@ -53,6 +53,7 @@ EXAMPLES = {
     "Stop": protocol.Stop(reason="done"),
     "NeedWork": protocol.NeedWork(wave=2),
     "Merged": protocol.Merged(consumed=3, version=1),
+    "WaveSettled": protocol.WaveSettled(wave=2),
     "Refresh": protocol.Refresh(reason="stall"),
     "Drain": protocol.Drain(reason="max_rollouts"),
     "Flush": protocol.Flush(cancelled=1),

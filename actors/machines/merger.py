@@ -62,6 +62,7 @@ from actors.machines.candidates import Merge, apply, changes, conflict_groups, s
 from actors.machines.probing import PROBE_EVALS, PROBE_TASKS, Probing
 from actors.machines.scoring import SCORE_CACHE_STATES, ScoreTables
 from actors.machines.screening import SEQUENTIAL_FIRST, SEQUENTIAL_SLACK, Screening
+from actors.machines.staleness import KeyHistory, merge_ready
 from protocol import (
     Barrier,
     Baseline,
@@ -77,6 +78,7 @@ from protocol import (
     Refresh,
     RoundClosed,
     RunDone,
+    WaveSettled,
 )
 
 __all__ = ["MAX_BISECT_DEPTH", "STALENESS", "Merger", "apply", "conflict_groups", "state_key"]
@@ -111,10 +113,20 @@ class Merger(ScoreTables, Screening, Probing):
                  recheck: bool = False, sequential: bool = False,
                  sequential_first: int = SEQUENTIAL_FIRST,
                  sequential_slack: float = SEQUENTIAL_SLACK,
-                 conflicts: str = "score") -> None:
+                 conflicts: str = "score", rebase: bool = False, waves: bool = False,
+                 backlog: int | None = None) -> None:
         if conflicts not in CONFLICTS:
             raise ValueError(f"conflicts={conflicts!r}: choose one of {', '.join(CONFLICTS)}")
         self.conflicts = conflicts
+        # Async (actors/machines/staleness.py): a diff none of whose keys a later commit
+        # wrote is kept as fresh (``rebase``); with ``waves`` an idle Merger merges when
+        # the Planner says a wave has settled (WaveSettled), or it holds ``backlog``
+        # proposals.
+        self.rebase = rebase
+        self.waves = waves
+        self.backlog = backlog
+        self._keys = KeyHistory()
+        self._due = False
         if staleness not in STALENESS:
             raise ValueError(f"staleness={staleness!r}: choose one of {', '.join(STALENESS)}")
         if isinstance(cache_states, bool) or not isinstance(cache_states, int) \
@@ -184,8 +196,7 @@ class Merger(ScoreTables, Screening, Probing):
                 return self._request("baseline", self.state)
             case LeaseDone():
                 self._on_proposals(msg)
-                if self.asynchronous and self.merge is None and (
-                        self.pending.get(_ASYNC) or self.early.get(_ASYNC)):
+                if self.asynchronous and self.merge is None and self._ready():
                     return self._start_async()
                 return []
             case Flush(merge=merge):
@@ -195,6 +206,9 @@ class Merger(ScoreTables, Screening, Probing):
                 if self.merge is None:
                     return self._start_async()
                 return []
+            case WaveSettled():
+                self._due = True   # a wave settled: merge what it proposed (even nothing)
+                return self._start_async() if self.merge is None else []
             case Barrier(round=r):
                 if self.merge is not None:
                     self.queued_barriers.append(r)
@@ -289,8 +303,14 @@ class Merger(ScoreTables, Screening, Probing):
             self._count({}, what, n)
         self._count({}, "unmerged-at-stop", len(held))
 
+    def _ready(self) -> bool:
+        held = len(self.pending.get(_ASYNC, ())) + sum(self.early.get(_ASYNC, {}).values())
+        return merge_ready(held, waves=self.waves, due=self._due or self.flushing,
+                           backlog=self.backlog)
+
     def _start_async(self) -> list[Out]:
         """Take every proposal held (in arrival order: the log's order) and merge it."""
+        self._due = False
         outcomes = self.early.pop(_ASYNC, {})
         held = self.pending.pop(_ASYNC, [])
         proposals = len(held) + outcomes.get("section-violation", 0)
@@ -300,7 +320,9 @@ class Merger(ScoreTables, Screening, Probing):
             if proposals else []
         keep, verify = [], []
         for _, _, diff, task_id in held:
-            eta = self.version - diff.base_version
+            eta = self._eta(diff)
+            if eta <= 0 < self.version - diff.base_version:
+                self.stats["rebased"] = self.stats.get("rebased", 0) + 1
             if eta <= 0 or self.staleness == "full":
                 keep.append(diff)
                 self.stats["max_eta_kept"] = max(self.stats["max_eta_kept"], eta)
@@ -322,6 +344,13 @@ class Merger(ScoreTables, Screening, Probing):
             requests += self._request(f"v{id(diff)}", apply(self.state, [diff]), [task_id])
             requests += self._request(f"b{id(diff)}", self.state, [task_id])
         return out + requests
+
+    def _eta(self, diff: Diff) -> int:
+        """Versions a diff is behind: with ``rebase``, only the commits that wrote one of
+        its keys count (actors/machines/staleness.py)."""
+        if self.rebase:
+            return self._keys.eta(diff, self.version)
+        return self.version - diff.base_version
 
     def _merge_kept(self) -> list[Out]:
         m = self.merge
@@ -400,7 +429,7 @@ class Merger(ScoreTables, Screening, Probing):
                 if with_diff > without:
                     m.fused.append(diff)
                     self.stats["reverified"] += 1
-                    eta = self.version - diff.base_version
+                    eta = self._eta(diff)
                     self.stats["max_eta_kept"] = max(self.stats["max_eta_kept"], eta)
                 else:
                     self._count(m.outcomes, "stale-rejected")
@@ -486,6 +515,8 @@ class Merger(ScoreTables, Screening, Probing):
 
     def _commit(self, state: dict[str, str], score: float) -> list[Out]:
         self.version += 1
+        if self.rebase:
+            self._keys.commit(self.state, state)
         self.state = state
         self.score = score
         return [(SCHEDULER, Commit(version=self.version, state=state))] + self._close(True)
@@ -519,7 +550,7 @@ class Merger(ScoreTables, Screening, Probing):
         out.append((PLANNER, RoundClosed(round=m.round, version=self.version, committed=committed,
                                          heldout_reward=self.score, proposals=m.proposals,
                                          outcomes=m.outcomes, final=final)))
-        if more:
+        if (self._due and not final) or (more and self._ready()):
             out += self._start_async()
         return out
 

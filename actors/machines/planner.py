@@ -18,7 +18,7 @@ from actors.addresses import DRIVER, MERGER, SCHEDULER, Out
 from actors.machines.ids import tagged
 from protocol import (Baseline, Budget, Drain, Finish, Halted, Lease, LeaseBatch, Message,
                       NeedWork, Open, Progress, RoundClosed, RoundRecord, Settled,
-                      SettledBatch, Shutdown, Start, Tick, Unhalt, WorkUnit)
+                      SettledBatch, Shutdown, Start, Tick, Unhalt, WaveSettled, WorkUnit)
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,19 @@ def split_tasks(task_ids: list[str], held_out_frac: float, seed: int) -> tuple[l
 class Planner:
     name = "planner"
 
-    def __init__(self, strategy, sampler=None) -> None:
+    def __init__(self, strategy, sampler=None, *, waves: int | None = None) -> None:
         self.strategy = strategy
         self.sampler = sampler
+        # Async pacing (None: a wave on every ask): at most ``waves`` waves planned and
+        # not yet merged; a wave is planned once the one before it has settled, and the
+        # Merger hears of each settled wave (WaveSettled).
+        if waves is not None and (isinstance(waves, bool) or not isinstance(waves, int)
+                                  or waves < 1):
+            raise ValueError(f"Planner(waves=...) takes an integer >= 1, got {waves!r}")
+        self.waves = waves
+        self._open: dict[int, int] = {}   # wave -> its tasks not settled yet
+        self._unmerged = 0                # waves settled whose merge has not closed
+        self._wanted = False              # a NeedWork held back
         self._observe = getattr(strategy, "observe", None)
         self.start: Start | None = None
         self.train: list[str] = []
@@ -96,6 +106,9 @@ class Planner:
             case NeedWork():
                 if self.stopping or self.finished or self.halted or self.round < 0:
                     return []  # not open yet (the baseline plans wave 0), or stopping
+                if self._paced() and not self._may_plan():
+                    self._wanted = True   # planned once the wave before has settled
+                    return []
                 return self._plan_next()
             case Tick(elapsed=elapsed):
                 self.elapsed = elapsed
@@ -156,9 +169,39 @@ class Planner:
         # max_calls is checked per settled lease in async mode (so that a crossing
         # cancels what has not started); everything else can wait for a batch.
         report_each = self.asynchronous and self.start.max_calls is not None
+        if self._paced() and leases:
+            self._open[r] = sum(len(lease.task_ids) for lease in leases)
         return [(SCHEDULER, LeaseBatch(round=r, leases=leases, report_each=report_each))]
 
+    def _paced(self) -> bool:
+        return self.waves is not None and self.asynchronous
+
+    def _may_plan(self) -> bool:
+        return not self._open and self._unmerged < self.waves
+
     def _on_settled(self, msg: Settled) -> list[Out]:
+        out = self._settle_one(msg)
+        if not self._paced() or self.finished:
+            return out
+        left = self._open.get(msg.round)
+        if left is None:
+            return out
+        left -= len(msg.scores) + msg.skipped
+        if left > 0:
+            self._open[msg.round] = left
+            return out
+        del self._open[msg.round]
+        self._unmerged += 1
+        return [(MERGER, WaveSettled(wave=msg.round))] + out + self._plan_if_wanted()
+
+    def _plan_if_wanted(self) -> list[Out]:
+        if (not self._wanted or not self._may_plan() or self.stopping or self.finished
+                or self.halted):
+            return []
+        self._wanted = False
+        return self._plan_next()
+
+    def _settle_one(self, msg: Settled) -> list[Out]:
         self.calls += msg.calls
         self.rollouts += len(msg.scores)
         self.since_merge += len(msg.scores)
@@ -249,13 +292,16 @@ class Planner:
             out.append((DRIVER, Progress(record=record, rollouts=self.rollouts,
                                          calls=self.calls)))
             self.without_commit = 0 if msg.committed else self.without_commit + 1
+        elif self._paced():
+            self.without_commit += 1   # a settled wave that proposed nothing
         if self.asynchronous:
+            self._unmerged = max(0, self._unmerged - 1)
             if msg.final:
                 return out + self._finish(self.stopping or "drained")
             reason = None if self.stopping else self._reason(msg)
             if reason == "backend_failing":
                 return out + self._halt()
-            return out + (self._stop(reason) if reason else [])
+            return out + (self._stop(reason) if reason else self._plan_if_wanted())
         reason = self._reason(msg)
         if reason is None and self.round + 1 >= self.start.rounds:
             reason = "rounds"

@@ -69,7 +69,8 @@ class Scheduler:
 
     def __init__(self, max_concurrency: int, *, asynchronous: bool = False,
                  async_ratio: int = 3, n_workers: int = 1,
-                 deadline: float | None = None, max_tries: int = 3) -> None:
+                 deadline: float | None = None, max_tries: int = 3,
+                 lag: int | None = None) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.max_concurrency = max_concurrency
@@ -83,6 +84,9 @@ class Scheduler:
         self.table: LeaseTable[Lease] = LeaseTable(max_tries=self.max_tries)
         self.asynchronous = asynchronous
         self.async_ratio = async_ratio
+        # The lag budget: a worker is sent the head before a rollout lease once its
+        # snapshot is more than ``lag`` versions behind (``async_ratio`` unless given).
+        self.lag = async_ratio if lag is None else lag
         self.backlog_bound = max(1, async_ratio * n_workers)
         self.unmerged = 0
         self.asked = False
@@ -518,7 +522,7 @@ class Scheduler:
         out: list[Out] = []
         if self.head is not None and lease.kind == "rollout":
             known = self.worker_version.get(name, 0)
-            if self.asynchronous and self.head.version - known > self.async_ratio:
+            if self.asynchronous and self.head.version - known > self.lag:
                 self.worker_version[name] = self.head.version
                 out.append((name, self.head))  # the lag budget is spent: refresh
             lease = msgspec.structs.replace(

@@ -186,9 +186,10 @@ class DataParallel:
     walked through in ``ceil(len(shard) / k)`` rounds. Smaller rounds mean more
     merges (and held-out gates) per rollout: ``per_worker=1`` is agentdescent's
     synchronous round, task for task; ``per_worker=4`` is what ``evolve()`` plans
-    with when no ``parallel`` is given (:func:`default_parallel`; with conflicting
-    edits settled by their first proposer it needs the fewest model calls on the
-    benchmarks, docs/parallelism.md).
+    with when no ``parallel`` is given and there are at most 4 workers, a round of 16
+    tasks shared by more (:func:`default_parallel`; with conflicting edits settled by
+    their first proposer it needs the fewest model calls on the benchmarks,
+    docs/parallelism.md).
     ``DataParallel()`` (``per_worker=None``) rolls out the whole shard: it gates least
     often and spends the fewest messages a rollout.
 
@@ -231,15 +232,45 @@ class DataParallel:
         return hash((DataParallel, self.per_worker))
 
 
-#: Tasks per worker per round when no ``parallel`` is given (docs/parallelism.md has
-#: the measurements that chose it).
+#: Tasks per worker per round when no ``parallel`` is given, at most (docs/parallelism.md
+#: has the measurements that chose it).
 DEFAULT_PER_WORKER = 4
+#: Rollouts a default round holds, whatever the worker count: more workers share it
+#: (one gate per this many rollouts; a round of 64 fused more wrong edits per gate).
+DEFAULT_ROUND = 16
 
 
-def default_parallel() -> DataParallel:
+def round_per_worker(n_workers: int, units: int | None = None) -> int:
+    """Tasks per worker (or per non-empty unit, ``units``) for a round of about
+    :data:`DEFAULT_ROUND` rollouts: 4 with 1-4 workers, 2 with 8, 1 with 16 or more."""
+    share = max(1, DEFAULT_ROUND // max(1, units if units is not None else n_workers))
+    return min(DEFAULT_PER_WORKER, share)
+
+
+def default_parallel(n_workers: int = 4) -> DataParallel:
     """The parallelism strategy of a run that names none: a minibatch round of
-    :data:`DEFAULT_PER_WORKER` tasks per worker."""
-    return DataParallel(per_worker=DEFAULT_PER_WORKER)
+    :func:`round_per_worker` tasks per worker."""
+    return DataParallel(per_worker=round_per_worker(n_workers))
+
+
+#: Asynchronous waves planned and not yet merged, at most (1: a wave once the last
+#: merge closed; 2: the next wave rolls out while the last one is merged and gated).
+ASYNC_WAVES = 1
+
+
+def async_pacing(n_workers: int, async_ratio: int, waves: int | None = None, *,
+                 lag: int | None = None) -> dict[str, dict[str, Any]]:
+    """The Planner's and the Merger's asynchronous arguments: waves paced by merges (a
+    wave is planned once the one before has settled, at most ``waves`` unmerged), the
+    Merger merging a settled wave at once (or before the Scheduler's backpressure,
+    ``async_ratio * n_workers`` proposals, would stop rollouts), and a stale diff none
+    of whose keys changed since kept as fresh (``rebase``)."""
+    waves = ASYNC_WAVES if waves is None else waves
+    if waves is None:   # unpaced: a wave on every ask, a merge on every proposal
+        return {"planner": {}, "scheduler": {}, "merger": {}}
+    return {"planner": {"waves": waves}, "scheduler": {"lag": 0 if lag is None else lag},
+            "merger": {"rebase": True, "waves": True,
+                       "backlog": max(1, async_ratio * n_workers)}}
 
 
 def data_parallel_from_repr(text: str) -> DataParallel | None:

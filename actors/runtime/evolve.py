@@ -24,7 +24,7 @@ from actors.artifacts import AppendRules, declared_keys, normaliser, round_tasks
 from actors.version import PACKAGE_VERSION
 from actors.errors import BackendFailing, ConfigError
 from actors.machines.merger import CONFLICTS, STALENESS, Merger
-from actors.policies.parallelism import DataParallel, default_parallel
+from actors.policies.parallelism import DataParallel, async_pacing, default_parallel
 from actors.policies.pipeline import PipelineParallel
 from actors.machines.planner import Planner, split_tasks
 from actors.machines.scheduler import Scheduler
@@ -125,7 +125,7 @@ def prepare_parallel(parallel, strategy, task_ids: list[str], n_workers: int):
     if parallel is None:   # the strategy's round if it asks for one (round_tasks)
         total = round_tasks(strategy)
         if total is None:
-            return default_parallel(), None
+            return default_parallel(n_workers), None
         return DataParallel(per_worker=max(1, -(-total // n_workers))), None
     if isinstance(parallel, PipelineParallel):
         raise ConfigError(parallel.refusal_message())
@@ -201,7 +201,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     the calls report (``prices``: model -> (input, output) per 1M tokens), see
     docs/budgets.md. ``async_ratio`` (default 3), ``staleness`` (default "guarded") and ``stall_merges``
     (default 3) shape asynchronous mode only (docs/async.md); passed to a synchronous
-    run, a warning names them.
+    run, a warning names them. Asynchronous waves are paced by merges, and with
+    ``async_ratio`` omitted workers roll out on the head (a lag budget of 0).
     """
     modes = _check_modes(asynchronous, rounds, async_ratio, staleness, stall_merges,
                          (max_rollouts, max_calls, max_seconds, target_reward, patience,
@@ -218,6 +219,10 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     strategy = strategy if strategy is not None else AppendRules()
     task_ids = [t.id for t in tasks]
     plan_with, sections = prepare_parallel(parallel, strategy, task_ids, n_workers)
+    if asynchronous:   # waves paced by merges, rebasing (actors/machines/staleness.py)
+        paced = async_pacing(n_workers, modes.async_ratio, lag=async_ratio)
+        modes = dataclasses.replace(modes, gate={**modes.gate, **paced["merger"]},
+                                    planner=paced["planner"], scheduler=paced["scheduler"])
     if agent is not None:
         run, propose = agent.solve, agent.propose
     state0 = dict(initial_state) if initial_state is not None else strategy.initial()
@@ -386,6 +391,10 @@ class _Modes:
     stall_merges: int
     #: The Merger's acceptance rules switched on (``{"screen": True, ...}``).
     gate: dict[str, bool] = field(default_factory=dict)
+    #: The Planner's arguments beyond the strategy (async pacing: ``{"waves": 2}``),
+    #: and the Scheduler's beyond the Start's (``{"lag": 0}``).
+    planner: dict[str, Any] = field(default_factory=dict)
+    scheduler: dict[str, Any] = field(default_factory=dict)
 
 
 def _check_modes(asynchronous: bool, rounds, async_ratio, staleness, stall_merges,
@@ -510,7 +519,10 @@ def _log_meta(seed: int, run_id: str, log_meta, plan_with, task_sampler, modes: 
     meta.setdefault("parallel", repr(plan_with))
     meta.setdefault("machine_args", msgspec.json.encode(
         {"merger": {"stall_merges": modes.stall_merges, **modes.gate},
-         **({"scheduler": remote.scheduler_kwargs()} if remote else {})}).decode())
+         **({"planner": modes.planner} if modes.planner else {}),
+         **({"scheduler": {**modes.scheduler, **(remote.scheduler_kwargs() if remote
+                                                 else {})}}
+            if remote or modes.scheduler else {})}).decode())
     if task_sampler is not None:
         meta.setdefault("task_sampler", repr(task_sampler))
     # How `evobus inspect --version` and the report render the artifact (built-ins only).
@@ -522,9 +534,10 @@ def _log_meta(seed: int, run_id: str, log_meta, plan_with, task_sampler, modes: 
 
 def _spawn_machines(rt: Runtime, plan_with, task_sampler, start: Start, modes: _Modes,
                     remote) -> None:
-    rt.spawn(PLANNER, Planner(plan_with, task_sampler))
+    rt.spawn(PLANNER, Planner(plan_with, task_sampler, **modes.planner))
     rt.spawn(SCHEDULER, Scheduler(start.max_concurrency, asynchronous=start.asynchronous,
                                   async_ratio=modes.async_ratio, n_workers=start.n_workers,
+                                  **modes.scheduler,
                                   **(remote.scheduler_kwargs() if remote else {})))
     rt.spawn(MERGER, Merger(asynchronous=start.asynchronous, alpha=modes.async_ratio,
                             staleness=modes.staleness, stall_merges=modes.stall_merges,

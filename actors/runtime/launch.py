@@ -10,7 +10,8 @@ from typing import Any, Callable
 import msgspec
 
 from actors.artifacts import AppendRules, KeyedRules, SingleSlot
-from actors.policies.parallelism import ClusterParallel, DataParallel, TensorParallel
+from actors.policies.parallelism import (ClusterParallel, DataParallel, TensorParallel,
+                                         default_parallel)
 from actors.runtime.evolve import EvolveResult, evolve
 from actors.runtime.runtime import make_log_directory
 from actors.tracking import MlflowTracking
@@ -51,8 +52,12 @@ def strategy_from_meta(meta: dict[str, str]):
     return None
 
 
-def build_parallel(spec: sc.Parallel):
+def build_parallel(spec: sc.Parallel, n_workers: int = 4):
+    """The parallelism strategy ``[parallel]`` names; a DataParallel without
+    ``per_worker`` is evolve()'s default round for ``n_workers``."""
     match spec:
+        case sc.DataParallelSpec(per_worker=None):
+            return default_parallel(n_workers)
         case sc.DataParallelSpec(per_worker=per_worker):
             return DataParallel(per_worker=None if per_worker == "shard" else per_worker)
         case sc.TensorParallelSpec(n_sections=n, keys=keys, route=route, per_worker=per_worker):
@@ -78,7 +83,7 @@ def evolve_kwargs(scenario: sc.Scenario, source: str = "") -> dict[str, Any]:
     d = scenario.domain
     kwargs: dict[str, Any] = dict(
         tasks=tasks_of(scenario), reward=_resolve(d.reward, "$.domain.reward"),
-        strategy=build_strategy(scenario.strategy), parallel=build_parallel(scenario.parallel),
+        strategy=build_strategy(scenario.strategy), parallel=build_parallel(scenario.parallel, n_workers_of(scenario.workers)),
         n_workers=n_workers_of(scenario.workers),
         max_concurrency=scenario.workers.max_concurrency, held_out_frac=scenario.held_out_frac,
         seed=scenario.seed, log=scenario.log,
