@@ -10,8 +10,11 @@ target is a miss and is shown as such.
 Beside each, agentdescent's own ``evolve()`` on the same tasks, the same train/held-out
 split and its own ``KeyedRules``. An agentdescent synchronous round rolls out one task
 per worker (``DataParallel(per_worker=1)`` in evobus, task for task); evobus's default
-round is ``DataParallel(per_worker=4)``; the sync rows are given a second time with
-``DataParallel()``, the whole train split a round (one gate per pass).
+round is ``DataParallel(per_worker=4)`` (a round of 16 tasks shared by more than 4
+workers); the sync rows are given again with ``DataParallel()``, the whole train split
+a round (one gate per pass), with the model declared deterministic (scores of identical
+(state, task) pairs reused, actors/machines/reuse.py), and with ``retire=True`` with and
+without that declaration (its probes repeat pairs).
 
 A third figure per configuration counts every ``run()`` call, train rollouts and held-out
 scoring alike (a counting wrapper around the same ``run`` for both libraries): what
@@ -65,7 +68,7 @@ class CountingRun:
 
 
 def evobus_to_quality(n: int, asynchronous: bool, *, whole_shard: bool = False,
-                      target: float = TARGET) -> tuple[bool, float, int, int]:
+                      target: float = TARGET, **rules) -> tuple[bool, float, int, int]:
     kw = (dict(max_rollouts=MAX_ROLLOUTS, max_seconds=MAX_SECONDS) if asynchronous
           else dict(rounds=MAX_ROUNDS, max_seconds=MAX_SECONDS))
     run = CountingRun()
@@ -74,7 +77,7 @@ def evobus_to_quality(n: int, asynchronous: bool, *, whole_shard: bool = False,
                     strategy=KeyedRules(router.CATEGORIES), n_workers=n,
                     held_out_frac=HELD_OUT, seed=0, asynchronous=asynchronous,
                     target_reward=target,
-                    parallel=DataParallel() if whole_shard else None, **kw)
+                    parallel=DataParallel() if whole_shard else None, **kw, **rules)
     wall = time.perf_counter() - t
     return result.stop_reason == "target_reward", wall, result.rollouts, run.calls
 
@@ -111,14 +114,18 @@ def rows(ns: Sequence[int], repeats: int) -> list[Row]:
     train = len(split_tasks([t.id for t in router.tasks()], HELD_OUT, 0)[0])
     for n in ns:
         for mode, asynchronous in (("sync", False), ("async", True)):
-            variants = [("", False)] + ([(", DataParallel() (whole shard)", True)]
-                                        if not asynchronous else [])
+            variants = [("", False, {})] + ([
+                (", DataParallel() (whole shard)", True, {}),
+                (", deterministic=True", False, {"deterministic": True}),
+                (", retire=True", False, {"retire": True}),
+                (", retire=True, deterministic=True", False,
+                 {"retire": True, "deterministic": True})] if not asynchronous else [])
             theirs = None
             if have_ad:
                 theirs = _runs(lambda: agentdescent_to_quality(n, asynchronous), repeats)
-            for label, whole in variants:
-                ours = _runs(lambda: evobus_to_quality(n, asynchronous, whole_shard=whole),
-                             repeats)
+            for label, whole, rules in variants:
+                ours = _runs(lambda: evobus_to_quality(n, asynchronous, whole_shard=whole,
+                                                       **rules), repeats)
                 name = f"(4) router to held-out {TARGET:g}, n={n}, {mode}{label}"
                 notes = []
                 if ours[2]:

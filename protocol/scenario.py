@@ -33,6 +33,8 @@ class Domain(_Section, frozen=True):
     agent: Reference | None = None
     run: Reference | None = None
     propose: Reference | None = None
+    #: The model gives the same output for the same artifact and task: scores are reused.
+    deterministic: bool = False
 
 
 class KeyedRulesSpec(_Section, frozen=True, tag="KeyedRules", tag_field="kind"):

@@ -50,6 +50,9 @@ NOTES = {
     "Domain.run": "`run(rendered, task) -> output`, instead of an agent.",
     "Domain.propose": "`propose(rendered, task, output, reward)` returning a str or None, "
                       "with `run`.",
+    "Domain.deterministic": "The model gives the same output for the same rendered "
+                            "artifact and task: each (artifact, task) score is asked "
+                            "for once and reused ([concepts](concepts.md)).",
     "KeyedRulesSpec.categories": "The artifact's keys; a proposal `\"category: text\"` "
                                  "rewrites one category.",
     "KeyedRulesSpec.title": "First line of the rendered artifact.",

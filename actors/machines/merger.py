@@ -60,6 +60,7 @@ import operator
 from actors.addresses import DRIVER, PLANNER, SCHEDULER, Out
 from actors.machines.candidates import Merge, apply, changes, conflict_groups, state_key
 from actors.machines.probing import PROBE_EVALS, PROBE_TASKS, Probing
+from actors.machines.reuse import PairScores
 from actors.machines.scoring import SCORE_CACHE_STATES, ScoreTables
 from actors.machines.screening import SEQUENTIAL_FIRST, SEQUENTIAL_SLACK, Screening
 from actors.machines.staleness import KeyHistory, merge_ready
@@ -114,7 +115,7 @@ class Merger(ScoreTables, Screening, Probing):
                  sequential_first: int = SEQUENTIAL_FIRST,
                  sequential_slack: float = SEQUENTIAL_SLACK,
                  conflicts: str = "score", rebase: bool = False, waves: bool = False,
-                 backlog: int | None = None) -> None:
+                 backlog: int | None = None, reuse: bool = False) -> None:
         if conflicts not in CONFLICTS:
             raise ValueError(f"conflicts={conflicts!r}: choose one of {', '.join(CONFLICTS)}")
         self.conflicts = conflicts
@@ -127,6 +128,9 @@ class Merger(ScoreTables, Screening, Probing):
         self.backlog = backlog
         self._keys = KeyHistory()
         self._due = False
+        # A model declared deterministic: (state, task) scores are reused (reuse.py).
+        self.pairs = PairScores() if reuse else None
+        self._known: dict[str, dict[str, float]] = {}
         if staleness not in STALENESS:
             raise ValueError(f"staleness={staleness!r}: choose one of {', '.join(STALENESS)}")
         if isinstance(cache_states, bool) or not isinstance(cache_states, int) \
@@ -562,4 +566,9 @@ class Merger(ScoreTables, Screening, Probing):
                                  state=self.state, final_reward=self.score,
                                  initial_reward=self.initial_score, history=msg.history,
                                  outcomes=outcomes, rollouts=msg.rollouts, calls=msg.calls,
-                                 error=msg.error, fatal=msg.fatal, stats=dict(self.stats)))]
+                                 error=msg.error, fatal=msg.fatal, stats=self._stats()))]
+
+    def _stats(self) -> dict[str, float]:
+        if self.pairs is None:
+            return dict(self.stats)
+        return {**self.stats, "reused_scores": self.pairs.reused}

@@ -17,6 +17,7 @@ import itertools
 from actors.addresses import SCHEDULER, Out
 from actors.machines.candidates import state_key
 from actors.machines.ids import tagged
+from actors.machines.reuse import mean_in_id_order
 from protocol import REMOVE, EvalDone, EvalRequest
 
 #: The score cache keeps this many states per task set (held-out, or one evidence task),
@@ -66,6 +67,13 @@ class ScoreTables:
             # Known score: answer ourselves without asking anyone (no message needed).
             return self._scored(tag, score)
         eval_id = tagged(self.lease_key, f"e{self.n_evals}")
+        if self.pairs is not None:   # a deterministic model (actors/machines/reuse.py)
+            known, task_ids = self.pairs.split(key, task_ids)
+            if not task_ids:
+                scores[key] = score = mean_in_id_order(known)
+                return self._scored(tag, score)
+            if known:
+                self._known[eval_id] = known
         self.by_eval[eval_id] = (tag, scores, key)
         return [(SCHEDULER, EvalRequest(eval_id=eval_id, state=state, task_ids=task_ids))]
 
@@ -87,6 +95,8 @@ class ScoreTables:
         if pending is None:
             return []
         tag, scores, key = pending
+        if self.pairs is not None:
+            msg = self.pairs.answer(key, msg, self._known.pop(msg.eval_id, None))
         if msg.unscored is not None:  # (the baseline: 0.0, not remembered as its score)
             return self._unscored(tag) if tag != "baseline" else self._scored(tag, 0.0)
         scores[key] = msg.score   # the only place a table grows

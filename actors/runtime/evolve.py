@@ -161,7 +161,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            insecure: bool = False, tracking: Any = None, screen: bool = False,
            attribute: bool = False, retire: bool = False,
            recheck: bool = False, sequential: bool = False,
-           conflicts: str = "first", chain: bool = True) -> EvolveResult:
+           conflicts: str = "first", chain: bool = True,
+           deterministic: bool = False) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
@@ -187,12 +188,14 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     a lease to its own copy and rolls the lease's next tasks out on the edited state,
     proposing on top, so one candidate can hold several edits that need each other
     (docs/concepts.md, actors/workers/chain.py); off, every proposal of a lease is made
-    on the head.
+    on the head. ``deterministic=True`` declares that the model gives the same output
+    for the same rendered artifact and task: a (state, task) score is then asked for
+    once and reused (actors/machines/reuse.py, docs/concepts.md).
 
-    ``parallel`` (default ``DataParallel(per_worker=4)``, four tasks per worker a round,
-    chosen by the benchmarks in docs/parallelism.md, or the strategy's ``round_tasks``
-    over the workers when it declares one: 64 for ``SingleSlot``, 16 per worker with 4
-    workers; ``DataParallel()`` rolls out each
+    ``parallel`` (default ``DataParallel(per_worker=4)`` with up to 4 workers, a round
+    of 16 tasks shared by more, chosen by the benchmarks in docs/parallelism.md, or the
+    strategy's ``round_tasks`` over the workers when it declares one: 64 for
+    ``SingleSlot``, 16 per worker with 4 workers; ``DataParallel()`` rolls out each
     worker's whole shard a round). ``rounds`` (default 15) counts synchronous rounds; in asynchronous mode it has no
     meaning (a warning says so if it is passed) and the run stops on a budget:
     ``max_rollouts``, ``max_calls``, ``max_tokens``, ``max_cost``, ``max_seconds``,
@@ -209,6 +212,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                           max_tokens, max_cost))
     modes = dataclasses.replace(modes, gate=_gate(screen, attribute, retire, recheck,
                                                       sequential, conflicts))
+    if deterministic:   # recorded only when declared: older headers replay without it
+        modes.gate["reuse"] = True
     _check_numbers(solved_threshold, lease_size)
     tasks = _validate(tasks, reward, agent, run, propose, n_workers, modes.rounds,
                       held_out_frac, max_concurrency)

@@ -86,7 +86,7 @@ def evolve_kwargs(scenario: sc.Scenario, source: str = "") -> dict[str, Any]:
         strategy=build_strategy(scenario.strategy), parallel=build_parallel(scenario.parallel, n_workers_of(scenario.workers)),
         n_workers=n_workers_of(scenario.workers),
         max_concurrency=scenario.workers.max_concurrency, held_out_frac=scenario.held_out_frac,
-        seed=scenario.seed, log=scenario.log,
+        seed=scenario.seed, log=scenario.log, deterministic=d.deterministic,
         log_meta={"scenario": source or scenario.name},
     )
     if d.agent is not None:
