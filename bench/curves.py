@@ -13,7 +13,8 @@ noise-free model, on test items no library sees, as a fraction of the best reach
 
     python -m bench.curves [--quick] [--domains router,settings,instruction]
         [--budgets 500,1500,5000,15000] [--seeds 3] [--systems "evobus;agentdescent;gepa"]
-        [--png docs/learning_curves.png] [--json out.json]
+        [--png docs/learning_curves.png] [--json out.json] [--matrix] [--goal 0.95]
+        [--latency-ms 20]
 """
 
 from __future__ import annotations
@@ -315,6 +316,32 @@ def summary(points: list[dict], systems, seconds: bool = False) -> list[tuple]:
     return rows
 
 
+def to_quality(points: list[dict], systems, goal: float) -> list[tuple]:
+    """One row per domain: for each system, the smallest budget whose mean quality
+    reached ``goal``, with its mean calls and wall clock ("-" when none did)."""
+    rows = []
+    for domain in [d for d in DOMAINS if any(p["domain"] == d for p in points)]:
+        row = [f"{domain} ({DOMAINS[domain]().shape})"]
+        for system in systems:
+            cell = "-"
+            mine = [p for p in points if p["domain"] == domain and p["system"] == system]
+            for budget in sorted({p["budget"] for p in mine}):
+                at = [p for p in mine if p["budget"] == budget]
+                if statistics.mean(p["quality"] for p in at) >= goal:
+                    cell = (f"{statistics.mean(p['quality'] for p in at):.2f} at {budget:,} "
+                            f"({statistics.mean(p['calls'] for p in at):,.0f} calls) in "
+                            f"{statistics.mean(p['seconds'] for p in at):.1f} s")
+                    break
+            row.append(cell)
+        rows.append(tuple(row))
+    return rows
+
+
+#: The matrix of issue 19: parallelism x mode x workers, each with its default round.
+MATRIX = ";".join(f"evobus[{p}{m}w={w}]" for p in ("", "tp=auto,", "cp=auto,")
+                  for m in ("", "async,") for w in (4, 16))
+
+
 def plot(points: list[dict], systems, path: str) -> None:
     # matplotlib is an optional extra: imported only when a PNG is asked for.
     import matplotlib
@@ -362,10 +389,15 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--seconds", action="store_true", help="show wall clock in the table")
     p.add_argument("--latency-ms", type=float, default=0.0,
                    help="every call sleeps a lognormal time of this median (wall clock)")
+    p.add_argument("--matrix", action="store_true",
+                   help="the systems are DP, TP (routed) and CP, sync and async, 4 and 16 "
+                        "workers, each with its default round")
+    p.add_argument("--goal", type=float, default=None,
+                   help="also print, per domain, the first budget reaching this quality")
     p.add_argument("-v", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.v else logging.WARNING)
-    systems = args.systems.split(";")
+    systems = (MATRIX if args.matrix else args.systems).split(";")
     unknown = [s for s in systems if s not in SYSTEMS
                and not s.startswith(("evobus[", "agentdescent["))]
     if unknown:
@@ -391,6 +423,9 @@ def main(argv=None) -> list[dict]:
             print("| " + " | ".join(row) + " |")
     else:
         print(table(rows, header))
+    if args.goal is not None:
+        print(table(to_quality(points, systems, args.goal),
+                    ("domain",) + tuple(systems)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(points, f, indent=1)
