@@ -1,0 +1,26 @@
+"""bench/curves.py's summaries, on points made up here (no run)."""
+
+from __future__ import annotations
+
+from bench import curves
+
+
+def point(system, budget, quality, seconds=1.0, domain="settings"):
+    return {"system": system, "domain": domain, "budget": budget, "seed": 0,
+            "calls": budget - 10, "quality": quality, "seconds": seconds}
+
+
+def test_to_quality_names_the_first_budget_whose_mean_reaches_the_goal():
+    points = [point("a", 500, 0.9), point("a", 500, 1.0), point("a", 1500, 1.0, 3.0),
+              point("b", 500, 0.5), point("b", 1500, 0.9)]
+    rows = curves.to_quality(points, ["a", "b"], 0.96)
+    assert rows == [("settings (KeyedRules)", "1.00 at 1,500 (1,490 calls) in 3.0 s", "-")]
+    rows = curves.to_quality(points, ["a", "b"], 0.90)
+    assert rows[0][1] == "0.95 at 500 (490 calls) in 1.0 s" and rows[0][2].startswith("0.90 at 1,500")
+
+
+def test_the_matrix_is_twelve_configurations_with_their_default_rounds():
+    systems = curves.MATRIX.split(";")
+    assert len(systems) == 12 and "evobus[cp=auto,async,w=16]" in systems
+    for name in systems:
+        curves.system(name)   # every spec parses
