@@ -37,8 +37,11 @@ are cached per (candidate state, task set) (actors/machines/scoring.py), so a
 candidate is not scored twice.
 
 Asynchronous mode: there is no barrier. Whenever the Merger is idle and holds
-proposals, it merges all of them (the batch trigger). A proposal made ``eta``
-versions behind the head meets the staleness policy first (tolerance ``alpha``):
+proposals, it merges all of them (the batch trigger); with ``waves`` (evolve()'s
+asynchronous runs) it waits for the Planner's ``WaveSettled``, or for ``backlog``
+proposals. A proposal made ``eta`` versions behind the head meets the staleness
+policy first (tolerance ``alpha``; with ``rebase`` only the commits that wrote one of
+its keys count, actors/machines/staleness.py):
 
 | policy | eta = 0 | 0 < eta <= alpha | eta > alpha |
 |---|---|---|---|
