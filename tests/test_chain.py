@@ -190,3 +190,25 @@ def test_a_single_slot_run_that_names_no_parallelism_plans_its_own_round(tmp_pat
                   if isinstance(m, Lease) and m.kind == "rollout"]
         assert len(leases) == n_workers
         assert all(len(m.task_ids) == per_worker and m.chain for m in leases)
+
+
+@pytest.mark.parametrize("parallel", ["", '[parallel]\nkind = "DataParallel"\n'])
+def test_a_single_slot_scenario_without_per_worker_plans_the_same_round_as_evolve(parallel):
+    # A scenario file's run is evolve()'s: no [parallel], or a DataParallel without
+    # per_worker, gets the strategy's own round (16 a worker at 4 workers), not 4.
+    from actors.runtime.launch import evolve_kwargs
+    from protocol.scenario import parse_scenario
+    text = f"""
+name = "slot"
+[domain]
+tasks = "scenarios.router:tasks"
+reward = "scenarios.router:reward"
+agent = "scenarios.router:RouterAgent"
+[strategy]
+kind = "SingleSlot"
+{parallel}
+[workers]
+local = 4
+"""
+    kwargs = evolve_kwargs(parse_scenario(text, "slot.toml"))
+    assert kwargs["parallel"].per_worker == 16

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
+from actors.artifacts import round_tasks
 from actors.errors import ParallelConfigError, SectionViolation
 from protocol.domain import REMOVE, Diff, WorkUnit
 from .sampling import PASS_THRESHOLD, check_score, difficulty_weight
@@ -247,9 +248,14 @@ def round_per_worker(n_workers: int, units: int | None = None) -> int:
     return min(DEFAULT_PER_WORKER, share)
 
 
-def default_parallel(n_workers: int = 4) -> DataParallel:
-    """The parallelism strategy of a run that names none: a minibatch round of
+def default_parallel(n_workers: int = 4, strategy: object = None) -> DataParallel:
+    """The parallelism strategy of a run that names none (or names DataParallel without
+    ``per_worker``): the strategy's own round when it declares ``round_tasks`` (tasks a
+    round over all workers: a single slot's), else a minibatch round of
     :func:`round_per_worker` tasks per worker."""
+    total = round_tasks(strategy)
+    if total is not None:
+        return DataParallel(per_worker=max(1, -(-total // max(1, n_workers))))
     return DataParallel(per_worker=round_per_worker(n_workers))
 
 

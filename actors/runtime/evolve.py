@@ -20,11 +20,11 @@ from typing import Any, Callable, Sequence
 import msgspec
 
 from actors.addresses import MERGER, PLANNER, SCHEDULER, worker_name
-from actors.artifacts import AppendRules, declared_keys, normaliser, round_tasks
+from actors.artifacts import AppendRules, declared_keys, normaliser
 from actors.version import PACKAGE_VERSION
 from actors.errors import BackendFailing, ConfigError
 from actors.machines.merger import CONFLICTS, STALENESS, Merger
-from actors.policies.parallelism import DataParallel, async_pacing, default_parallel
+from actors.policies.parallelism import async_pacing, default_parallel
 from actors.policies.pipeline import PipelineParallel
 from actors.machines.planner import Planner, split_tasks
 from actors.machines.scheduler import Scheduler
@@ -123,10 +123,7 @@ def prepare_parallel(parallel, strategy, task_ids: list[str], n_workers: int):
     """Check the parallelism/artifact pairing before the first rollout; returns the
     strategy to plan with and the key -> section map the Merger enforces (or None)."""
     if parallel is None:   # the strategy's round if it asks for one (round_tasks)
-        total = round_tasks(strategy)
-        if total is None:
-            return default_parallel(n_workers), None
-        return DataParallel(per_worker=max(1, -(-total // n_workers))), None
+        return default_parallel(n_workers, strategy), None
     if isinstance(parallel, PipelineParallel):
         raise ConfigError(parallel.refusal_message())
     if not callable(getattr(parallel, "plan", None)):

@@ -52,12 +52,12 @@ def strategy_from_meta(meta: dict[str, str]):
     return None
 
 
-def build_parallel(spec: sc.Parallel, n_workers: int = 4):
+def build_parallel(spec: sc.Parallel, n_workers: int = 4, strategy: object = None):
     """The parallelism strategy ``[parallel]`` names; a DataParallel without
-    ``per_worker`` is evolve()'s default round for ``n_workers``."""
+    ``per_worker`` is evolve()'s default round for ``n_workers`` and ``strategy``."""
     match spec:
         case sc.DataParallelSpec(per_worker=None):
-            return default_parallel(n_workers)
+            return default_parallel(n_workers, strategy)
         case sc.DataParallelSpec(per_worker=per_worker):
             return DataParallel(per_worker=None if per_worker == "shard" else per_worker)
         case sc.TensorParallelSpec(n_sections=n, keys=keys, route=route, per_worker=per_worker):
@@ -81,10 +81,11 @@ def tasks_of(scenario: sc.Scenario) -> list:
 def evolve_kwargs(scenario: sc.Scenario, source: str = "") -> dict[str, Any]:
     """The keyword arguments of :func:`evolve` a scenario describes."""
     d = scenario.domain
+    strategy, n_workers = build_strategy(scenario.strategy), n_workers_of(scenario.workers)
     kwargs: dict[str, Any] = dict(
         tasks=tasks_of(scenario), reward=_resolve(d.reward, "$.domain.reward"),
-        strategy=build_strategy(scenario.strategy), parallel=build_parallel(scenario.parallel, n_workers_of(scenario.workers)),
-        n_workers=n_workers_of(scenario.workers),
+        strategy=strategy, parallel=build_parallel(scenario.parallel, n_workers, strategy),
+        n_workers=n_workers,
         max_concurrency=scenario.workers.max_concurrency, held_out_frac=scenario.held_out_frac,
         seed=scenario.seed, log=scenario.log, deterministic=d.deterministic,
         log_meta={"scenario": source or scenario.name},
