@@ -76,3 +76,29 @@ def dies_once(item: dict) -> int:
             os.close(fd)
             os._exit(9)
     return item["i"]
+
+
+def _first_here(marker: str) -> bool:
+    """True in the first process to get here for ``marker`` (it writes its pid there)."""
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:   # run again elsewhere: go on
+        return False
+    os.write(fd, f"{os.getpid()}\n".encode())
+    os.close(fd)
+    return True
+
+
+def tallied(item: dict, ctx) -> int:
+    """Store writes before and after the moment a worker may die: ``ctx.store.incr`` of
+    "before" and a ``set`` of this branch's key, then, in the first process to run branch
+    ``item["hang_at"]``, a hang (the test kills it with SIGKILL) or, with ``item["exit"]``,
+    a hard exit; then "after"."""
+    ctx.store.incr("before")
+    ctx.store.set(f"b{item['i']}", ctx.store.incr("seen"))
+    if item.get("hang_at") == item["i"] and _first_here(item["marker"]):
+        if item.get("exit"):
+            os._exit(9)
+        time.sleep(60)   # killed meanwhile
+    ctx.store.incr("after", 2)
+    return item["i"]

@@ -130,9 +130,9 @@ def test_a_worker_killed_mid_group_has_its_branches_finish_elsewhere_each_effect
     assert out.results == [i * 10 for i in range(60)]
     lines = count.read_text().split()
     assert sorted(map(int, lines)) == list(range(60)), "an effect ran twice or never"
-    # The store is not a journal: a branch of the killed worker's lease that had ended
-    # there ran again elsewhere (at least once), its effect replayed from the journal.
-    assert out.store["done"] >= 60
+    # A branch of the killed worker's lease that had ended there ran again elsewhere,
+    # its effect replayed from the journal and its store write answered from the first.
+    assert out.store["done"] == 60
     # Every branch answered once (the killed worker never answered branch 25).
     assert sum(out.stats["remote"]["served"].values()) == 60
 
@@ -261,3 +261,47 @@ def test_a_group_on_process_workers_replays_from_its_log(tmp_path):
                     max_items=30, log=str(log), workers=Workers(**PROCS))
     assert out.status == "completed" and out.results == [i * i for i in range(30)]
     assert main(["replay", str(log)]) == 0   # the Collector's outputs, message for message
+
+
+def _tally_items(n: int, marker: Path, **extra) -> list[dict]:
+    return [{"i": i, "hang_at": n // 2, "marker": str(marker), **extra} for i in range(n)]
+
+
+def _assert_written_once(out, n: int) -> None:
+    assert out.status == "completed", out.error
+    assert out.results == list(range(n))
+    store = out.store
+    assert (store["before"], store["seen"], store["after"]) == (n, n, 2 * n), store
+    # Each branch's set got the value its own first incr of "seen" answered: all differ.
+    assert sorted(store[f"b{i}"] for i in range(n)) == list(range(1, n + 1))
+
+
+def test_store_writes_count_once_when_a_remote_worker_is_killed_mid_group(fleet, tmp_path):
+    w = fleet()
+    w.start("w0")
+    w.start("w1")
+    marker = tmp_path / "hanging"
+    box: dict = {}
+    group = threading.Thread(target=lambda: box.update(out=run_group(
+        "tests.group_remote_domain:tallied", _tally_items(40, marker), max_concurrency=4,
+        max_items=40, chunk=4, workers=w.section(2))), daemon=True)
+    group.start()
+    # Branch 20 wrote the store (with the coordinator) and hangs on one worker, its
+    # lease's earlier branches done there but not answered: all of them run again.
+    hung = wait_for(lambda: marker.exists() and marker.read_text().strip(), 30,
+                    f"branch 20 to hang\n{w.said()}")
+    os.kill(int(hung), signal.SIGKILL)
+    group.join(30)
+    assert not group.is_alive(), w.said()
+    out = box["out"]
+    _assert_written_once(out, 40)
+    assert out.stats["remote"]["store_repeated"] >= 3, out.stats["remote"]
+
+
+def test_store_writes_count_once_when_a_process_worker_dies_mid_group(tmp_path):
+    out = run_group("tests.group_remote_domain:tallied",
+                    _tally_items(30, tmp_path / "died", exit=True), max_concurrency=2,
+                    max_items=30, chunk=3, workers=Workers(**PROCS))
+    _assert_written_once(out, 30)
+    assert out.stats["remote"]["lost_workers"] >= 1
+    assert out.stats["remote"]["store_repeated"] >= 3, out.stats["remote"]

@@ -463,10 +463,12 @@ class Fleet:
         op = msg.op
         if op == "store.get":
             return host.store.get(*args)
-        if op == "store.set":
-            return host.store.set(*args)
-        if op == "store.incr":
-            return host.store.incr(*args)
+        if op == "store.write":   # scope, branch, n, op (set or incr), key, value
+            scope, branch, n, write, key, *rest = args
+            if write not in ("set", "incr"):
+                raise ValueError(f"store write {write!r} from worker {msg.worker}: only "
+                                 "set and incr travel")
+            return host.store.write(host.steps, (scope, branch, n), write, key, *rest)
         if op == "store.snapshot":
             return host.store.snapshot()
         if op == "ledger.charge_call":
@@ -526,7 +528,8 @@ class Fleet:
             self.bus.send(RELAY, self.collector, Lost(worker=proxy, reason="its process exited"))
 
     def counters(self) -> dict[str, int]:
-        return {"late": self.late, "lost_workers": self.lost_workers,
+        steps = self.host.steps.repeated if self.host is not None else 0
+        return {"late": self.late, "lost_workers": self.lost_workers, "store_repeated": steps,
                 "workers_joined": len(self.peers), "served": dict(self.served),
                 "delivered": self.bus.stats.delivered}
 

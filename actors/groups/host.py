@@ -8,7 +8,7 @@ from typing import Callable
 
 from actors.errors import BudgetExhausted
 from actors.groups.limits import HostLimits, _Ledger
-from actors.groups.store import Store, _Gate
+from actors.groups.store import Store, StoreSteps, _Gate
 
 
 _ambient = threading.local()    # the group host of the branch running on this thread
@@ -115,6 +115,9 @@ class _Host:
         self.limits = limits
         self.ledger = ledger
         self.store = store
+        #: The store writes of this group's branches and its nested groups', each made
+        #: once however often a branch runs (a lost worker's lease re-dispatched).
+        self.steps: StoreSteps = parent.steps if parent is not None else StoreSteps()
         self.live = live
         self.external = external
         self.parent = parent

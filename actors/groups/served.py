@@ -107,7 +107,10 @@ class RemoteLedger:
 
 
 class RemoteStore:
-    """The group's shared store, kept (with its lock) by the coordinator."""
+    """The group's shared store, kept (with its lock) by the coordinator. A branch's
+    writes go there numbered (``ctx.store`` is a BranchStore around this), so a branch
+    run again after its worker was lost gets each write's first answer back instead of
+    writing twice (actors.groups.store.StoreSteps, kept with the store)."""
 
     def __init__(self, calls: _Calls, gid: str) -> None:
         self.calls, self.gid = calls, gid
@@ -115,20 +118,18 @@ class RemoteStore:
     def get(self, key: str, default: Any = None) -> Any:
         return self.calls.call(self.gid, "store.get", key, default)
 
-    def set(self, key: str, value: Any) -> None:
-        self.calls.call(self.gid, "store.set", key, value)
-
-    def incr(self, key: str, by: int | float = 1) -> int | float:
-        return self.calls.call(self.gid, "store.incr", key, by)
+    def write(self, steps, where: tuple, op: str, key: str, *args) -> Any:
+        if op == "update":
+            raise GroupError(
+                f"ctx.store.update({key!r}, fn) runs fn under the store's lock, and the lock "
+                "lives with the coordinator: a function cannot travel there. On a worker in "
+                "another process use ctx.store.incr/set/get, or run this group on thread "
+                "workers")
+        scope, branch, n = where
+        return self.calls.call(self.gid, "store.write", scope, branch, n, op, key, *args)
 
     def snapshot(self) -> dict[str, Any]:
         return self.calls.call(self.gid, "store.snapshot")
-
-    def update(self, key: str, fn, default: Any = None) -> Any:
-        raise GroupError(
-            f"ctx.store.update({key!r}, fn) runs fn under the store's lock, and the lock "
-            "lives with the coordinator: a function cannot travel there. On a worker in "
-            "another process use ctx.store.incr/set/get, or run this group on thread workers")
 
     def locked(self):
         raise GroupError(
