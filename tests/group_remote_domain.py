@@ -102,3 +102,17 @@ def tallied(item: dict, ctx) -> int:
         time.sleep(60)   # killed meanwhile
     ctx.store.incr("after", 2)
     return item["i"]
+
+
+def gated(item: dict) -> int:
+    """Says it started (a file ``started-I`` holding its pid), then waits (bounded) for
+    the file ``go`` in ``item["dir"]``."""
+    here = os.path.join(item["dir"], f"started-{item['i']}")
+    with open(here, "w", encoding="utf-8") as f:
+        f.write(str(os.getpid()))
+    go = os.path.join(item["dir"], "go")
+    for _ in range(6000):   # 60 s at most
+        if os.path.exists(go):
+            break
+        time.sleep(0.01)
+    return item["i"]

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from actors import Budgets, ConfigError, run_group
+from actors.groups import load_checkpoint, resume_group
 from actors.cli.main import main
 from protocol.scenario import Workers
 from tests import group_remote_domain as domain
@@ -305,3 +306,45 @@ def test_store_writes_count_once_when_a_process_worker_dies_mid_group(tmp_path):
     _assert_written_once(out, 30)
     assert out.stats["remote"]["lost_workers"] >= 1
     assert out.stats["remote"]["store_repeated"] >= 3, out.stats["remote"]
+
+
+_COORDINATOR = """
+import sys
+from actors import run_group
+from protocol.scenario import Workers
+items = [{"i": i, "dir": sys.argv[2]} for i in range(6)]
+run_group("tests.group_remote_domain:gated", items, max_concurrency=2, max_items=6,
+          chunk=1, checkpoint=sys.argv[1],
+          workers=Workers(local=0, processes=2, heartbeat=0.2, deadline=1.0))
+"""
+
+
+def test_a_coordinator_killed_mid_group_leaves_its_workers_and_where_branches_ran_to_resume(
+        tmp_path):
+    ckpt = tmp_path / "group.ckpt"
+    proc = subprocess.Popen([sys.executable, "-c", _COORDINATOR, str(ckpt), str(tmp_path)],
+                            cwd=ROOT, env=env_with(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        # Branches 0 and 1 run, one on each process worker; then the whole machine dies
+        # (the coordinator and its workers, one process group, kill -9).
+        wait_for(lambda: len(list(tmp_path.glob("started-*"))) >= 2 or proc.poll() is not None,
+                 60, "two branches to start")
+        assert proc.poll() is None, proc.stderr.read()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    running = load_checkpoint(ckpt)
+    assert running.status == "running"
+    assert running.workers is not None and running.workers.processes == 2
+    (tmp_path / "go").write_text("")
+    out = resume_group(ckpt)
+    assert out.status == "completed", out.error
+    assert out.results == list(range(6))
+    remote = out.stats["remote"]   # the resume ran on process workers again
+    assert remote["workers_joined"] == 2
+    # Where each branch was when the machine died: 0 and 1 running, one per worker; the
+    # lease each worker held queued behind (prefetch) is named too.
+    held = remote["held_before"]
+    assert {0, 1} <= set(held) <= {0, 1, 2, 3}, held
+    assert {held[0], held[1]} == {"proc-0", "proc-1"}, held

@@ -151,13 +151,13 @@ class MemoryEffects:
         if rec[0] == "result":
             return True, rec[2]
         raise EffectInDoubt(
-            f"branch {branch}: effect {name!r} (step {step}) started on a worker that was "
-            "lost before its result came back, so it may or may not have run; it is not run "
-            "a second time. Check its outcome by hand; this branch fails")
+            f"branch {branch}: effect {name!r} (step {step}) started on worker {rec[2]}, "
+            "which was lost before its result came back, so it may or may not have run; it "
+            "is not run a second time. Check its outcome by hand; this branch fails")
 
-    def intent(self, branch: int, step: int, name: str) -> None:
+    def intent(self, branch: int, step: int, name: str, worker: str = "") -> None:
         with self.lock:
-            self.records[(branch, step)] = ("intent", name, None)
+            self.records[(branch, step)] = ("intent", name, worker or "?")
 
     def result(self, branch: int, step: int, name: str, value: Any) -> None:
         with self.lock:
@@ -199,8 +199,11 @@ class Fleet:
         self.peers: dict[str, _Peer] = {}
         self.events: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self.bound: dict[str, str] = {}     # proxy -> the worker it stands for
-        # (lease id, worker) -> its proxy and the lease's branch count
-        self.sent: dict[tuple[str, str], tuple[str, int]] = {}
+        #: (lease id, worker) -> its proxy and the lease's branches
+        self.sent: dict[tuple[str, str], tuple[str, list[int]]] = {}
+        #: Branches held by workers elsewhere (running, or queued there) when the group
+        #: last stopped (a crash), from its checkpoint's effect log: branch -> worker.
+        self.held_before: dict[int, str] = {}
         self.host = None
         self.effects = None
         self.open_msg: GroupOpen | None = None
@@ -296,6 +299,7 @@ class Fleet:
         bind the Collector's proxies to the workers' slots."""
         self.host = host
         self.effects = getattr(host, "effect_log", None) or MemoryEffects()
+        self._opened_log()
         self.collector = collector
         module = module_of(target_ref)
         self.open_msg = GroupOpen(group_id=self.gid, target=target_ref,
@@ -330,6 +334,24 @@ class Fleet:
             for proxy, peer in zip(self.proxies, slots):
                 self.bound[proxy] = peer.name
                 peer.proxies.append(proxy)
+
+    def _opened_log(self) -> None:
+        """With a checkpoint (its effect log): which branches workers elsewhere held
+        (running, or queued behind) when the group last stopped (a crash of the
+        coordinator), said and kept for the outcome; then the log hears that the group
+        opened again (nothing is held elsewhere yet)."""
+        opened = getattr(self.effects, "opened", None)
+        if opened is None:
+            return
+        self.held_before = dict(self.effects.held)
+        if self.held_before:
+            by_worker: dict[str, list[int]] = {}
+            for branch, worker in sorted(self.held_before.items()):
+                by_worker.setdefault(worker, []).append(branch)
+            log.warning("group %s stopped while workers elsewhere held branches (%s); "
+                        "they run again (effects they finished are taken from the journal)",
+                        self.gid, "; ".join(f"{w}: {b}" for w, b in sorted(by_worker.items())))
+        opened()
 
     def started(self) -> None:
         """After GroupStart: each proxy says Hello with the heartbeat, so the Collector
@@ -433,14 +455,17 @@ class Fleet:
             if sent is None:   # never sent to this worker: not its to answer
                 self.late += 1
                 return
-            proxy, size = sent
+            proxy, branches = sent
             self.finished += len(msg.indices)
             self.served[msg.worker] = self.served.get(msg.worker, 0) + len(msg.indices)
         ledger = self.host.ledger if self.host is not None else None
         if ledger is not None and not ledger.limited:
             # Counted here from the answer (every branch of the lease not reported
             # unstarted began), not by a message of its own from the worker.
-            ledger.add_calls(size - len(msg.unstarted))
+            ledger.add_calls(len(branches) - len(msg.unstarted))
+        answered = getattr(self.effects, "answered", None)
+        if answered is not None:
+            answered(branches)
         self.bus.send(proxy, self.collector, msgspec.structs.replace(msg, worker=proxy))
 
     def _on_call(self, msg: HostCall) -> None:
@@ -477,7 +502,9 @@ class Fleet:
             return host.ledger.charge_cost(*args)
         if op == "effect.replayed":
             return list(self.effects.replayed(*args))
-        if op in ("effect.intent", "effect.result", "effect.failed"):
+        if op == "effect.intent":   # recorded with the worker it runs on
+            return self.effects.intent(*args, worker=msg.worker)
+        if op in ("effect.result", "effect.failed"):
             return getattr(self.effects, op.partition(".")[2])(*args)
         raise ValueError(f"unknown host call {op!r} from worker {msg.worker}")
 
@@ -488,10 +515,13 @@ class Fleet:
             msg = delivery.msg
             with self.lock:
                 worker = self.bound.get(proxy)
-                if isinstance(msg, Branch) and worker is not None:
-                    self.sent[(msg.lease_id, worker)] = (proxy, len(msg.indices))
+                placed = isinstance(msg, Branch) and worker is not None
+                if placed:
+                    self.sent[(msg.lease_id, worker)] = (proxy, msg.indices)
             if isinstance(msg, Stop):
                 return   # the Collector lets this logical worker go: nothing runs here
+            if placed and hasattr(self.effects, "placed"):   # a checkpoint's effect log
+                self.effects.placed(worker, msg.indices)
             if worker is not None:
                 self.bus.send(RELAY, worker, msg)
         return deliver
@@ -531,6 +561,7 @@ class Fleet:
         steps = self.host.steps.repeated if self.host is not None else 0
         return {"late": self.late, "lost_workers": self.lost_workers, "store_repeated": steps,
                 "workers_joined": len(self.peers), "served": dict(self.served),
+                "held_before": dict(self.held_before),
                 "delivered": self.bus.stats.delivered}
 
     def close(self) -> None:
