@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 import time
 
+from actors.errors import ConfigError
+from actors.groups import parallel
+
 
 def square(x: int) -> int:
     return x * x
@@ -116,3 +119,51 @@ def gated(item: dict) -> int:
             break
         time.sleep(0.01)
     return item["i"]
+
+
+def inner(x: int, ctx) -> int:
+    """A nested group's branch: one effect (a line in the log file named by the store's
+    "log" key, when set) and one store write."""
+    path = ctx.store.get("log")
+    if path:
+        ctx.effect("inner", _append, path, f"{ctx.group_id}:{x}")
+    ctx.store.incr("inner")
+    return x * x
+
+
+def fans_out(item: dict, ctx) -> int:
+    """A branch on a worker elsewhere that starts a nested group of three (run by the
+    coordinator); the first process to run branch ``item["hang_at"]`` hangs after it
+    (the test kills it), so the branch and its nested group run again elsewhere."""
+    i = item["i"]
+    squares = ctx.parallel(inner, [3 * i, 3 * i + 1, 3 * i + 2], max_concurrency=2,
+                           max_items=3, **item.get("options", {}))
+    if item.get("hang_at") == i and _first_here(item["marker"]):
+        time.sleep(60)   # killed meanwhile
+    ctx.store.incr("outer")
+    return sum(squares)
+
+
+def nested_outcome(item: str, ctx) -> dict:
+    """ctx.run_group on a worker elsewhere: the nested group's outcome, as data ("fails"),
+    or the refusal of an option that cannot travel ("refused") or of a nested group not
+    started through ctx ("plain")."""
+    if item in ("refused", "plain"):
+        try:
+            if item == "plain":   # not through ctx: no branch names the nested group
+                parallel(square, [1], max_concurrency=1, max_items=1)
+            else:
+                ctx.parallel(square, [1], max_concurrency=1, max_items=1, log_overwrite=True)
+        except ConfigError as exc:
+            return {"refused": str(exc)}
+        return {"refused": ""}
+    out = ctx.run_group("tests.group_remote_domain:fails_on_two", [0, 1, 2, 3],
+                        max_concurrency=2, max_items=4)
+    return {"status": out.status, "error": type(out.error).__name__,
+            "error_branch": out.error_branch, "finished": out.finished}
+
+
+def fails_on_two(x: int) -> int:
+    if x == 2:
+        raise KeyError("two")
+    return x

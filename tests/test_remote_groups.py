@@ -348,3 +348,66 @@ def test_a_coordinator_killed_mid_group_leaves_its_workers_and_where_branches_ra
     held = remote["held_before"]
     assert {0, 1} <= set(held) <= {0, 1, 2, 3}, held
     assert {held[0], held[1]} == {"proc-0", "proc-1"}, held
+
+
+def _fan_expected(n: int) -> list[int]:
+    return [sum(k * k for k in range(3 * i, 3 * i + 3)) for i in range(n)]
+
+
+def test_a_branch_on_a_process_worker_runs_a_nested_group_on_the_coordinator(tmp_path):
+    effects = tmp_path / "inner.txt"
+    items = [{"i": i} for i in range(8)]
+    out = run_group("tests.group_remote_domain:fans_out", items, max_concurrency=4,
+                    max_items=8, store={"log": str(effects)}, workers=Workers(**PROCS))
+    assert out.status == "completed", out.error
+    assert out.results == _fan_expected(8)
+    assert out.store["inner"] == 24 and out.store["outer"] == 8
+    assert out.consumed.calls == 8 + 24   # the nested starts count in the group's budget
+    assert len(effects.read_text().split()) == 24
+
+
+def test_a_nested_group_from_a_process_worker_shares_the_groups_calls_budget():
+    items = [{"i": i} for i in range(6)]
+    out = run_group("tests.group_remote_domain:fans_out", items, max_concurrency=2,
+                    max_items=6, budgets=Budgets(calls=10), workers=Workers(**PROCS))
+    # A start hit the budget: an outer one, or a nested one (then its branch failed with
+    # the nested group's error), whichever came first.
+    assert out.status == "failed" and "the calls budget (10) is used up" in str(out.error)
+    assert out.consumed.calls == 10
+
+
+def test_a_nested_groups_failure_comes_back_to_the_remote_branch_and_bad_options_are_refused():
+    out = run_group("tests.group_remote_domain:nested_outcome", ["fails", "refused", "plain"],
+                    max_concurrency=2, max_items=3, workers=Workers(**PROCS))
+    assert out.status == "completed", out.error
+    failed, refused, plain = out.results
+    assert "call ctx.parallel()/ctx.run_group() there" in plain["refused"]
+    assert failed["status"] == "failed" and failed["error"] == "KeyError"
+    assert failed["error_branch"] == 2
+    assert "option 'log_overwrite' cannot travel to the coordinator" in refused["refused"]
+
+
+def test_a_remote_branch_killed_after_its_nested_group_runs_it_again_without_double_writes(
+        fleet, tmp_path):
+    w = fleet()
+    w.start("w0")
+    w.start("w1")
+    effects, marker = tmp_path / "inner.txt", tmp_path / "hanging"
+    items = [{"i": i, "hang_at": 5, "marker": str(marker)} for i in range(12)]
+    box: dict = {}
+    group = threading.Thread(target=lambda: box.update(out=run_group(
+        "tests.group_remote_domain:fans_out", items, max_concurrency=4, max_items=12,
+        store={"log": str(effects)}, workers=w.section(2))), daemon=True)
+    group.start()
+    hung = wait_for(lambda: marker.exists() and marker.read_text().strip(), 30,
+                    f"branch 5 to hang\n{w.said()}")
+    os.kill(int(hung), signal.SIGKILL)
+    group.join(30)
+    assert not group.is_alive(), w.said()
+    out = box["out"]
+    assert out.status == "completed", (out.error, w.said())
+    assert out.results == _fan_expected(12)
+    # Branch 5's nested group ran twice (under two group ids); its effects and store
+    # writes counted once, found under the branch's scope.
+    assert out.store["inner"] == 36 and out.store["outer"] == 12, out.store
+    assert len(effects.read_text().split()) == 36

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from actors.errors import GroupError
-from actors.groups import Store, run_group
+from actors.groups import Store, parallel, run_group
 from actors.groups.store import BranchStore, StoreSteps
 
 
@@ -61,3 +61,25 @@ def test_every_branch_of_a_thread_group_writes_its_own_steps():
 
     out = run_group(count, ["a", "bb"] * 20, max_concurrency=4, max_items=40)
     assert out.store == {"words": 400} and out.results[:2] == [1, 2]
+
+
+def _inner(x: int, ctx) -> int:
+    ctx.store.incr("inner")
+    return x
+
+
+def _outer_plain(x: int, ctx) -> int:
+    ctx.store.incr("outer")
+    return sum(parallel(_inner, [x, x], max_concurrency=2, max_items=2))   # not ctx.parallel
+
+
+def _outer_ctx(x: int, ctx) -> int:
+    ctx.store.incr("outer")
+    return sum(ctx.parallel(_inner, [x, x], max_concurrency=2, max_items=2))
+
+
+@pytest.mark.parametrize("outer", [_outer_plain, _outer_ctx], ids=["parallel", "ctx.parallel"])
+def test_a_nested_groups_writes_are_numbered_apart_from_its_parents(outer):
+    out = run_group(outer, [1, 2, 3], max_concurrency=3, max_items=3)
+    assert out.status == "completed", out.error
+    assert out.store == {"outer": 3, "inner": 6}

@@ -52,6 +52,9 @@ def run_group(target, items, *, max_concurrency: int, max_items: int,
     fn, ref = _resolve_target(target, options.get("allow"))
     returns = _target_returns(fn, options.get("returns"), "run_group()")
     parent = _ambient_parent(_parent)
+    if parent is not None and parent.runtime is None:   # a branch on a worker elsewhere:
+        return parent.nested(target, items, max_concurrency=max_concurrency,   # the group
+                             max_items=max_items, _parent=parent, **options)   # runs there
     # Started inside an evolve() run's call (not inside a branch): part of that run.
     call = scope.current() if parent is None and options.get("runtime") is None else None
     gid = call.next_group_id() if call is not None else os.urandom(6).hex()

@@ -66,8 +66,12 @@ class BranchContext:
         store = self._store
         if store is None:
             host = self._host
-            store = self._store = BranchStore(host.store, host.steps, host.effect_scope,
-                                              self.branch)
+            scope = host.effect_scope
+            if not scope and host.parent is not None:
+                # A group nested by a plain parallel() call: no branch path names it, so
+                # its writes are numbered under its own id (made once within this run).
+                scope = f"{host.group_id}/"
+            store = self._store = BranchStore(host.store, host.steps, scope, self.branch)
         return store
 
     def raise_if_cancelled(self) -> None:

@@ -38,8 +38,11 @@ import msgspec
 
 from actors.addresses import REGISTRY
 from actors.errors import ConfigError, EffectInDoubt, RunFailed
+from actors.groups.host import _ambient
+from actors.groups.limits import Budgets, HostLimits
 from actors.groups.served import process_main
-from actors.groups.types import type_name
+from actors.groups.types import type_name, type_named
+from actors.workers import code as refs
 from actors.machines.registry import Registry
 from actors.runtime.pools import ProcessPool, workers_problems
 from actors.runtime.runtime import Runtime, make_log_directory
@@ -51,7 +54,7 @@ from bus.remote import PeerPort
 from bus.security import load_server_keys
 from protocol import (Branch, BranchDone, BranchFailed, Cancel, GroupCancel, GroupOpen,
                       GroupOpened, Heartbeat, Hello, HostCall, HostReply, Interaction, Join,
-                      Lost, Refused, Spec, Stop)
+                      Lost, Ref, Refused, Spec, Stop)
 from protocol.scenario import Workers
 
 log = logging.getLogger(__name__)
@@ -137,35 +140,44 @@ def start_fleet(plan) -> "Fleet | None":
 class MemoryEffects:
     """The effect journal of a group without a checkpoint (EffectLog's interface, kept
     in memory here): a branch run again on another worker gets a finished effect's
-    result back instead of running it twice."""
+    result back instead of running it twice, and so do the branches of a group nested
+    in it (each under its ``scope``, as in EffectLog)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.records: dict[tuple[int, int], tuple[str, str, Any]] = {}
+        self.records: dict[tuple[str, int, int], tuple[str, str, Any]] = {}
 
-    def replayed(self, branch: int, step: int, name: str) -> tuple[bool, Any]:
+    def replayed(self, branch: int, step: int, name: str, scope: str = ""
+                 ) -> tuple[bool, Any]:
         with self.lock:
-            rec = self.records.get((branch, step))
+            rec = self.records.get((scope, branch, step))
         if rec is None or rec[1] != name or rec[0] == "failed":
             return False, None
         if rec[0] == "result":
             return True, rec[2]
+        where = f" of the nested group at {scope!r}" if scope else ""
         raise EffectInDoubt(
-            f"branch {branch}: effect {name!r} (step {step}) started on worker {rec[2]}, "
-            "which was lost before its result came back, so it may or may not have run; it "
-            "is not run a second time. Check its outcome by hand; this branch fails")
+            f"branch {branch}{where}: effect {name!r} (step {step}) started on worker "
+            f"{rec[2]}, which was lost before its result came back, so it may or may not "
+            "have run; it is not run a second time. Check its outcome by hand; this "
+            "branch fails")
 
-    def intent(self, branch: int, step: int, name: str, worker: str = "") -> None:
+    def intent(self, branch: int, step: int, name: str, scope: str = "",
+               worker: str = "") -> None:
         with self.lock:
-            self.records[(branch, step)] = ("intent", name, worker or "?")
+            self.records[(scope, branch, step)] = ("intent", name,
+                                                   worker or "(a thread of the coordinator)")
 
-    def result(self, branch: int, step: int, name: str, value: Any) -> None:
+    def result(self, branch: int, step: int, name: str, value: Any, scope: str = "") -> None:
         with self.lock:
-            self.records[(branch, step)] = ("result", name, value)
+            self.records[(scope, branch, step)] = ("result", name, value)
 
-    def failed(self, branch: int, step: int, name: str) -> None:
+    def failed(self, branch: int, step: int, name: str, scope: str = "") -> None:
         with self.lock:
-            self.records[(branch, step)] = ("failed", name, None)
+            self.records[(scope, branch, step)] = ("failed", name, None)
+
+    def close(self) -> None:
+        """Nothing to close (EffectLog's interface: the driver closes a group's log)."""
 
 
 @dataclasses.dataclass
@@ -298,7 +310,9 @@ class Fleet:
         """Open the group on every worker (refused by name if one refuses its target) and
         bind the Collector's proxies to the workers' slots."""
         self.host = host
-        self.effects = getattr(host, "effect_log", None) or MemoryEffects()
+        if getattr(host, "effect_log", None) is None:   # the groups nested here use it too
+            host.effect_log = MemoryEffects()
+        self.effects = host.effect_log
         self._opened_log()
         self.collector = collector
         module = module_of(target_ref)
@@ -469,6 +483,10 @@ class Fleet:
         self.bus.send(proxy, self.collector, msgspec.structs.replace(msg, worker=proxy))
 
     def _on_call(self, msg: HostCall) -> None:
+        if msg.op == "group.run":   # a nested group runs as long as it runs: not here
+            threading.Thread(target=self._nested, args=(msg,), daemon=True,
+                             name=f"evobus-nested-{self.gid}").start()
+            return
         try:
             value = self._call(msg)
             reply = HostReply(call_id=msg.call_id, value=value)
@@ -508,6 +526,60 @@ class Fleet:
             return getattr(self.effects, op.partition(".")[2])(*args)
         raise ValueError(f"unknown host call {op!r} from worker {msg.worker}")
 
+    def _nested(self, msg: HostCall) -> None:
+        """A group a branch on a worker elsewhere started (ctx.parallel / ctx.run_group):
+        run here, nested in this group (its host: limits tightened, budgets and store
+        shared, effects journaled under the branch's scope), on this group's runtime and
+        log, its branches on threads of this process; the outcome goes back as data."""
+        release = getattr(self.bus, "release_thread", None)
+        try:
+            try:
+                value = self._run_nested(msg)
+                reply = HostReply(call_id=msg.call_id, value=value)
+            except Exception as exc:  # the branch that started it raises it (served._Calls)
+                reply = HostReply(call_id=msg.call_id, error=str(exc),
+                                  error_type=type(exc).__name__)
+            self.bus.send(RELAY, msg.worker, reply)
+        finally:
+            if release is not None:
+                release()
+
+    def _run_nested(self, msg: HostCall) -> dict[str, Any]:
+        host = self.host
+        if host is None or msg.group_id != self.gid:
+            raise RunFailed(f"group {msg.group_id} is not running here any more")
+        scope, target, items, max_concurrency, max_items, options, fingerprint = msg.args
+        module = module_of(Ref(ref=target))
+        fn = refs.resolve(Ref(ref=target, call=False), self.allow,
+                          what=f"the nested group's target (from worker {msg.worker})")
+        if fingerprint != module_fingerprint(module):
+            raise ConfigError(f"the nested group's target {target!r}: worker {msg.worker}'s "
+                              f"copy of {module!r} differs from the coordinator's (source "
+                              "fingerprints do not match): install the same version there")
+        options = dict(options)
+        if options.get("limits") is not None:
+            options["limits"] = HostLimits(**options["limits"])
+        if options.get("budgets") is not None:
+            options["budgets"] = Budgets(**options["budgets"])
+        if options.get("returns") is not None:
+            options["returns"] = type_named(options["returns"], "the nested group's returns")
+        _ambient.effect_scope = scope   # where its branches journal their effects
+        try:
+            outcome = host.nested(fn, items, max_concurrency=max_concurrency,
+                                  max_items=max_items, _parent=host, **options)
+        finally:
+            _ambient.effect_scope = ""
+        error = outcome.error
+        return {"status": outcome.status, "group_id": outcome.group_id,
+                "results": outcome.results, "error_branch": outcome.error_branch,
+                "error": str(error) if error is not None else "",
+                "error_type": type(error).__name__ if error is not None else "",
+                "finished": outcome.finished, "failed": outcome.failed,
+                "cancelled": outcome.cancelled, "never_started": outcome.never_started,
+                "abandoned": outcome.abandoned, "errors": outcome.errors,
+                "effects": [list(e) for e in outcome.effects],
+                "consumed": msgspec.to_builtins(outcome.consumed), "store": outcome.store}
+
     # -- the proxies (what the Collector sends to a logical worker) ---------------------
 
     def _proxy(self, proxy: str):
@@ -520,6 +592,8 @@ class Fleet:
                     self.sent[(msg.lease_id, worker)] = (proxy, msg.indices)
             if isinstance(msg, Stop):
                 return   # the Collector lets this logical worker go: nothing runs here
+            if isinstance(msg, Cancel) and self.host is not None:
+                self.host.cancel()   # the group stops: so do the groups nested here
             if placed and hasattr(self.effects, "placed"):   # a checkpoint's effect log
                 self.effects.placed(worker, msg.indices)
             if worker is not None:
