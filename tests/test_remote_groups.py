@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -20,7 +21,9 @@ import pytest
 
 from actors import Budgets, ConfigError, run_group
 from actors.groups import load_checkpoint, resume_group
+from actors.groups.fleet import NESTED_PER_SLOT, Fleet
 from actors.cli.main import main
+from protocol import HostCall
 from protocol.scenario import Workers
 from tests import group_remote_domain as domain
 from tests.test_remote import ROOT, env_with, free_port, wait_for
@@ -411,3 +414,20 @@ def test_a_remote_branch_killed_after_its_nested_group_runs_it_again_without_dou
     # writes counted once, found under the branch's scope.
     assert out.store["inner"] == 36 and out.store["outer"] == 12, out.store
     assert len(effects.read_text().split()) == 36
+
+
+def test_nested_groups_asked_for_past_four_per_remote_slot_are_refused_by_name():
+    fleet = Fleet(Workers(**PROCS), gid="g1")
+    try:
+        got: queue.SimpleQueue = queue.SimpleQueue()
+        fleet.bus.attach("w9", lambda d: got.put(d.msg))
+        fleet.proxies = ["remote.g1.0"]
+        fleet.nesting = NESTED_PER_SLOT
+        fleet._on_call(HostCall(group_id="g1", worker="w9", op="group.run", call_id="c1",
+                                args=["0.1/", "tests.group_remote_domain:square", [1], 1, 1,
+                                      {}, ""]))
+        reply = got.get(timeout=10)
+        assert reply.call_id == "c1" and reply.error_type == "GroupError"
+        assert "4 per remote slot at most" in reply.error and fleet.nesting == NESTED_PER_SLOT
+    finally:
+        fleet.runtime.close()

@@ -75,6 +75,11 @@ _ANSWERS = (BranchDone, BranchFailed, Interaction)
 #: How long a worker may take to answer ``GroupOpen`` (its import of the target).
 OPEN_DEADLINE_S = 30.0
 
+#: Nested groups the coordinator runs at once for branches on workers elsewhere, per
+#: remote slot: a branch starts one at a time; a branch run again after its worker was
+#: lost may start its own while the lost copy's still runs.
+NESTED_PER_SLOT = 4
+
 #: Process workers get this long to leave after the group's Stop.
 PROCESS_STOP_DEADLINE_S = 5.0
 
@@ -216,6 +221,7 @@ class Fleet:
         #: Branches held by workers elsewhere (running, or queued there) when the group
         #: last stopped (a crash), from its checkpoint's effect log: branch -> worker.
         self.held_before: dict[int, str] = {}
+        self.nesting = 0   # nested groups running for branches on workers elsewhere
         self.host = None
         self.effects = None
         self.open_msg: GroupOpen | None = None
@@ -484,6 +490,17 @@ class Fleet:
 
     def _on_call(self, msg: HostCall) -> None:
         if msg.op == "group.run":   # a nested group runs as long as it runs: not here
+            with self.lock:   # a bound on what peers can make this process run
+                busy = self.nesting >= NESTED_PER_SLOT * max(1, len(self.proxies))
+                self.nesting += not busy
+            if busy:
+                self.bus.send(RELAY, msg.worker, HostReply(
+                    call_id=msg.call_id, error_type="GroupError",
+                    error=f"worker {msg.worker} asked for a nested group while "
+                          f"{self.nesting} run already, {NESTED_PER_SLOT} per remote slot at "
+                          "most (a branch runs one at a time; the others are copies of "
+                          "branches whose worker was lost)"))
+                return
             threading.Thread(target=self._nested, args=(msg,), daemon=True,
                              name=f"evobus-nested-{self.gid}").start()
             return
@@ -541,6 +558,8 @@ class Fleet:
                                   error_type=type(exc).__name__)
             self.bus.send(RELAY, msg.worker, reply)
         finally:
+            with self.lock:
+                self.nesting -= 1
             if release is not None:
                 release()
 
