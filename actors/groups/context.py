@@ -61,8 +61,9 @@ class BranchContext:
 
     @property
     def store(self) -> BranchStore:
-        """The shared store, as this branch writes it: each write is made once for the
-        branch, however often it runs (:class:`~actors.groups.store.BranchStore`)."""
+        """The shared store, as this branch writes it: in a group with workers elsewhere
+        each write is made once for the branch, however often it runs
+        (:class:`~actors.groups.store.BranchStore`)."""
         store = self._store
         if store is None:
             host = self._host

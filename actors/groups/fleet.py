@@ -41,6 +41,7 @@ from actors.errors import ConfigError, EffectInDoubt, RunFailed
 from actors.groups.host import _ambient
 from actors.groups.limits import Budgets, HostLimits
 from actors.groups.served import process_main
+from actors.groups.store import StoreSteps
 from actors.groups.types import type_name, type_named
 from actors.workers import code as refs
 from actors.machines.registry import Registry
@@ -316,6 +317,7 @@ class Fleet:
         """Open the group on every worker (refused by name if one refuses its target) and
         bind the Collector's proxies to the workers' slots."""
         self.host = host
+        host.steps = StoreSteps()   # branches may run twice: their store writes count once
         if getattr(host, "effect_log", None) is None:   # the groups nested here use it too
             host.effect_log = MemoryEffects()
         self.effects = host.effect_log
@@ -651,7 +653,7 @@ class Fleet:
             self.bus.send(RELAY, self.collector, Lost(worker=proxy, reason="its process exited"))
 
     def counters(self) -> dict[str, int]:
-        steps = self.host.steps.repeated if self.host is not None else 0
+        steps = self.host.steps.repeated if self.host is not None and self.host.steps else 0
         return {"late": self.late, "lost_workers": self.lost_workers, "store_repeated": steps,
                 "workers_joined": len(self.peers), "served": dict(self.served),
                 "held_before": dict(self.held_before),

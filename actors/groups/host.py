@@ -116,8 +116,11 @@ class _Host:
         self.ledger = ledger
         self.store = store
         #: The store writes of this group's branches and its nested groups', each made
-        #: once however often a branch runs (a lost worker's lease re-dispatched).
-        self.steps: StoreSteps = parent.steps if parent is not None else StoreSteps()
+        #: once however often a branch runs: set for a group with workers elsewhere
+        #: (actors.groups.fleet), whose lost worker's leases are re-dispatched; None
+        #: (nothing numbered, nothing kept) when every branch runs on a thread here,
+        #: where a branch runs once while its group runs.
+        self.steps: StoreSteps | None = parent.steps if parent is not None else None
         self.live = live
         self.external = external
         self.parent = parent

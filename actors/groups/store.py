@@ -108,8 +108,8 @@ class StoreSteps:
     another worker, the first copy perhaps still running): it makes the same writes in
     the same order, and each gets its first answer back instead of being applied a
     second time, so ``ctx.store.incr`` counts once per branch whatever ran twice. Kept
-    where the store lives (the coordinator), for one run of the group (its top-level
-    host and every nested one share it)."""
+    where the store lives (the coordinator), for one run of a group with workers
+    elsewhere (its top-level host and every nested one share it)."""
 
     def __init__(self) -> None:
         self.done: dict[tuple, tuple[str, str, Any]] = {}
@@ -140,10 +140,10 @@ class StoreSteps:
 class BranchStore:
     """``ctx.store``: the group's store as one branch writes it. Reads go to the store;
     each write (``set``, ``incr``, ``update``) is numbered and made once per branch
-    (:class:`StoreSteps`), wherever the store lives (``backend.write``: this process's
-    :class:`Store`, or a worker's link to the coordinator's). ``locked()`` (several
-    keys under the lock, in this process only) is not numbered: code in it runs again
-    with the branch."""
+    (:class:`StoreSteps`; ``steps`` None: a group on threads only, nothing numbered),
+    wherever the store lives (``backend.write``: this process's :class:`Store`, or a
+    worker's link to the coordinator's). ``locked()`` (several keys under the lock, in
+    this process only) is not numbered: code in it runs again with the branch."""
 
     __slots__ = ("_store", "_steps", "_scope", "_branch", "_n")
 
