@@ -53,7 +53,7 @@ def test_update_runs_its_function_once_for_a_branch():
     assert calls == [None] and store.get("x") == 10
 
 
-def test_every_branch_of_a_thread_group_writes_its_own_steps():
+def test_a_group_on_threads_alone_counts_every_write_and_numbers_none():
     def count(word: str, ctx) -> int:
         for _ in range(10):
             ctx.store.incr("words")
@@ -61,6 +61,7 @@ def test_every_branch_of_a_thread_group_writes_its_own_steps():
 
     out = run_group(count, ["a", "bb"] * 20, max_concurrency=4, max_items=40)
     assert out.store == {"words": 400} and out.results[:2] == [1, 2]
+    assert "remote" not in out.stats   # no record kept (Fleet.open makes one)
 
 
 def _inner(x: int, ctx) -> int:
@@ -79,7 +80,7 @@ def _outer_ctx(x: int, ctx) -> int:
 
 
 @pytest.mark.parametrize("outer", [_outer_plain, _outer_ctx], ids=["parallel", "ctx.parallel"])
-def test_a_nested_groups_writes_are_numbered_apart_from_its_parents(outer):
+def test_a_nested_groups_writes_on_threads_count_apart_from_its_parents(outer):
     out = run_group(outer, [1, 2, 3], max_concurrency=3, max_items=3)
     assert out.status == "completed", out.error
     assert out.store == {"outer": 3, "inner": 6}
