@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 import time
 
+from actors.errors import ConfigError
+from actors.groups import parallel
+
 
 def square(x: int) -> int:
     return x * x
@@ -76,3 +79,91 @@ def dies_once(item: dict) -> int:
             os.close(fd)
             os._exit(9)
     return item["i"]
+
+
+def _first_here(marker: str) -> bool:
+    """True in the first process to get here for ``marker`` (it writes its pid there)."""
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:   # run again elsewhere: go on
+        return False
+    os.write(fd, f"{os.getpid()}\n".encode())
+    os.close(fd)
+    return True
+
+
+def tallied(item: dict, ctx) -> int:
+    """Store writes before and after the moment a worker may die: ``ctx.store.incr`` of
+    "before" and a ``set`` of this branch's key, then, in the first process to run branch
+    ``item["hang_at"]``, a hang (the test kills it with SIGKILL) or, with ``item["exit"]``,
+    a hard exit; then "after"."""
+    ctx.store.incr("before")
+    ctx.store.set(f"b{item['i']}", ctx.store.incr("seen"))
+    if item.get("hang_at") == item["i"] and _first_here(item["marker"]):
+        if item.get("exit"):
+            os._exit(9)
+        time.sleep(60)   # killed meanwhile
+    ctx.store.incr("after", 2)
+    return item["i"]
+
+
+def gated(item: dict) -> int:
+    """Says it started (a file ``started-I`` holding its pid), then waits (bounded) for
+    the file ``go`` in ``item["dir"]``."""
+    here = os.path.join(item["dir"], f"started-{item['i']}")
+    with open(here, "w", encoding="utf-8") as f:
+        f.write(str(os.getpid()))
+    go = os.path.join(item["dir"], "go")
+    for _ in range(6000):   # 60 s at most
+        if os.path.exists(go):
+            break
+        time.sleep(0.01)
+    return item["i"]
+
+
+def inner(x: int, ctx) -> int:
+    """A nested group's branch: one effect (a line in the log file named by the store's
+    "log" key, when set) and one store write."""
+    path = ctx.store.get("log")
+    if path:
+        ctx.effect("inner", _append, path, f"{ctx.group_id}:{x}")
+    ctx.store.incr("inner")
+    return x * x
+
+
+def fans_out(item: dict, ctx) -> int:
+    """A branch on a worker elsewhere that starts a nested group of three (run by the
+    coordinator); the first process to run branch ``item["hang_at"]`` hangs after it
+    (the test kills it), so the branch and its nested group run again elsewhere."""
+    i = item["i"]
+    squares = ctx.parallel(inner, [3 * i, 3 * i + 1, 3 * i + 2], max_concurrency=2,
+                           max_items=3, **item.get("options", {}))
+    if item.get("hang_at") == i and _first_here(item["marker"]):
+        time.sleep(60)   # killed meanwhile
+    ctx.store.incr("outer")
+    return sum(squares)
+
+
+def nested_outcome(item: str, ctx) -> dict:
+    """ctx.run_group on a worker elsewhere: the nested group's outcome, as data ("fails"),
+    or the refusal of an option that cannot travel ("refused") or of a nested group not
+    started through ctx ("plain")."""
+    if item in ("refused", "plain"):
+        try:
+            if item == "plain":   # not through ctx: no branch names the nested group
+                parallel(square, [1], max_concurrency=1, max_items=1)
+            else:
+                ctx.parallel(square, [1], max_concurrency=1, max_items=1, log_overwrite=True)
+        except ConfigError as exc:
+            return {"refused": str(exc)}
+        return {"refused": ""}
+    out = ctx.run_group("tests.group_remote_domain:fails_on_two", [0, 1, 2, 3],
+                        max_concurrency=2, max_items=4)
+    return {"status": out.status, "error": type(out.error).__name__,
+            "error_branch": out.error_branch, "finished": out.finished}
+
+
+def fails_on_two(x: int) -> int:
+    if x == 2:
+        raise KeyError("two")
+    return x

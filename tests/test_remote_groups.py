@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -19,7 +20,10 @@ from pathlib import Path
 import pytest
 
 from actors import Budgets, ConfigError, run_group
+from actors.groups import load_checkpoint, resume_group
+from actors.groups.fleet import NESTED_PER_SLOT, Fleet
 from actors.cli.main import main
+from protocol import HostCall
 from protocol.scenario import Workers
 from tests import group_remote_domain as domain
 from tests.test_remote import ROOT, env_with, free_port, wait_for
@@ -130,9 +134,9 @@ def test_a_worker_killed_mid_group_has_its_branches_finish_elsewhere_each_effect
     assert out.results == [i * 10 for i in range(60)]
     lines = count.read_text().split()
     assert sorted(map(int, lines)) == list(range(60)), "an effect ran twice or never"
-    # The store is not a journal: a branch of the killed worker's lease that had ended
-    # there ran again elsewhere (at least once), its effect replayed from the journal.
-    assert out.store["done"] >= 60
+    # A branch of the killed worker's lease that had ended there ran again elsewhere,
+    # its effect replayed from the journal and its store write answered from the first.
+    assert out.store["done"] == 60
     # Every branch answered once (the killed worker never answered branch 25).
     assert sum(out.stats["remote"]["served"].values()) == 60
 
@@ -261,3 +265,169 @@ def test_a_group_on_process_workers_replays_from_its_log(tmp_path):
                     max_items=30, log=str(log), workers=Workers(**PROCS))
     assert out.status == "completed" and out.results == [i * i for i in range(30)]
     assert main(["replay", str(log)]) == 0   # the Collector's outputs, message for message
+
+
+def _tally_items(n: int, marker: Path, **extra) -> list[dict]:
+    return [{"i": i, "hang_at": n // 2, "marker": str(marker), **extra} for i in range(n)]
+
+
+def _assert_written_once(out, n: int) -> None:
+    assert out.status == "completed", out.error
+    assert out.results == list(range(n))
+    store = out.store
+    assert (store["before"], store["seen"], store["after"]) == (n, n, 2 * n), store
+    # Each branch's set got the value its own first incr of "seen" answered: all differ.
+    assert sorted(store[f"b{i}"] for i in range(n)) == list(range(1, n + 1))
+
+
+def test_store_writes_count_once_when_a_remote_worker_is_killed_mid_group(fleet, tmp_path):
+    w = fleet()
+    w.start("w0")
+    w.start("w1")
+    marker = tmp_path / "hanging"
+    box: dict = {}
+    group = threading.Thread(target=lambda: box.update(out=run_group(
+        "tests.group_remote_domain:tallied", _tally_items(40, marker), max_concurrency=4,
+        max_items=40, chunk=4, workers=w.section(2))), daemon=True)
+    group.start()
+    # Branch 20 wrote the store (with the coordinator) and hangs on one worker, its
+    # lease's earlier branches done there but not answered: all of them run again.
+    hung = wait_for(lambda: marker.exists() and marker.read_text().strip(), 30,
+                    f"branch 20 to hang\n{w.said()}")
+    os.kill(int(hung), signal.SIGKILL)
+    group.join(30)
+    assert not group.is_alive(), w.said()
+    out = box["out"]
+    _assert_written_once(out, 40)
+    assert out.stats["remote"]["store_repeated"] >= 3, out.stats["remote"]
+
+
+def test_store_writes_count_once_when_a_process_worker_dies_mid_group(tmp_path):
+    out = run_group("tests.group_remote_domain:tallied",
+                    _tally_items(30, tmp_path / "died", exit=True), max_concurrency=2,
+                    max_items=30, chunk=3, workers=Workers(**PROCS))
+    _assert_written_once(out, 30)
+    assert out.stats["remote"]["lost_workers"] >= 1
+    assert out.stats["remote"]["store_repeated"] >= 3, out.stats["remote"]
+
+
+_COORDINATOR = """
+import sys
+from actors import run_group
+from protocol.scenario import Workers
+items = [{"i": i, "dir": sys.argv[2]} for i in range(6)]
+run_group("tests.group_remote_domain:gated", items, max_concurrency=2, max_items=6,
+          chunk=1, checkpoint=sys.argv[1],
+          workers=Workers(local=0, processes=2, heartbeat=0.2, deadline=1.0))
+"""
+
+
+def test_a_coordinator_killed_mid_group_leaves_its_workers_and_where_branches_ran_to_resume(
+        tmp_path):
+    ckpt = tmp_path / "group.ckpt"
+    proc = subprocess.Popen([sys.executable, "-c", _COORDINATOR, str(ckpt), str(tmp_path)],
+                            cwd=ROOT, env=env_with(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        # Branches 0 and 1 run, one on each process worker; then the whole machine dies
+        # (the coordinator and its workers, one process group, kill -9).
+        wait_for(lambda: len(list(tmp_path.glob("started-*"))) >= 2 or proc.poll() is not None,
+                 60, "two branches to start")
+        assert proc.poll() is None, proc.stderr.read()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    running = load_checkpoint(ckpt)
+    assert running.status == "running"
+    assert running.workers is not None and running.workers.processes == 2
+    (tmp_path / "go").write_text("")
+    out = resume_group(ckpt)
+    assert out.status == "completed", out.error
+    assert out.results == list(range(6))
+    remote = out.stats["remote"]   # the resume ran on process workers again
+    assert remote["workers_joined"] == 2
+    # Where each branch was when the machine died: 0 and 1 running, one per worker; the
+    # lease each worker held queued behind (prefetch) is named too.
+    held = remote["held_before"]
+    assert {0, 1} <= set(held) <= {0, 1, 2, 3}, held
+    assert {held[0], held[1]} == {"proc-0", "proc-1"}, held
+
+
+def _fan_expected(n: int) -> list[int]:
+    return [sum(k * k for k in range(3 * i, 3 * i + 3)) for i in range(n)]
+
+
+def test_a_branch_on_a_process_worker_runs_a_nested_group_on_the_coordinator(tmp_path):
+    effects = tmp_path / "inner.txt"
+    items = [{"i": i} for i in range(8)]
+    out = run_group("tests.group_remote_domain:fans_out", items, max_concurrency=4,
+                    max_items=8, store={"log": str(effects)}, workers=Workers(**PROCS))
+    assert out.status == "completed", out.error
+    assert out.results == _fan_expected(8)
+    assert out.store["inner"] == 24 and out.store["outer"] == 8
+    assert out.consumed.calls == 8 + 24   # the nested starts count in the group's budget
+    assert len(effects.read_text().split()) == 24
+
+
+def test_a_nested_group_from_a_process_worker_shares_the_groups_calls_budget():
+    items = [{"i": i} for i in range(6)]
+    out = run_group("tests.group_remote_domain:fans_out", items, max_concurrency=2,
+                    max_items=6, budgets=Budgets(calls=10), workers=Workers(**PROCS))
+    # A start hit the budget: an outer one, or a nested one (then its branch failed with
+    # the nested group's error), whichever came first.
+    assert out.status == "failed" and "the calls budget (10) is used up" in str(out.error)
+    assert out.consumed.calls == 10
+
+
+def test_a_nested_groups_failure_comes_back_to_the_remote_branch_and_bad_options_are_refused():
+    out = run_group("tests.group_remote_domain:nested_outcome", ["fails", "refused", "plain"],
+                    max_concurrency=2, max_items=3, workers=Workers(**PROCS))
+    assert out.status == "completed", out.error
+    failed, refused, plain = out.results
+    assert "call ctx.parallel()/ctx.run_group() there" in plain["refused"]
+    assert failed["status"] == "failed" and failed["error"] == "KeyError"
+    assert failed["error_branch"] == 2
+    assert "option 'log_overwrite' cannot travel to the coordinator" in refused["refused"]
+
+
+def test_a_remote_branch_killed_after_its_nested_group_runs_it_again_without_double_writes(
+        fleet, tmp_path):
+    w = fleet()
+    w.start("w0")
+    w.start("w1")
+    effects, marker = tmp_path / "inner.txt", tmp_path / "hanging"
+    items = [{"i": i, "hang_at": 5, "marker": str(marker)} for i in range(12)]
+    box: dict = {}
+    group = threading.Thread(target=lambda: box.update(out=run_group(
+        "tests.group_remote_domain:fans_out", items, max_concurrency=4, max_items=12,
+        store={"log": str(effects)}, workers=w.section(2))), daemon=True)
+    group.start()
+    hung = wait_for(lambda: marker.exists() and marker.read_text().strip(), 30,
+                    f"branch 5 to hang\n{w.said()}")
+    os.kill(int(hung), signal.SIGKILL)
+    group.join(30)
+    assert not group.is_alive(), w.said()
+    out = box["out"]
+    assert out.status == "completed", (out.error, w.said())
+    assert out.results == _fan_expected(12)
+    # Branch 5's nested group ran twice (under two group ids); its effects and store
+    # writes counted once, found under the branch's scope.
+    assert out.store["inner"] == 36 and out.store["outer"] == 12, out.store
+    assert len(effects.read_text().split()) == 36
+
+
+def test_nested_groups_asked_for_past_four_per_remote_slot_are_refused_by_name():
+    fleet = Fleet(Workers(**PROCS), gid="g1")
+    try:
+        got: queue.SimpleQueue = queue.SimpleQueue()
+        fleet.bus.attach("w9", lambda d: got.put(d.msg))
+        fleet.proxies = ["remote.g1.0"]
+        fleet.nesting = NESTED_PER_SLOT
+        fleet._on_call(HostCall(group_id="g1", worker="w9", op="group.run", call_id="c1",
+                                args=["0.1/", "tests.group_remote_domain:square", [1], 1, 1,
+                                      {}, ""]))
+        reply = got.get(timeout=10)
+        assert reply.call_id == "c1" and reply.error_type == "GroupError"
+        assert "4 per remote slot at most" in reply.error and fleet.nesting == NESTED_PER_SLOT
+    finally:
+        fleet.runtime.close()

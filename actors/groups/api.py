@@ -52,6 +52,9 @@ def run_group(target, items, *, max_concurrency: int, max_items: int,
     fn, ref = _resolve_target(target, options.get("allow"))
     returns = _target_returns(fn, options.get("returns"), "run_group()")
     parent = _ambient_parent(_parent)
+    if parent is not None and parent.runtime is None:   # a branch on a worker elsewhere:
+        return parent.nested(target, items, max_concurrency=max_concurrency,   # the group
+                             max_items=max_items, _parent=parent, **options)   # runs there
     # Started inside an evolve() run's call (not inside a branch): part of that run.
     call = scope.current() if parent is None and options.get("runtime") is None else None
     gid = call.next_group_id() if call is not None else os.urandom(6).hex()
@@ -109,7 +112,8 @@ def _checkpointed(plan: _Plan, *, again: bool = False) -> GroupOutcome:
             chunk=plan.options.get("chunk", 0),
             cancel_deadline=plan.options.get("cancel_deadline", CANCEL_DEADLINE_S),
             package_version=PACKAGE_VERSION, written_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            returns=type_name(plan.returns), suspend=plan.options.get("suspend", "all"))
+            returns=type_name(plan.returns), suspend=plan.options.get("suspend", "all"),
+            workers=plan.options.get("workers"))
         _write_checkpoint(path, running)
         outcome = _execute(plan)   # a pause rewrites the checkpoint itself (_outcome)
         if outcome.status == "failed" and again:
@@ -267,6 +271,8 @@ def _restart(path: Path, ckpt, target, user_inputs, approvals, options) -> Group
     options = {**options, "chunk": options.get("chunk", ckpt.chunk),
                "cancel_deadline": options.get("cancel_deadline", ckpt.cancel_deadline),
                "suspend": options.get("suspend", ckpt.suspend)}
+    if ckpt.workers is not None:   # the branches run where they ran before the crash
+        options.setdefault("workers", ckpt.workers)
     plan = _Plan(nested=run_group, group_id=ckpt.group_id, fn=fn, ref=ref or ckpt.target,
                  items=ckpt.items, max_concurrency=ckpt.max_concurrency,
                  max_items=ckpt.max_items, options=options, parent=_ambient_parent(None),

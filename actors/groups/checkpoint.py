@@ -231,7 +231,10 @@ _RECORD = struct.Struct("<II")  # payload length, crc32 of the payload
 
 class _EffectRecord(msgspec.Struct, array_like=True, frozen=True):
     kind: str     # "intent" (about to run), "result" (ran; value: what it returned),
-    #               "failed" (it raised), or "spent" (value: the budgets' totals)
+    #               "failed" (it raised), "spent" (value: the budgets' totals), or, for
+    #               branches on workers elsewhere, "opened" (the group opened on them),
+    #               "placed" (value: a lease's branches, sent to ``worker``) and
+    #               "answered" (value: the branches of a lease its worker answered)
     branch: int
     step: int     # the effect's position in its branch's journal
     name: str
@@ -239,6 +242,12 @@ class _EffectRecord(msgspec.Struct, array_like=True, frozen=True):
     #: "" for a branch of the group itself; for a nested group's branch, the path of
     #: branches that started it: "B.N/" (the N-th group branch B started), "B.N/b.n/", ...
     scope: str = ""
+    #: The worker in another process an intent was recorded from, or a lease placed on
+    #: ("": a thread of the coordinator).
+    worker: str = ""
+
+
+_PLACES = ("opened", "placed", "answered")
 
 
 def effects_path(checkpoint: Path) -> Path:
@@ -266,6 +275,10 @@ class EffectLog:
         #: What the group had consumed when it last charged a budget (a "spent" record:
         #: [calls, cost, seconds], totals), so a run killed while running still counts.
         self.spent: list[float] | None = None
+        #: Branches held by workers elsewhere (running or queued there) when the log was
+        #: last written (branch -> worker): placed there and not answered since the
+        #: group last opened on them.
+        self.held: dict[int, str] = {}
         if self.path.exists():
             self._load(self.path.read_bytes())
         self._file = open(self.path, "ab")  # noqa: SIM115 (closed in close())
@@ -281,6 +294,9 @@ class EffectLog:
                 break  # a torn tail: the crash came while this record was written
             rec = decode(payload)
             pos += _RECORD.size + length
+            if rec.kind in _PLACES:
+                self._place(rec)
+                continue
             if rec.kind == "spent":
                 self.spent = list(rec.value)
                 continue
@@ -301,14 +317,16 @@ class EffectLog:
         if rec.kind == "result":
             return True, rec.value
         where = f" of the nested group at {scope!r}" if scope else ""
+        on = f" on worker {rec.worker}" if rec.worker else ""
         raise EffectInDoubt(
-            f"branch {branch}{where}: effect {name!r} (step {step}) started before the group "
-            f"stopped (a crash or a kill) and its result was never recorded in "
+            f"branch {branch}{where}: effect {name!r} (step {step}) started{on} before the "
+            f"group stopped (a crash or a kill) and its result was never recorded in "
             f"{self.path}, so it may or may not have run; it is not run a second time. "
             "Check its outcome by hand; this branch fails")
 
-    def intent(self, branch: int, step: int, name: str, scope: str = "") -> None:
-        self._append(_EffectRecord("intent", branch, step, name, scope=scope))
+    def intent(self, branch: int, step: int, name: str, scope: str = "",
+               worker: str = "") -> None:
+        self._append(_EffectRecord("intent", branch, step, name, scope=scope, worker=worker))
 
     def result(self, branch: int, step: int, name: str, value: Any, scope: str = "") -> None:
         self._append(_EffectRecord("result", branch, step, name, value, scope=scope))
@@ -323,13 +341,39 @@ class EffectLog:
         self._append(_EffectRecord("spent", -1, -1, "",
                                    [consumed.calls, consumed.cost, consumed.seconds]))
 
-    def _append(self, rec: _EffectRecord) -> None:
+    def opened(self) -> None:
+        """The group opened on workers elsewhere: what ran there before is not running."""
+        self._append(_EffectRecord("opened", -1, -1, ""), sync=False)
+
+    def placed(self, worker: str, branches: list[int]) -> None:
+        """A lease's branches went to ``worker`` (in another process). Written, not
+        fsynced: what it tells (where branches ran when the coordinator died) is worth
+        no disk flush per lease; a crash of this process never loses it, only the OS's."""
+        self._append(_EffectRecord("placed", -1, -1, "", list(branches), worker=worker),
+                     sync=False)
+
+    def answered(self, branches: list[int]) -> None:
+        self._append(_EffectRecord("answered", -1, -1, "", list(branches)), sync=False)
+
+    def _place(self, rec: _EffectRecord) -> None:
+        if rec.kind == "opened":
+            self.held.clear()
+        elif rec.kind == "placed":
+            self.held.update(dict.fromkeys(rec.value, rec.worker))
+        else:
+            for branch in rec.value:
+                self.held.pop(branch, None)
+
+    def _append(self, rec: _EffectRecord, sync: bool = True) -> None:
         payload = self._encode(rec)
         with self._lock:
             self._file.write(_RECORD.pack(len(payload), zlib.crc32(payload)) + payload)
             self._file.flush()
-            os.fsync(self._file.fileno())
-            if rec.kind == "spent":
+            if sync:
+                os.fsync(self._file.fileno())
+            if rec.kind in _PLACES:
+                self._place(rec)
+            elif rec.kind == "spent":
                 self.spent = list(rec.value)
             else:
                 self.recorded[(rec.scope, rec.branch, rec.step)] = rec
@@ -350,7 +394,8 @@ def running_checkpoint(*, group_id: str, target: Ref | None, fn: Any, items: lis
                        consumed: Consumed | None, store: dict[str, Any],
                        approvers: list[str] | None, chunk: int, cancel_deadline: float,
                        package_version: str, written_at: str, returns: str = "",
-                       suspend: str = "all") -> GroupCheckpoint:
+                       suspend: str = "all", workers: Workers | None = None
+                       ) -> GroupCheckpoint:
     """What a group with a checkpoint path writes before its first branch starts (status
     ``running``): a crash at any moment leaves a checkpoint to resume from."""
     return GroupCheckpoint(
@@ -360,4 +405,4 @@ def running_checkpoint(*, group_id: str, target: Ref | None, fn: Any, items: lis
         consumed=consumed or Consumed(), store=store, approvers=approvers, chunk=chunk,
         cancel_deadline=cancel_deadline, written_at=written_at,
         package_version=package_version, fingerprint=target_fingerprint(fn),
-        target_name=target_name(fn), returns=returns, suspend=suspend)
+        target_name=target_name(fn), returns=returns, suspend=suspend, workers=workers)

@@ -10,7 +10,7 @@ import msgspec
 
 from protocol import JournalEntry, PendingInteraction
 from actors.errors import BranchCancelled, GroupError, HostLimitExceeded, _Suspend
-from actors.groups.store import Store, _Gate, _encodable, _enter_all
+from actors.groups.store import BranchStore, _Gate, _encodable, _enter_all
 from actors.groups.host import _Host, _ambient
 from actors.groups.limits import _positive
 from actors.groups.outcome import results_of
@@ -33,7 +33,8 @@ class BranchContext:
     Replay must be deterministic: the same asks, approvals and effects in the same order.
     """
 
-    __slots__ = ("_host", "branch", "item", "_journal", "_pos", "_effects", "_nested")
+    __slots__ = ("_host", "branch", "item", "_journal", "_pos", "_effects", "_nested",
+                 "_store")
 
     def __init__(self, host: _Host, branch: int, item: Any,
                  journal: list[JournalEntry] | None) -> None:
@@ -44,6 +45,7 @@ class BranchContext:
         self._pos = 0
         self._effects: list[tuple[int, str]] = []
         self._nested = 0   # nested groups started so far (they name their effects' scope)
+        self._store: BranchStore | None = None
 
     @property
     def group_id(self) -> str:
@@ -58,8 +60,20 @@ class BranchContext:
         return self._host.cancelled
 
     @property
-    def store(self) -> Store:
-        return self._host.store
+    def store(self) -> BranchStore:
+        """The shared store, as this branch writes it: in a group with workers elsewhere
+        each write is made once for the branch, however often it runs
+        (:class:`~actors.groups.store.BranchStore`)."""
+        store = self._store
+        if store is None:
+            host = self._host
+            scope = host.effect_scope
+            if not scope and host.parent is not None:
+                # A group nested by a plain parallel() call: no branch path names it, so
+                # its writes are numbered under its own id (made once within this run).
+                scope = f"{host.group_id}/"
+            store = self._store = BranchStore(host.store, host.steps, scope, self.branch)
+        return store
 
     def raise_if_cancelled(self) -> None:
         if self._host.cancelled:

@@ -38,8 +38,12 @@ import msgspec
 
 from actors.addresses import REGISTRY
 from actors.errors import ConfigError, EffectInDoubt, RunFailed
+from actors.groups.host import _ambient
+from actors.groups.limits import Budgets, HostLimits
 from actors.groups.served import process_main
-from actors.groups.types import type_name
+from actors.groups.store import StoreSteps
+from actors.groups.types import type_name, type_named
+from actors.workers import code as refs
 from actors.machines.registry import Registry
 from actors.runtime.pools import ProcessPool, workers_problems
 from actors.runtime.runtime import Runtime, make_log_directory
@@ -51,7 +55,7 @@ from bus.remote import PeerPort
 from bus.security import load_server_keys
 from protocol import (Branch, BranchDone, BranchFailed, Cancel, GroupCancel, GroupOpen,
                       GroupOpened, Heartbeat, Hello, HostCall, HostReply, Interaction, Join,
-                      Lost, Refused, Spec, Stop)
+                      Lost, Ref, Refused, Spec, Stop)
 from protocol.scenario import Workers
 
 log = logging.getLogger(__name__)
@@ -71,6 +75,11 @@ _ANSWERS = (BranchDone, BranchFailed, Interaction)
 
 #: How long a worker may take to answer ``GroupOpen`` (its import of the target).
 OPEN_DEADLINE_S = 30.0
+
+#: Nested groups the coordinator runs at once for branches on workers elsewhere, per
+#: remote slot: a branch starts one at a time; a branch run again after its worker was
+#: lost may start its own while the lost copy's still runs.
+NESTED_PER_SLOT = 4
 
 #: Process workers get this long to leave after the group's Stop.
 PROCESS_STOP_DEADLINE_S = 5.0
@@ -137,35 +146,44 @@ def start_fleet(plan) -> "Fleet | None":
 class MemoryEffects:
     """The effect journal of a group without a checkpoint (EffectLog's interface, kept
     in memory here): a branch run again on another worker gets a finished effect's
-    result back instead of running it twice."""
+    result back instead of running it twice, and so do the branches of a group nested
+    in it (each under its ``scope``, as in EffectLog)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.records: dict[tuple[int, int], tuple[str, str, Any]] = {}
+        self.records: dict[tuple[str, int, int], tuple[str, str, Any]] = {}
 
-    def replayed(self, branch: int, step: int, name: str) -> tuple[bool, Any]:
+    def replayed(self, branch: int, step: int, name: str, scope: str = ""
+                 ) -> tuple[bool, Any]:
         with self.lock:
-            rec = self.records.get((branch, step))
+            rec = self.records.get((scope, branch, step))
         if rec is None or rec[1] != name or rec[0] == "failed":
             return False, None
         if rec[0] == "result":
             return True, rec[2]
+        where = f" of the nested group at {scope!r}" if scope else ""
         raise EffectInDoubt(
-            f"branch {branch}: effect {name!r} (step {step}) started on a worker that was "
-            "lost before its result came back, so it may or may not have run; it is not run "
-            "a second time. Check its outcome by hand; this branch fails")
+            f"branch {branch}{where}: effect {name!r} (step {step}) started on worker "
+            f"{rec[2]}, which was lost before its result came back, so it may or may not "
+            "have run; it is not run a second time. Check its outcome by hand; this "
+            "branch fails")
 
-    def intent(self, branch: int, step: int, name: str) -> None:
+    def intent(self, branch: int, step: int, name: str, scope: str = "",
+               worker: str = "") -> None:
         with self.lock:
-            self.records[(branch, step)] = ("intent", name, None)
+            self.records[(scope, branch, step)] = ("intent", name,
+                                                   worker or "(a thread of the coordinator)")
 
-    def result(self, branch: int, step: int, name: str, value: Any) -> None:
+    def result(self, branch: int, step: int, name: str, value: Any, scope: str = "") -> None:
         with self.lock:
-            self.records[(branch, step)] = ("result", name, value)
+            self.records[(scope, branch, step)] = ("result", name, value)
 
-    def failed(self, branch: int, step: int, name: str) -> None:
+    def failed(self, branch: int, step: int, name: str, scope: str = "") -> None:
         with self.lock:
-            self.records[(branch, step)] = ("failed", name, None)
+            self.records[(scope, branch, step)] = ("failed", name, None)
+
+    def close(self) -> None:
+        """Nothing to close (EffectLog's interface: the driver closes a group's log)."""
 
 
 @dataclasses.dataclass
@@ -199,8 +217,12 @@ class Fleet:
         self.peers: dict[str, _Peer] = {}
         self.events: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self.bound: dict[str, str] = {}     # proxy -> the worker it stands for
-        # (lease id, worker) -> its proxy and the lease's branch count
-        self.sent: dict[tuple[str, str], tuple[str, int]] = {}
+        #: (lease id, worker) -> its proxy and the lease's branches
+        self.sent: dict[tuple[str, str], tuple[str, list[int]]] = {}
+        #: Branches held by workers elsewhere (running, or queued there) when the group
+        #: last stopped (a crash), from its checkpoint's effect log: branch -> worker.
+        self.held_before: dict[int, str] = {}
+        self.nesting = 0   # nested groups running for branches on workers elsewhere
         self.host = None
         self.effects = None
         self.open_msg: GroupOpen | None = None
@@ -295,7 +317,11 @@ class Fleet:
         """Open the group on every worker (refused by name if one refuses its target) and
         bind the Collector's proxies to the workers' slots."""
         self.host = host
-        self.effects = getattr(host, "effect_log", None) or MemoryEffects()
+        host.steps = StoreSteps()   # branches may run twice: their store writes count once
+        if getattr(host, "effect_log", None) is None:   # the groups nested here use it too
+            host.effect_log = MemoryEffects()
+        self.effects = host.effect_log
+        self._opened_log()
         self.collector = collector
         module = module_of(target_ref)
         self.open_msg = GroupOpen(group_id=self.gid, target=target_ref,
@@ -330,6 +356,24 @@ class Fleet:
             for proxy, peer in zip(self.proxies, slots):
                 self.bound[proxy] = peer.name
                 peer.proxies.append(proxy)
+
+    def _opened_log(self) -> None:
+        """With a checkpoint (its effect log): which branches workers elsewhere held
+        (running, or queued behind) when the group last stopped (a crash of the
+        coordinator), said and kept for the outcome; then the log hears that the group
+        opened again (nothing is held elsewhere yet)."""
+        opened = getattr(self.effects, "opened", None)
+        if opened is None:
+            return
+        self.held_before = dict(self.effects.held)
+        if self.held_before:
+            by_worker: dict[str, list[int]] = {}
+            for branch, worker in sorted(self.held_before.items()):
+                by_worker.setdefault(worker, []).append(branch)
+            log.warning("group %s stopped while workers elsewhere held branches (%s); "
+                        "they run again (effects they finished are taken from the journal)",
+                        self.gid, "; ".join(f"{w}: {b}" for w, b in sorted(by_worker.items())))
+        opened()
 
     def started(self) -> None:
         """After GroupStart: each proxy says Hello with the heartbeat, so the Collector
@@ -433,17 +477,35 @@ class Fleet:
             if sent is None:   # never sent to this worker: not its to answer
                 self.late += 1
                 return
-            proxy, size = sent
+            proxy, branches = sent
             self.finished += len(msg.indices)
             self.served[msg.worker] = self.served.get(msg.worker, 0) + len(msg.indices)
         ledger = self.host.ledger if self.host is not None else None
         if ledger is not None and not ledger.limited:
             # Counted here from the answer (every branch of the lease not reported
             # unstarted began), not by a message of its own from the worker.
-            ledger.add_calls(size - len(msg.unstarted))
+            ledger.add_calls(len(branches) - len(msg.unstarted))
+        answered = getattr(self.effects, "answered", None)
+        if answered is not None:
+            answered(branches)
         self.bus.send(proxy, self.collector, msgspec.structs.replace(msg, worker=proxy))
 
     def _on_call(self, msg: HostCall) -> None:
+        if msg.op == "group.run":   # a nested group runs as long as it runs: not here
+            with self.lock:   # a bound on what peers can make this process run
+                busy = self.nesting >= NESTED_PER_SLOT * max(1, len(self.proxies))
+                self.nesting += not busy
+            if busy:
+                self.bus.send(RELAY, msg.worker, HostReply(
+                    call_id=msg.call_id, error_type="GroupError",
+                    error=f"worker {msg.worker} asked for a nested group while "
+                          f"{self.nesting} run already, {NESTED_PER_SLOT} per remote slot at "
+                          "most (a branch runs one at a time; the others are copies of "
+                          "branches whose worker was lost)"))
+                return
+            threading.Thread(target=self._nested, args=(msg,), daemon=True,
+                             name=f"evobus-nested-{self.gid}").start()
+            return
         try:
             value = self._call(msg)
             reply = HostReply(call_id=msg.call_id, value=value)
@@ -463,10 +525,12 @@ class Fleet:
         op = msg.op
         if op == "store.get":
             return host.store.get(*args)
-        if op == "store.set":
-            return host.store.set(*args)
-        if op == "store.incr":
-            return host.store.incr(*args)
+        if op == "store.write":   # scope, branch, n, op (set or incr), key, value
+            scope, branch, n, write, key, *rest = args
+            if write not in ("set", "incr"):
+                raise ValueError(f"store write {write!r} from worker {msg.worker}: only "
+                                 "set and incr travel")
+            return host.store.write(host.steps, (scope, branch, n), write, key, *rest)
         if op == "store.snapshot":
             return host.store.snapshot()
         if op == "ledger.charge_call":
@@ -475,9 +539,67 @@ class Fleet:
             return host.ledger.charge_cost(*args)
         if op == "effect.replayed":
             return list(self.effects.replayed(*args))
-        if op in ("effect.intent", "effect.result", "effect.failed"):
+        if op == "effect.intent":   # recorded with the worker it runs on
+            return self.effects.intent(*args, worker=msg.worker)
+        if op in ("effect.result", "effect.failed"):
             return getattr(self.effects, op.partition(".")[2])(*args)
         raise ValueError(f"unknown host call {op!r} from worker {msg.worker}")
+
+    def _nested(self, msg: HostCall) -> None:
+        """A group a branch on a worker elsewhere started (ctx.parallel / ctx.run_group):
+        run here, nested in this group (its host: limits tightened, budgets and store
+        shared, effects journaled under the branch's scope), on this group's runtime and
+        log, its branches on threads of this process; the outcome goes back as data."""
+        release = getattr(self.bus, "release_thread", None)
+        try:
+            try:
+                value = self._run_nested(msg)
+                reply = HostReply(call_id=msg.call_id, value=value)
+            except Exception as exc:  # the branch that started it raises it (served._Calls)
+                reply = HostReply(call_id=msg.call_id, error=str(exc),
+                                  error_type=type(exc).__name__)
+            self.bus.send(RELAY, msg.worker, reply)
+        finally:
+            with self.lock:
+                self.nesting -= 1
+            if release is not None:
+                release()
+
+    def _run_nested(self, msg: HostCall) -> dict[str, Any]:
+        host = self.host
+        if host is None or msg.group_id != self.gid:
+            raise RunFailed(f"group {msg.group_id} is not running here any more")
+        scope, target, items, max_concurrency, max_items, options, fingerprint = msg.args
+        module = module_of(Ref(ref=target))
+        fn = refs.resolve(Ref(ref=target, call=False), self.allow,
+                          what=f"the nested group's target (from worker {msg.worker})")
+        if fingerprint != module_fingerprint(module):
+            raise ConfigError(f"the nested group's target {target!r}: worker {msg.worker}'s "
+                              f"copy of {module!r} differs from the coordinator's (source "
+                              "fingerprints do not match): install the same version there")
+        options = dict(options)
+        if options.get("limits") is not None:
+            options["limits"] = HostLimits(**options["limits"])
+        if options.get("budgets") is not None:
+            options["budgets"] = Budgets(**options["budgets"])
+        if options.get("returns") is not None:
+            options["returns"] = type_named(options["returns"], "the nested group's returns")
+        _ambient.effect_scope = scope   # where its branches journal their effects
+        try:
+            outcome = host.nested(fn, items, max_concurrency=max_concurrency,
+                                  max_items=max_items, _parent=host, **options)
+        finally:
+            _ambient.effect_scope = ""
+        error = outcome.error
+        return {"status": outcome.status, "group_id": outcome.group_id,
+                "results": outcome.results, "error_branch": outcome.error_branch,
+                "error": str(error) if error is not None else "",
+                "error_type": type(error).__name__ if error is not None else "",
+                "finished": outcome.finished, "failed": outcome.failed,
+                "cancelled": outcome.cancelled, "never_started": outcome.never_started,
+                "abandoned": outcome.abandoned, "errors": outcome.errors,
+                "effects": [list(e) for e in outcome.effects],
+                "consumed": msgspec.to_builtins(outcome.consumed), "store": outcome.store}
 
     # -- the proxies (what the Collector sends to a logical worker) ---------------------
 
@@ -486,10 +608,15 @@ class Fleet:
             msg = delivery.msg
             with self.lock:
                 worker = self.bound.get(proxy)
-                if isinstance(msg, Branch) and worker is not None:
-                    self.sent[(msg.lease_id, worker)] = (proxy, len(msg.indices))
+                placed = isinstance(msg, Branch) and worker is not None
+                if placed:
+                    self.sent[(msg.lease_id, worker)] = (proxy, msg.indices)
             if isinstance(msg, Stop):
                 return   # the Collector lets this logical worker go: nothing runs here
+            if isinstance(msg, Cancel) and self.host is not None:
+                self.host.cancel()   # the group stops: so do the groups nested here
+            if placed and hasattr(self.effects, "placed"):   # a checkpoint's effect log
+                self.effects.placed(worker, msg.indices)
             if worker is not None:
                 self.bus.send(RELAY, worker, msg)
         return deliver
@@ -526,8 +653,10 @@ class Fleet:
             self.bus.send(RELAY, self.collector, Lost(worker=proxy, reason="its process exited"))
 
     def counters(self) -> dict[str, int]:
-        return {"late": self.late, "lost_workers": self.lost_workers,
+        steps = self.host.steps.repeated if self.host is not None and self.host.steps else 0
+        return {"late": self.late, "lost_workers": self.lost_workers, "store_repeated": steps,
                 "workers_joined": len(self.peers), "served": dict(self.served),
+                "held_before": dict(self.held_before),
                 "delivered": self.bus.stats.delivered}
 
     def close(self) -> None:

@@ -8,7 +8,7 @@ from typing import Callable
 
 from actors.errors import BudgetExhausted
 from actors.groups.limits import HostLimits, _Ledger
-from actors.groups.store import Store, _Gate
+from actors.groups.store import Store, StoreSteps, _Gate
 
 
 _ambient = threading.local()    # the group host of the branch running on this thread
@@ -115,6 +115,12 @@ class _Host:
         self.limits = limits
         self.ledger = ledger
         self.store = store
+        #: The store writes of this group's branches and its nested groups', each made
+        #: once however often a branch runs: set for a group with workers elsewhere
+        #: (actors.groups.fleet), whose lost worker's leases are re-dispatched; None
+        #: (nothing numbered, nothing kept) when every branch runs on a thread here,
+        #: where a branch runs once while its group runs.
+        self.steps: StoreSteps | None = parent.steps if parent is not None else None
         self.live = live
         self.external = external
         self.parent = parent

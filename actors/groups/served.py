@@ -13,24 +13,27 @@ the budget ledger, the effect journal) by messages to the coordinator's relay
 
 from __future__ import annotations
 
+import builtins
 import logging
 import sys
 import threading
+import time
 import uuid
 from typing import Any, Callable
 
-from actors.errors import (BudgetExhausted, ConfigError, EffectInDoubt, GroupError,
-                           HostLimitExceeded, describe)
-from actors.groups.host import _Host
-from actors.groups.limits import HostLimits
+from actors.errors import (BranchError, BudgetExhausted, ConfigError, EffectInDoubt,
+                           GroupError, HostLimitExceeded, describe)
+from actors.groups.host import _Host, _ambient
+from actors.groups.limits import Consumed, HostLimits
+from actors.groups.outcome import GroupOutcome
 from actors.groups.types import converter, type_named
 from actors.groups.worker import BranchRunner
 from actors.workers import code as refs
-from actors.workers.code import BUILTIN_ALLOW, module_fingerprint, module_of
+from actors.workers.code import BUILTIN_ALLOW, code_ref, module_fingerprint, module_of
 from actors.workers.core import Awaiter
 from actors.workers.remote import process_main as worker_main
 from protocol import (Branch, BranchDone, Cancel, GroupOpen, GroupOpened, Hold, HostCall,
-                      HostReply, Message, Revoke)
+                      HostReply, Message, Ref, Revoke)
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +45,8 @@ CALL_DEADLINE_S = 30.0
 _ERRORS: dict[str, type[BaseException]] = {
     "BudgetExhausted": BudgetExhausted, "EffectInDoubt": EffectInDoubt,
     "HostLimitExceeded": HostLimitExceeded, "TypeError": TypeError,
-    "ValueError": ValueError, "KeyError": KeyError}
+    "ValueError": ValueError, "KeyError": KeyError, "ConfigError": ConfigError,
+    "GroupError": GroupError, "BranchError": BranchError}
 
 #: Groups a worker remembers (a long-lived worker serves many groups, one after another).
 KEEP_GROUPS = 16
@@ -57,7 +61,12 @@ class _Calls:
         self.lock = threading.Lock()
         self.waiting: dict[str, list] = {}
 
-    def call(self, gid: str, op: str, *args: Any, deadline: float = CALL_DEADLINE_S) -> Any:
+    def call(self, gid: str, op: str, *args: Any, deadline: float | None = CALL_DEADLINE_S,
+             host: _Host | None = None) -> Any:
+        """The coordinator's answer; GroupError if none within ``deadline``. With
+        ``deadline=None`` (a nested group, as long as it runs) the wait ends with the
+        answer, or ``CALL_DEADLINE_S`` after ``host``'s group was cancelled (the
+        coordinator cancels the nested group too, and answers at once if it lives)."""
         call_id = uuid.uuid4().hex
         slot = [threading.Event(), None]
         with self.lock:
@@ -65,10 +74,11 @@ class _Calls:
         try:
             self.send(HostCall(group_id=gid, worker=self.worker, op=op, args=list(args),
                                call_id=call_id))
-            if not slot[0].wait(deadline):
+            if not self._wait(slot[0], deadline, host):
                 raise GroupError(f"worker {self.worker}: the coordinator did not answer {op} "
-                                 f"for group {gid} within {deadline:g} s (is it still "
-                                 "running?); this branch fails")
+                                 f"for group {gid} within {deadline or CALL_DEADLINE_S:g} s"
+                                 f"{' of its cancel' if deadline is None else ''} (is it "
+                                 "still running?); this branch fails")
         finally:
             with self.lock:
                 self.waiting.pop(call_id, None)
@@ -76,6 +86,18 @@ class _Calls:
         if reply.error:
             raise _ERRORS.get(reply.error_type, GroupError)(reply.error)
         return reply.value
+
+    @staticmethod
+    def _wait(event: threading.Event, deadline: float | None, host: _Host | None) -> bool:
+        if deadline is not None:
+            return event.wait(deadline)
+        cancelled_at = None
+        while not event.wait(0.1):   # bounded: the group's cancellation is looked at again
+            if cancelled_at is None and host is not None and host.cancelled:
+                cancelled_at = time.monotonic()
+            if cancelled_at is not None and time.monotonic() - cancelled_at > CALL_DEADLINE_S:
+                return False
+        return True
 
     def on_reply(self, reply: HostReply) -> bool:
         """Hand the reply to its caller; False if no call of these waits for it."""
@@ -107,7 +129,10 @@ class RemoteLedger:
 
 
 class RemoteStore:
-    """The group's shared store, kept (with its lock) by the coordinator."""
+    """The group's shared store, kept (with its lock) by the coordinator. A branch's
+    writes go there numbered (``ctx.store`` is a BranchStore around this), so a branch
+    run again after its worker was lost gets each write's first answer back instead of
+    writing twice (actors.groups.store.StoreSteps, kept with the store)."""
 
     def __init__(self, calls: _Calls, gid: str) -> None:
         self.calls, self.gid = calls, gid
@@ -115,20 +140,18 @@ class RemoteStore:
     def get(self, key: str, default: Any = None) -> Any:
         return self.calls.call(self.gid, "store.get", key, default)
 
-    def set(self, key: str, value: Any) -> None:
-        self.calls.call(self.gid, "store.set", key, value)
-
-    def incr(self, key: str, by: int | float = 1) -> int | float:
-        return self.calls.call(self.gid, "store.incr", key, by)
+    def write(self, steps, where: tuple, op: str, key: str, *args) -> Any:
+        if op == "update":
+            raise GroupError(
+                f"ctx.store.update({key!r}, fn) runs fn under the store's lock, and the lock "
+                "lives with the coordinator: a function cannot travel there. On a worker in "
+                "another process use ctx.store.incr/set/get, or run this group on thread "
+                "workers")
+        scope, branch, n = where
+        return self.calls.call(self.gid, "store.write", scope, branch, n, op, key, *args)
 
     def snapshot(self) -> dict[str, Any]:
         return self.calls.call(self.gid, "store.snapshot")
-
-    def update(self, key: str, fn, default: Any = None) -> Any:
-        raise GroupError(
-            f"ctx.store.update({key!r}, fn) runs fn under the store's lock, and the lock "
-            "lives with the coordinator: a function cannot travel there. On a worker in "
-            "another process use ctx.store.incr/set/get, or run this group on thread workers")
 
     def locked(self):
         raise GroupError(
@@ -159,11 +182,84 @@ class RemoteEffects:
         self.calls.call(self.gid, "effect.failed", branch, step, name)
 
 
-def _no_nested(*args, **kwargs):
-    raise ConfigError(
-        "ctx.parallel()/ctx.run_group() inside a branch that runs on a worker in another "
-        "process is not supported: a nested group needs the coordinator's runtime. Start "
-        "the inner group from the coordinator, or run the outer group on thread workers")
+#: Options a nested group started on a worker may carry to the coordinator (plain data;
+#: ``limits`` and ``budgets`` as their fields). Anything else is refused by name.
+NESTED_OPTIONS = ("limits", "budgets", "chunk", "prefetch", "cancel_deadline", "trace",
+                  "pass_ctx", "suspend", "returns")
+
+
+def _nested_options(options: dict[str, Any]) -> dict[str, Any]:
+    """A nested group's options as data for the coordinator, or ConfigError naming the one
+    that cannot travel."""
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if name not in NESTED_OPTIONS:
+            raise ConfigError(
+                f"ctx.parallel()/ctx.run_group() on a worker in another process: option "
+                f"{name!r} cannot travel to the coordinator, where the nested group runs "
+                f"(it takes {', '.join(NESTED_OPTIONS)}); a nested group shares its parent's "
+                "store, runtime and log")
+        if name == "limits" and value is not None:
+            value = {f: getattr(value, f) for f in ("max_concurrency", "max_live_branches",
+                                                    "max_external_calls", "max_depth")}
+        elif name == "budgets" and value is not None:
+            value = {"calls": value.calls, "seconds": value.seconds, "cost": value.cost}
+        elif name == "returns" and value is not None:
+            if not isinstance(value, type) or getattr(builtins, value.__name__, None) is not value:
+                raise ConfigError(
+                    f"ctx.parallel(returns={value!r}) on a worker in another process: only a "
+                    "builtin type (int, str, float, bool, dict, list, object) travels to the "
+                    "coordinator; check other types in the branch")
+            value = value.__name__
+        out[name] = value
+    return out
+
+
+def _nested_outcome(value: dict[str, Any]) -> GroupOutcome:
+    """The GroupOutcome of a nested group the coordinator ran for a branch here."""
+    error = None
+    if value.get("error_type"):
+        kind = _ERRORS.get(value["error_type"])
+        error = kind(value["error"]) if kind is not None else \
+            BranchError(f"{value['error_type']}: {value['error']}")
+    consumed = value.get("consumed") or {}
+    return GroupOutcome(
+        status=value["status"], group_id=value["group_id"], results=value.get("results", []),
+        error=error, error_branch=value.get("error_branch"),
+        finished=value.get("finished", []), failed=value.get("failed", []),
+        cancelled=value.get("cancelled", []), never_started=value.get("never_started", []),
+        abandoned=value.get("abandoned", []),
+        errors={int(k): v for k, v in (value.get("errors") or {}).items()},
+        effects=[tuple(e) for e in value.get("effects", [])],
+        consumed=Consumed(**consumed), store=value.get("store", {}),
+        stats=value.get("stats", {}))
+
+
+def _nested(calls: "_Calls", gid: str):
+    """What ``ctx.run_group``/``ctx.parallel`` call in a branch here: the nested group runs
+    on the coordinator (``HostCall`` ``group.run``), as a group nested in this branch's
+    group there: on the same runtime and log, its budgets and store shared, its effects
+    journaled under this branch's scope. It comes back as a GroupOutcome."""
+
+    def run(target, items, *, max_concurrency: int, max_items: int, _parent=None,
+            **options) -> GroupOutcome:
+        ref = refs.parse(target) if isinstance(target, (str, Ref)) else \
+            code_ref(target, "ctx.parallel() target on a worker in another process")
+        scope = getattr(_ambient, "effect_scope", "")
+        if not scope:
+            raise ConfigError(
+                "parallel()/run_group() called directly in a branch on a worker in another "
+                "process: call ctx.parallel()/ctx.run_group() there (the nested group runs "
+                "on the coordinator, its effects and store writes recorded under the branch "
+                "that started it, so a branch run again does not make them twice)")
+        items = list(items) if not isinstance(items, list) else items
+        value = calls.call(gid, "group.run", scope, ref.ref, items, max_concurrency,
+                           max_items, _nested_options(options),
+                           module_fingerprint(module_of(ref)), deadline=None,
+                           host=_parent)
+        return _nested_outcome(value)
+
+    return run
 
 
 class _Finished:
@@ -225,7 +321,8 @@ class BranchService:
         host = _Host(group_id=msg.group_id, target=fn, wants_ctx=msg.wants_ctx, depth=1,
                      limits=HostLimits(), ledger=RemoteLedger(calls, msg.group_id, msg.limited),
                      store=RemoteStore(calls, msg.group_id), live=(), external=(),
-                     parent=None, trace=False, runtime=None, nested=_no_nested,
+                     parent=None, trace=False, runtime=None,
+                     nested=_nested(calls, msg.group_id),
                      convert=convert, suspend_all=msg.suspend_all)
         host.effect_log = RemoteEffects(calls, msg.group_id)
         with self.lock:

@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterator
 
 import msgspec
 
+from actors.errors import GroupError
 from actors.groups.limits import TICK_S
 
 _encoder = msgspec.msgpack.Encoder()
@@ -77,8 +78,106 @@ class Store:
         with self._lock:
             return msgspec.msgpack.decode(_encoder.encode(self._data))
 
+    def write(self, steps: "StoreSteps", where: tuple, op: str, key: str, *args) -> Any:
+        """One write of a branch (``op``: set, incr or update), made once: ``where`` (the
+        branch's scope, index and write number) already written answers what it got
+        then, without writing again. Atomic with every other write (the store's lock)."""
+        if steps is None:   # nothing to number against
+            return getattr(self, op)(key, *args)
+        with self._lock:
+            done = steps.first(where, op, key)
+            if done is not _NEW:
+                return done
+            value = getattr(self, op)(key, *args)
+            steps.record(where, op, key, value)
+            return value
+
     def __repr__(self) -> str:
         return f"Store({self.snapshot()!r})"
+
+
+_NEW = object()   # a write not made before
+
+
+class StoreSteps:
+    """The store writes a group's branches made, by where each was made: (scope, branch,
+    n) for the n-th write of a branch (scope: "" for the group's own branches, the path
+    of branches that started it for a nested group's), with what it answered.
+
+    A branch runs again when the worker running it was lost (its lease re-dispatched to
+    another worker, the first copy perhaps still running): it makes the same writes in
+    the same order, and each gets its first answer back instead of being applied a
+    second time, so ``ctx.store.incr`` counts once per branch whatever ran twice. Kept
+    where the store lives (the coordinator), for one run of a group with workers
+    elsewhere (its top-level host and every nested one share it)."""
+
+    def __init__(self) -> None:
+        self.done: dict[tuple, tuple[str, str, Any]] = {}
+        self.repeated = 0   # writes answered from here (a branch that ran again)
+
+    def first(self, where: tuple, op: str, key: str) -> Any:
+        """What this write answered the first time, or ``_NEW``; raises GroupError if the
+        branch made another write at this step (it is not deterministic). Called under
+        the store's lock."""
+        rec = self.done.get(where)
+        if rec is None:
+            return _NEW
+        if rec[0] != op or rec[1] != key:
+            scope, branch, n = where
+            at = f" of the nested group at {scope!r}" if scope else ""
+            raise GroupError(
+                f"branch {branch}{at} is not deterministic: running again (its first worker "
+                f"was lost), its store write {n} is {op}({key!r}) but the first run's was "
+                f"{rec[0]}({rec[1]!r}); a branch must write the store in the same order "
+                "every time (or write inside ctx.effect)")
+        self.repeated += 1
+        return rec[2]
+
+    def record(self, where: tuple, op: str, key: str, value: Any) -> None:
+        self.done[where] = (op, key, value)
+
+
+class BranchStore:
+    """``ctx.store``: the group's store as one branch writes it. Reads go to the store;
+    each write (``set``, ``incr``, ``update``) is numbered and made once per branch
+    (:class:`StoreSteps`; ``steps`` None: a group on threads only, nothing numbered),
+    wherever the store lives (``backend.write``: this process's :class:`Store`, or a
+    worker's link to the coordinator's). ``locked()`` (several keys under the lock, in
+    this process only) is not numbered: code in it runs again with the branch."""
+
+    __slots__ = ("_store", "_steps", "_scope", "_branch", "_n")
+
+    def __init__(self, store, steps: StoreSteps | None, scope: str, branch: int) -> None:
+        self._store, self._steps, self._scope, self._branch = store, steps, scope, branch
+        self._n = 0
+
+    def _write(self, op: str, key: str, *args) -> Any:
+        where = (self._scope, self._branch, self._n)
+        self._n += 1
+        return self._store.write(self._steps, where, op, key, *args)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._store.get(key, default)
+
+    def set(self, key: str, value: Any) -> None:
+        self._write("set", key, value)
+
+    def incr(self, key: str, by: int | float = 1) -> int | float:
+        return self._write("incr", key, by)
+
+    def update(self, key: str, fn: Callable[[Any], Any], default: Any = None) -> Any:
+        """Read-modify-write one key under the lock; returns the new value (``fn`` is not
+        called again for a branch that runs again: its first result is returned)."""
+        return self._write("update", key, fn, default)
+
+    def locked(self):
+        return self._store.locked()
+
+    def snapshot(self) -> dict[str, Any]:
+        return self._store.snapshot()
+
+    def __repr__(self) -> str:
+        return f"BranchStore(branch={self._branch}, {self._store!r})"
 
 
 class _Gate:

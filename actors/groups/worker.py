@@ -11,7 +11,7 @@ from typing import Any, Callable
 import pykka
 
 from actors.workers.core import Awaiter
-from actors.runtime.shell import _FastInbox
+from actors.workers.local import WAKE, Worker
 from bus.base import Delivery
 from protocol import (Branch, BranchDone, BranchFailed, Cancel, Hold, Interaction, Revoke, Stop,
                       Suspension)
@@ -127,12 +127,14 @@ def _release(bus) -> None:
         release()
 
 
-_WAKE = object()   # a worker's note to itself: look into the box
+_WAKE = WAKE   # a worker's note to itself: look into the box
 
 
-class GroupWorker(_FastInbox, pykka.ThreadingActor):
-    """Runs one group's branches: one lease at a time, one branch at a time, in the
-    order the leases came (from its :class:`_LeaseBox`; a message only wakes it).
+class GroupWorker(Worker):
+    """The one worker loop (:class:`actors.workers.local.Worker`) with a branch lane:
+    runs one group's branches, one lease at a time, one branch at a time, in the order
+    the leases came (from its :class:`_LeaseBox`; a message only wakes it). It takes
+    ``Lease`` and ``Commit`` too when given a ``core`` (a rollout's WorkerCore).
 
     The group's driver attaches its bus name (:func:`_worker_deliver`): from one thread,
     one socket, instead of a socket per worker thread. ``Cancel`` and ``Hold`` take
@@ -143,13 +145,10 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
     use_daemon_thread = True   # a branch stuck in user code must not keep the process alive
 
     def __init__(self, bus, name: str, host: _Host, collector: str, on_crash,
-                 box: "_LeaseBox") -> None:
-        super().__init__()
-        self.bus = bus
-        self.name = name
+                 box: "_LeaseBox", core=None) -> None:
+        super().__init__(bus, core, on_crash, name=name)
         self.host = host
         self.collector = collector
-        self.on_crash = on_crash
         self.box = box
         self.settle = Awaiter()   # async targets: one event loop for this worker's thread
 
@@ -183,22 +182,13 @@ class GroupWorker(_FastInbox, pykka.ThreadingActor):
         finally:
             box.running = False
 
-    def on_receive(self, message) -> None:
-        if message is _WAKE:
-            return self._drain()
-        match message.msg:
-            case Branch():
-                self._drain()
-            case Stop():
-                self.stop()   # a tell to itself: no future to make, nobody waits on it
-            case other:
-                log.warning("%s: unexpected %s", self.name, type(other).__name__)
-
-    def on_failure(self, exception_type, exception_value, traceback) -> None:
-        self.on_crash(self.name, exception_value)
+    def _stopped(self) -> None:
+        self.stop()   # a tell to itself: no future to make, nobody waits on it
 
     def on_stop(self) -> None:
         self.settle.close()   # the event loop async targets ran on, if any
+        if self.core is not None:
+            self.core.close()
         _release(self.bus)
 
     def _steal(self, need: int) -> bool:

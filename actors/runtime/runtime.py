@@ -18,7 +18,7 @@ from actors.addresses import DRIVER
 from actors.version import PACKAGE_VERSION
 from actors.errors import ConfigError, RunFailed
 from actors.runtime.shell import ControlActor
-from actors.workers.local import WorkerActor
+from actors.workers.local import Worker
 from actors.workers.core import WorkerCore
 from bus.base import Delivery
 from bus.memory import InMemoryBus
@@ -179,7 +179,7 @@ class Runtime:
         self.refs.append(ControlActor.spawn(self.bus, name, machine, self._on_crash))
 
     def spawn_worker(self, core: WorkerCore) -> None:
-        ref = WorkerActor.spawn(self.bus, core, self._on_crash)
+        ref = Worker.spawn(self.bus, core, self._on_crash)
         self.refs.append(ref)
         self.workers.append(ref)
 

@@ -1,4 +1,14 @@
-"""The thread worker: a pykka actor around :class:`~actors.workers.core.WorkerCore`.
+"""The thread worker: the one worker loop (DESIGN section 2) on a pykka thread.
+
+:class:`Worker` receives every kind of work a worker takes, one at a time in arrival
+order: ``Lease`` (rollouts, and evals: a lease of kind ``eval``) through its
+:class:`~actors.workers.core.WorkerCore`, ``Commit`` (a new snapshot), ``Cancel``,
+``Stop``, and a parallel group's ``Branch`` leases through its branch lane. The lane
+is the part that calls a group's target; it lives with the groups
+(:class:`actors.groups.worker.GroupWorker` is this worker with a lane: its lease box,
+its group's host and the work stealing between boxes), which sit above this module, so
+a worker here serves rollouts only. The remote worker's slot threads
+(:mod:`actors.workers.remote`) run the same dispatch for a worker in another process.
 """
 
 from __future__ import annotations
@@ -11,27 +21,36 @@ import pykka
 from actors.addresses import SCHEDULER
 from actors.workers.core import WorkerCore
 from bus.base import Bus, Delivery
-from protocol import Cancel, Commit, Hello, Lease, Stop
+from protocol import Branch, Cancel, Commit, Hello, Lease, Stop
 from actors.inbox import Crash, _FastInbox, teller
 
 log = logging.getLogger(__name__)
 
+#: A worker's note to itself: look into its branch lane (leases may have come before
+#: its thread ran).
+WAKE = object()
 
-class WorkerActor(_FastInbox, pykka.ThreadingActor):
-    """A local (thread) worker: one lease at a time, in its own thread."""
 
-    def __init__(self, bus: Bus, core: WorkerCore, on_crash: Crash, slots: int = 1) -> None:
+class Worker(_FastInbox, pykka.ThreadingActor):
+    """One worker thread: ``Lease`` (rollouts and evals), ``Commit``, ``Cancel`` and
+    ``Stop``, and ``Branch`` leases when it has a branch lane (:meth:`_drain`, given by
+    a subclass above this layer)."""
+
+    def __init__(self, bus: Bus, core: WorkerCore | None, on_crash: Crash | None,
+                 slots: int = 1, name: str = "") -> None:
         super().__init__()
         self.bus = bus
         self.core = core
+        self.name = name or (core.name if core is not None else "")
         self.on_crash = on_crash
         self.slots = slots
         self.cancelled: set[str] = set()
 
     @classmethod
     def spawn(cls, bus: Bus, core: WorkerCore, on_crash: Crash, slots: int = 1) -> pykka.ActorRef:
-        """Start the worker, route its name, and only then say Hello: the Scheduler's
-        first lease must find the worker's name routed (see ControlActor.spawn)."""
+        """Start a rollout worker, route its name, and only then say Hello: the
+        Scheduler's first lease must find the worker's name routed (see
+        ControlActor.spawn)."""
         ref = cls.start(bus, core, on_crash, slots)
         deliver = teller(bus, ref)
         asks = getattr(core.scope, "asks", None)
@@ -45,27 +64,42 @@ class WorkerActor(_FastInbox, pykka.ThreadingActor):
         return ref
 
     def on_start(self) -> None:
-        threading.current_thread().name = f"evobus-{self.core.name}"
+        threading.current_thread().name = f"evobus-{self.name}"
 
-    def on_receive(self, message: Delivery) -> None:
+    def on_receive(self, message) -> None:
+        """The one loop: whatever came, in the order it came."""
+        if message is WAKE:
+            return self._drain()
         match message.msg:
-            case Lease() as lease:
+            case Branch():
+                self._drain()
+            case Lease() as lease if self.core is not None:
                 if lease.lease_id in self.cancelled:
                     return
                 done = self.core.run_lease(lease)
-                self.bus.send(self.core.name, SCHEDULER, done)
-            case Commit() as commit:
+                self.bus.send(self.name, SCHEDULER, done)
+            case Commit() as commit if self.core is not None:
                 self.core.on_commit(commit)
             case Cancel(lease_id=lease_id):
                 self.cancelled.add(lease_id)
             case Stop():
-                self.actor_ref.stop(block=False)
+                self._stopped()
             case other:
-                log.warning("%s: unexpected %s", self.core.name, type(other).__name__)
+                log.warning("%s: unexpected %s", self.name, type(other).__name__)
+
+    def _drain(self) -> None:
+        """Run the branch leases waiting in this worker's lane: none here (a worker of
+        this layer has no lane; a Branch for it is a routing mistake, said so)."""
+        log.warning("%s: a Branch lease, but this worker serves no parallel group", self.name)
+
+    def _stopped(self) -> None:
+        self.actor_ref.stop(block=False)   # a tell to itself: nobody waits on it
 
     def on_failure(self, exception_type, exception_value, traceback) -> None:
-        self.on_crash(self.core.name, exception_value)
+        if self.on_crash is not None:
+            self.on_crash(self.name, exception_value)
 
     def on_stop(self) -> None:
-        self.bus.detach(self.core.name)
-        self.core.close()
+        if self.core is not None:
+            self.bus.detach(self.name)
+            self.core.close()
