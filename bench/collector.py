@@ -40,7 +40,8 @@ def _start(n: int, bound: int, gid: str) -> GroupStart:
     return GroupStart(group_id=gid, items=list(range(n)),
                       workers=[f"w{i}" for i in range(bound)], max_concurrency=bound,
                       max_items=n, driver="d", prefetch=1, min_lease_seconds=0.01,
-                      ordered=True, batch_below=0.0005, suspend="all")
+                      ordered=True, batch_below=0.0005, suspend="all",
+                      waves=WAVES)
 
 
 def run_group(collector_cls, n: int, bound: int, seconds: float, gid: str = "g") -> tuple:
@@ -77,6 +78,7 @@ def run_group(collector_cls, n: int, bound: int, seconds: float, gid: str = "g")
     return result.leases, result
 
 
+WAVES = True
 WORKLOADS = {"small": (4, 4, 0.0), "latency": (2000, 32, 0.005)}
 
 

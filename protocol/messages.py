@@ -482,6 +482,13 @@ class GroupStart(Msg, frozen=True):
     #: False (older logs): guided leases from the first.
     ordered: bool = False
     batch_below: float = 0.0
+    #: With ``ordered``, once branches are measured no cheaper than ``batch_below``: the
+    #: next leases are cut in waves, one per worker with room at once (once every worker
+    #: has room, or one is idle), the ``p``-th of ``W`` holding the ``p``-th, ``p + W``-th,
+    #: ... queued branches (starts still in input order); a branch that comes back below
+    #: one dealt goes out again at once, alone. False (older logs): one branch per lease
+    #: until they are measured cheap.
+    waves: bool = False
     #: Liveness: a worker whose Hello declares a heartbeat is presumed lost after
     #: ``deadline`` seconds of silence (None: never), or on ``Lost``; its branch leases are
     #: re-dispatched under their ids, and a lease whose workers were lost ``max_tries``

@@ -46,7 +46,8 @@ def test_group_ab_compares_two_checkouts_in_alternating_processes(root, tmp_path
     # One key per checkout (here the same one twice: one key), a call per round each.
     assert list(effs) == [str(root)] and len(effs[str(root)]) == 4
     assert all(0 < e < 1 for e in effs[str(root)])
-    assert "b - a:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "b - a:" in out and "ThreadPoolExecutor(32) beside it" in out and "load average" in out
 
 
 @pytest.mark.timeout(300)

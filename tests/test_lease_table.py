@@ -217,11 +217,14 @@ def test_a_lost_workers_lease_is_redispatched_under_the_same_id(slots):
 
 class CollectorLeases(RuleBasedStateMachine):
     """The Collector's branch leases on the same table: a group of heartbeating workers,
-    answered in any order, with revokes, losses, comebacks and late answers."""
+    answered in any order, with revokes, losses, comebacks, late answers, and (with
+    waves: starts in input order, branches measured slow) strided leases whose later
+    branches come back unstarted."""
 
-    @initialize(n=st.integers(1, 10), n_workers=st.integers(1, 4), bound=st.integers(1, 4),
-                prefetch=st.integers(0, 2), chunk=st.integers(0, 3))
-    def start(self, n: int, n_workers: int, bound: int, prefetch: int, chunk: int) -> None:
+    @initialize(n=st.integers(1, 30), n_workers=st.integers(1, 4), bound=st.integers(1, 4),
+                prefetch=st.integers(0, 2), chunk=st.integers(0, 3), waves=st.booleans())
+    def start(self, n: int, n_workers: int, bound: int, prefetch: int, chunk: int,
+              waves: bool) -> None:
         self.c = Collector("c")
         self.n = n
         self.names = NAMES[:n_workers]
@@ -233,9 +236,13 @@ class CollectorLeases(RuleBasedStateMachine):
         self.answered: list[tuple[str, str]] = []  # (lease id, worker) settled
         self.results: dict[int, int] = {}          # branch -> times its value was taken
         self.result: GroupResult | None = None
+        # Waves: starts in input order, answers measured slow (2 ms a branch), so strided
+        # in-order leases are cut once the bound's worth are measured.
+        self.elapsed = 0.002 if waves else 0.0
         self.feed(GroupStart(group_id="g", items=list(range(n)), workers=list(self.names),
                              max_concurrency=bound, max_items=n, driver="d", chunk=chunk,
-                             prefetch=prefetch, deadline=DEADLINE, max_tries=MAX_TRIES))
+                             prefetch=prefetch, deadline=DEADLINE, max_tries=MAX_TRIES,
+                             ordered=waves, waves=waves, batch_below=0.0005))
         for name in self.names:
             self.feed(Hello(worker=name, heartbeat=0.5))
 
@@ -255,19 +262,23 @@ class CollectorLeases(RuleBasedStateMachine):
                 case Revoke() | Stop():
                     pass
 
-    def answer(self, lid: str, worker: str, unstarted: bool = False) -> None:
+    def answer(self, lid: str, worker: str, unstarted: bool = False,
+               ran: int | None = None) -> None:
+        """Answer lease ``lid``: every branch run, none (``unstarted``), or the first
+        ``ran`` and the rest unstarted (a thief that took it ran those below its turn)."""
         indices = self.indices[lid]
+        k = 0 if unstarted else len(indices) if ran is None else ran
+        done = list(indices[:k])
         msg = BranchDone(group_id="g", lease_id=lid, worker=worker,
-                         unstarted=list(indices) if unstarted else [],
-                         indices=[] if unstarted else list(indices),
-                         values=[] if unstarted else [10 * i for i in indices])
+                         unstarted=list(indices[k:]), indices=done,
+                         values=[10 * i for i in done], elapsed=self.elapsed * len(done))
         assert self.c.admit(worker, msg) is None, self.c.admit(worker, msg)
         settles = lid in self.c.leases
         before = self.c.late
         self.feed(msg)
         if settles:
             self.answered.append((lid, worker))
-            for i in () if unstarted else indices:
+            for i in done:
                 self.results[i] = self.results.get(i, 0) + 1
         else:
             assert self.c.late == before + 1, "a late answer not counted"
@@ -290,6 +301,14 @@ class CollectorLeases(RuleBasedStateMachine):
         lid = data.draw(st.sampled_from([lid for lid in self.out()
                                          if len(self.went_to[lid]) > 1]))
         self.answer(lid, data.draw(st.sampled_from(sorted(self.went_to[lid]))))
+
+    @precondition(lambda self: any(len(self.indices[lid]) > 1 for lid in self.c.table.holder))
+    @rule(data=st.data())
+    def a_thief_runs_the_branches_below_its_turn_and_the_rest_comes_back(self, data) -> None:
+        lid = data.draw(st.sampled_from(sorted(lid for lid in self.c.table.holder
+                                               if len(self.indices[lid]) > 1)))
+        ran = data.draw(st.integers(0, len(self.indices[lid]) - 1))
+        self.answer(lid, self.c.table.holder[lid], ran=ran)
 
     @precondition(lambda self: bool(self.c.table.revoking))
     @rule(data=st.data())

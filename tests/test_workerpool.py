@@ -1,5 +1,6 @@
 """The Collector's pool index (actors/machines/workerpool.py) against a scan of the pool:
-random gives, answers, take-backs, revokes, losses and joins, every answer checked."""
+random gives, answers, take-backs, revokes, losses and joins, every answer checked
+(fewest, idle, full)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def check(order: list[str], table: LeaseTable, pool: WorkerPool, slots: int) -> 
     assert list(pool) == order
     idle = [w for w in order if not table.workers[w].held]
     assert pool.idle == len(idle)
+    assert pool.full == sum(1 for w in order if len(table.workers[w].held) >= slots)
     for cap in range(1, slots + 1):
         assert pool.fewest(cap) == scan_fewest(order, table, cap)
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 from typing import Callable
 
@@ -20,6 +22,12 @@ _GO = None
 _NOT_NOW = object()
 
 
+#: How long a worker waits for its turn before it looks for the branch it waits for in
+#: another worker's box (and again between two looks): the branch is most often about to
+#: start where it is, and a steal costs the rest of the stolen lease a round trip.
+STEAL_AFTER_S = 0.05
+
+
 class _StartOrder:
     """Starts in input order across the workers of this process: branch ``j`` starts only
     once every branch up to ``j - bound`` has started, and no branch at or past ``bound``
@@ -30,7 +38,10 @@ class _StartOrder:
     Every start is marked, whatever lease it came in (an ``in_order`` one waits for its
     turn, a batched one does not, but a branch that waits may need it to have started),
     and so is every branch ``done`` before this run: a branch marked nowhere would keep
-    every later ``in_order`` start waiting."""
+    every later ``in_order`` start waiting.
+
+    A worker that waits is woken by the start that makes its turn come, not by every
+    start: each waits on an event of its own, kept in a heap by the count it needs."""
 
     def __init__(self, n: int, bound: int, done=()) -> None:
         self.started = bytearray(n)
@@ -40,7 +51,9 @@ class _StartOrder:
         self.bound = bound
         self.low = 0
         self.waiting = 0
-        self.cond = threading.Condition(threading.Lock())
+        self.lock = threading.Lock()
+        self.waiters: list[tuple[int, int, threading.Event]] = []   # (need, seq, event)
+        self.seq = itertools.count()
 
     def need(self, j: int) -> int:
         """How many branches from 0 must have started before ``j`` may."""
@@ -59,26 +72,32 @@ class _StartOrder:
         """Wait for branch ``j``'s turn; False if ``give_up()`` became true first (the group
         is stopping or pausing: the branches it waits for may never start).
 
-        ``steal(need)`` runs, on this thread, a lease that holds a branch below ``need``
-        and waits in another worker's box (queued behind a long branch), and says
-        whether it found one: the branch this worker waits for is then not stuck."""
+        ``steal(need)`` runs, on this thread, the branches below ``need`` of a lease that
+        waits in another worker's box (queued behind a long branch), and says whether it
+        found one: the branch this worker waits for is then not stuck. It is tried once
+        this worker has waited ``STEAL_AFTER_S``, and again at each such period."""
         need = self.need(j)
         if self.low >= need or self.reached(need):
             return True
+        patient = True
         while True:
-            if steal is not None and steal(need):
+            if not patient and steal is not None and steal(need):
                 if self.reached(need):
                     return True
                 continue
-            with self.cond:
+            patient = False
+            event = threading.Event()
+            with self.lock:   # counted before looking: mark() sees it or we see the start
                 self.waiting += 1
-                try:
-                    if self.reached(need):
-                        return True
-                    if give_up():
-                        return False
-                    self.cond.wait(0.05)   # bounded: steal and give_up are looked at again
-                finally:
+                heapq.heappush(self.waiters, (need, next(self.seq), event))
+            try:
+                if self.reached(need):
+                    return True
+                if give_up():
+                    return False
+                event.wait(STEAL_AFTER_S)  # bounded: steal and give_up are looked at again
+            finally:
+                with self.lock:
                     self.waiting -= 1
             if self.reached(need):
                 return True
@@ -86,8 +105,11 @@ class _StartOrder:
     def mark(self, j: int) -> None:
         self.started[j] = 1
         if self.waiting:
-            with self.cond:
-                self.cond.notify_all()
+            with self.lock:
+                self.reached(self.n)
+                low, waiters = self.low, self.waiters
+                while waiters and waiters[0][0] <= low:
+                    heapq.heappop(waiters)[2].set()
 
 
 class _Host:

@@ -17,7 +17,10 @@ interactions waiting for an answer, the first error. What it decides:
   later one half of what is queued over the workers (factoring);
 - with ``GroupStart.ordered``, starts follow input order: one branch per lease, marked
   ``in_order``, until ``concurrency`` branches are measured cheaper than ``batch_below``
-  seconds each (then guided leases as above).
+  seconds each (then guided leases as above). With ``GroupStart.waves`` too, branches
+  measured no cheaper than that go out in *waves*: strided in-order leases cut at once,
+  one per worker with room (:meth:`Collector._wave`), and a branch that comes back below
+  one dealt goes out again at once, alone.
   The workers hold each ``in_order`` start to the order: branch ``j`` starts once every
   branch up to ``j - bound`` has (:class:`actors.groups.host._StartOrder`);
 - on the first error: no new lease, ``Cancel`` to every lease out, then wait for them
@@ -168,6 +171,7 @@ class Collector:
         self.share_rounds = 0        # rounds of even shares cut (GroupStart.shares)
         self.share_left = 0          # leases left to cut in the current round
         self.share_size = 0          # the size of each lease of the current round
+        self.frontier = 0            # one past the highest branch leased so far
 
     # -- the table, read -------------------------------------------------------------
 
@@ -485,6 +489,8 @@ class Collector:
             self.state[i] = PENDING
         if self.phase == RUNNING:
             self.queue.extendleft(reversed(requeue))
+            if requeue and self.start.waves:   # waves deal from a queue in input order
+                self.queue = collections.deque(sorted(self.queue))
 
     def _measure(self, msg: BranchDone) -> None:
         self.busy_seconds += msg.elapsed
@@ -570,13 +576,28 @@ class Collector:
             self._unlease(self.again.popleft(), PENDING)
 
     def _dispatch(self) -> list[Out]:
-        out: list[Out] = []
         if self.phase != RUNNING:
-            return out
-        again = self.again
-        if not again and not self.queue:
+            return []
+        if not self.again and not self.queue:
             return self._rebalance() + self._release()
-        table = self.table
+        waving = self.waving and not self.table.lost
+        # While waves go out, a branch that came back below one leased (the rest of a
+        # stolen lease, a revoked one) goes out at once, on its own: a branch waiting for
+        # its turn may need it, so it never waits for the next wave.
+        out = self._one_by_one(self.frontier if waving else None)
+        queue = self.queue
+        if waving and queue and not self.again and queue[0] >= self.frontier:
+            out += self._wave()
+        if self.again or queue:   # (then there is nothing to rebalance or release)
+            return out
+        return out + self._rebalance() + self._release()
+
+    def _one_by_one(self, below: int | None) -> list[Out]:
+        """Leases taken back (first, under their ids), then leases cut from the head of
+        the queue (only branches below ``below`` if given), each to the worker with the
+        fewest leases, while one has room."""
+        out: list[Out] = []
+        again, table = self.again, self.table
         # The worker with the fewest leases out, the first in pool order among them (an
         # idle one first), from the pool's index by leases held.
         pool = self.pool
@@ -589,7 +610,7 @@ class Collector:
         cap = self.slots if len(pool) + len(table.lost) >= len(self.planned) else 1
         queue = self.queue
         fewest = pool.fewest
-        while again or queue:
+        while again or (queue and (below is None or queue[0] < below)):
             worker = fewest(cap)
             if worker is None:
                 break
@@ -601,9 +622,7 @@ class Collector:
             table.give(lease.lease_id, worker)
             self.peak_leases = max(self.peak_leases, len(table.payload))
             out.append((worker, lease))
-        if again or queue:   # (then there is nothing to rebalance or release)
-            return out
-        return out + self._rebalance() + self._release()
+        return out
 
     def _cut(self, batching: bool) -> Branch:
         """The next lease, from the head of the queue (its branches are leased now)."""
@@ -617,12 +636,62 @@ class Collector:
         else:
             indices = [popleft() for _ in range(k)]
             items = self._lease_items(indices)
+        if indices[-1] >= self.frontier:
+            self.frontier = indices[-1] + 1
+        return self._lease(indices, items, in_order=not batching)
+
+    @property
+    def waving(self) -> bool:
+        """Leases go out as waves (``GroupStart.waves``): starts follow input order and
+        the branches are measured, no cheaper than ``batch_below`` each."""
+        return self.start.waves and not self.batching and self.busy_items >= self.concurrency
+
+    def _wave(self) -> list[Out]:
+        """In-order leases cut at once, one per worker with room, once every worker has
+        room or one holds nothing: the ``p``-th of them holds the ``p``-th, ``p + W``-th,
+        ... of the first ``W x d`` queued branches (``W`` workers with room; ``d``
+        shrinks with the queue as guided leases do, or is ``GroupStart.chunk``). The
+        queue is in input order, so each worker's branches rise across its leases and
+        every branch below a dealt one is dealt, started or done (a branch that comes
+        back goes out again at once, see :meth:`_dispatch`): the smallest branch not
+        started is its worker's next, or in a lease queued in a box that a waiting
+        worker takes branches from (those below its own turn, actors.groups.worker), so
+        every branch still starts in its turn and nobody waits for ever on another
+        worker's queue. A worker held up by a long branch does not hold the others up:
+        once one of them is idle, the wave goes to those with room."""
+        table, pool, queue = self.table, self.pool, self.queue
+        if not pool or (pool.full and not pool.idle):
+            return []
+        room = [w for w in pool if len(table.workers[w].held) < self.slots] \
+            if pool.full else list(pool)
+        width = len(room)
+        start = self.start
+        depth = start.chunk if start.chunk > 0 else \
+            -(-len(queue) // (start.chunk_factor * len(pool)))
+        depth = max(1, min(start.max_chunk, depth))
+        popleft = queue.popleft
+        dealt = [popleft() for _ in range(min(len(queue), width * depth))]
+        self.frontier = dealt[-1] + 1
+        items, state = start.items, self.state
+        out: list[Out] = []
+        for p, worker in zip(range(len(dealt)), room):
+            indices = dealt[p::width]
+            for i in indices:
+                state[i] = LEASED
+            lease = self._lease(indices, [items[i] for i in indices], in_order=True)
+            table.add(lease.lease_id, lease)
+            table.give(lease.lease_id, worker)
+            out.append((worker, lease))
+        self.peak_leases = max(self.peak_leases, len(table.payload))
+        return out
+
+    def _lease(self, indices: list[int], items: list[Any], in_order: bool) -> Branch:
         lease_id = f"{self.gid}.{self.n_leases}"
         self.n_leases += 1
         journals = ({i: self.journals[i] for i in indices if i in self.journals}
                     if self.journals else {})
         return Branch(group_id=self.gid, lease_id=lease_id, indices=indices, items=items,
-                      journals=journals, in_order=not batching)
+                      journals=journals, in_order=in_order)
 
     def _lease_items(self, indices: list[int]) -> list[Any]:
         """The items of a lease's branches, now leased."""

@@ -32,6 +32,7 @@ class WorkerPool:
         self.rank: dict[str, int] = {}   # the members, in pool order
         self.next_rank = 0
         self.idle = 0                    # members holding no lease
+        self.full = 0                    # members holding ``slots`` leases (no room)
         self.fewest_by: list[list[Entry]] = [[] for _ in range(self.slots)]  # held == c
         self.queued: list[Entry] = []    # held >= 2: a lease queued behind a running one
         self.last: list[Entry] = []      # (-rank, name): idle, last in order first
@@ -57,11 +58,14 @@ class WorkerPool:
         self.next_rank += 1
         held = self.held(name)
         self.idle += held == 0
+        self.full += held >= self.slots
         self._index(name, held)
 
     def remove(self, name: str) -> None:
         if self.rank.pop(name, None) is not None:
-            self.idle -= self.held(name) == 0
+            held = self.held(name)
+            self.idle -= held == 0
+            self.full -= held >= self.slots
 
     def held(self, name: str) -> int:
         worker = self.table.workers.get(name)
@@ -72,6 +76,7 @@ class WorkerPool:
         if name not in self.rank:
             return
         self.idle += (now == 0) - (was == 0)
+        self.full += (now >= self.slots) - (was >= self.slots)
         self._index(name, now)
 
     # -- reading --------------------------------------------------------------------------
