@@ -185,8 +185,8 @@ def evobus_variant(spec: str):
             kw["conflicts"] = "score"
         elif name == "chain":
             kw["chain"] = value != "off"
-        else:
-            kw[name] = True
+        else:   # a rule switched on, or given a number (noise_z=1)
+            kw[name] = float(value) if value else True
 
     def run(domain, calls, seed):
         if "_waves" in kw:   # async waves ahead of the last merge (0: unpaced)

@@ -1,27 +1,31 @@
 """The Merger's optional acceptance rules, driven by messages alone (no bus, no
 threads): the screen on each diff's evidence task, attribution of a fused commit's
-diffs, retiring an accepted edit, recheck and the sequential gate."""
+diffs, retiring an accepted edit, recheck, the sequential gate and the noise test."""
 
 from __future__ import annotations
 
 from actors.addresses import PLANNER, SCHEDULER
 from actors.machines.attribution import Probe, without
 from actors.machines.merger import Merger
+from actors.machines.scoring import NOISE_MIN_DF, NoiseMeter
 from protocol import Barrier, Commit, Diff, EvalDone, EvalRequest, LeaseDone, Open, \
     RolloutResult, RoundClosed
 
 HELD = [f"h{i}" for i in range(8)]
 #: Held-out task -> the key it needs (h6, h7 need none: only "bad" solves them).
-NEEDS = {"h0": "g0", "h1": "g1", "h2": "g2", "h3": "g0", "h4": "g1", "h5": "g2"}
+NEEDS = {"h0": "g0", "h1": "g1", "h2": "g2", "h3": "g0", "h4": "g1", "h5": "g2",
+         "x0": "g0", "x1": "g1"}
 #: "bad" solves h6 and h7 and breaks h0, h1, h2: on top of nothing it helps (2/8); on
-#: top of g0..g2 it costs 3 tasks for 2 (5/8 against 6/8 without it).
+#: top of g0..g2 it costs 3 tasks for 2 (5/8 against 6/8 without it). It breaks the
+#: train tasks x0 and x1 too (their proposer has nothing to add: g0, g1 are in).
 BROKEN_BY_BAD = {"h0", "h1", "h2"}
+TRAIN_BROKEN_BY_BAD = {"x0", "x1"}
 
 
 def solves(state: dict[str, str], task: str) -> float:
     if task in ("h6", "h7"):
         return 1.0 if "bad" in state else 0.0
-    if task in BROKEN_BY_BAD and "bad" in state:
+    if task in BROKEN_BY_BAD | TRAIN_BROKEN_BY_BAD and "bad" in state:
         return 0.0
     return 1.0 if NEEDS.get(task) in state else 0.0
 
@@ -88,24 +92,61 @@ def test_a_harmful_diff_fused_with_good_ones_is_found_and_dropped():
                                               for r in probes)
 
 
+def stuck(m: Merger, r: int, tasks, score: float = 0.0) -> None:
+    """Rollouts of round ``r`` at the head that failed and brought no edit."""
+    m.handle(LeaseDone(lease_id=f"r{r}.u1", worker="w", round=r, version=m.version,
+                       results=[RolloutResult(task_id=t, score=score) for t in tasks]))
+
+
 def test_an_accepted_edit_is_retired_when_removing_it_scores_better():
     m = opened(retire=True)
     _, first = merge_round(m, 0, [d("bad")])            # alone it helps: 2/8
     _, second = merge_round(m, 1, [d("g0"), d("g1"), d("g2")])   # 5/8 with "bad"
     assert first.committed and second.committed and "bad" in m.state
-    # A round that commits nothing: the head's keys are probed, "bad" is removed.
-    out, third = merge_round(m, 2, [d("useless")])
+    # Train tasks x0, x1 fail at this head and their proposer has nothing new: when a
+    # round commits nothing, the head is scored on them afresh (they fail again), its
+    # keys are probed there, and "bad" is removed.
+    stuck(m, 2, ["x0", "x1"])
+    log: list = []
+    out, third = merge_round(m, 2, [d("useless")], log=log)
     assert commits(out)[0].state == {"g0": "on", "g1": "on", "g2": "on"}
     assert third.committed and third.outcomes == {"below-threshold": 1, "retired": 1}
     assert m.score == 6 / 8
-    # Once per head version: the next stalled round on the new head probes it once.
+    # The gate (8 tasks), the control and the probes on the two stuck tasks, the
+    # confirmation on the whole split: 8 + 2 x 5 + 8 calls.
+    assert [len(r.task_ids) for r in log] == [8, 2, 2, 2, 2, 2, 8]
+    # The stuck tasks are spent: the next stalled round probes nothing.
     _, fourth = merge_round(m, 3, [d("useless")])
     assert not fourth.committed and fourth.outcomes == {"below-threshold": 1}
+
+
+def test_retiring_probes_nothing_without_stuck_tasks():
+    """No train task is stuck at the head (every failed rollout proposed something):
+    a stalled round costs its gate and nothing more (the deterministic router's
+    case: retiring on by default costs it nothing)."""
+    m = opened(retire=True)
+    merge_round(m, 0, [d("bad")])
+    merge_round(m, 1, [d("g0"), d("g1"), d("g2")])
+    log: list = []
+    out, closed = merge_round(m, 2, [d("useless")], log=log)
+    assert not closed.committed and [len(r.task_ids) for r in log] == [8]
+
+
+def test_a_stuck_task_the_head_passes_when_scored_again_is_not_probed():
+    """x2 failed once at the head (the model's noise: the head solves it): the control
+    says so and no probe is spent on it."""
+    m = opened(retire=True)
+    merge_round(m, 0, [d("g0")])
+    stuck(m, 1, ["h0", "h3"])     # g0 solves both
+    log: list = []
+    out, closed = merge_round(m, 1, [d("useless")], log=log)
+    assert not closed.committed and [r.task_ids for r in log[1:]] == [["h0", "h3"]]
 
 
 def test_nothing_is_retired_when_every_key_earns_its_place():
     m = opened(retire=True)
     merge_round(m, 0, [d("g0"), d("g1"), d("g2")])
+    stuck(m, 1, ["h6", "h7"])     # only "bad" would solve these: removing keys does not
     out, closed = merge_round(m, 1, [d("useless")])
     assert not commits(out) and not closed.committed and "retired" not in closed.outcomes
 
@@ -299,6 +340,7 @@ def test_an_accepted_edit_is_retired_behind_the_sequential_gate():
     merge_round(m, 0, [d("bad")])
     merge_round(m, 1, [d("g0"), d("g1"), d("g2")])
     assert "bad" in m.state
+    stuck(m, 2, ["x0", "x1"])
     out, third = merge_round(m, 2, [d("useless")])
     assert commits(out)[0].state == {"g0": "on", "g1": "on", "g2": "on"}
     assert third.outcomes == {"below-threshold": 1, "retired": 1} and m.score == 6 / 8
@@ -347,3 +389,97 @@ def test_conflicts_names_its_choices():
     with pytest.raises(ConfigError, match="conflicts='best'.*'score', 'first'"):
         evolve([Task(id="t0", prompt="p")], lambda t, o: 0.0, run=lambda r, t: "",
                propose=lambda *a: None, conflicts="best")
+
+
+# -- the noise test: acceptance by the reward noise measured from repeated samples -------
+
+
+def test_the_noise_meter_pools_the_variance_of_repeated_samples():
+    meter = NoiseMeter()
+    for i in range(NOISE_MIN_DF):
+        meter.add("s", f"t{i}", 1.0)
+        assert meter.variance() is None or i == NOISE_MIN_DF - 1
+        meter.add("s", f"t{i}", 1.0 if i % 2 else 0.0)   # every other pair disagrees
+    # A disagreeing pair's two samples deviate 0.5 from their mean: 0.5 a pair, 0 else.
+    assert meter.df == NOISE_MIN_DF and meter.variance() == 0.25
+    meter.add("other state", "t0", 0.0)   # a first sample adds nothing
+    assert meter.df == NOISE_MIN_DF
+
+
+def noisy(m: Merger, agree: bool) -> None:
+    """Rollouts at the head: each of NOISE_MIN_DF train tasks twice, the two samples
+    disagreeing on every other task (or never)."""
+    for rep in range(2):
+        m.handle(LeaseDone(lease_id=f"n{rep}", worker="w", round=0, version=m.version,
+                           results=[RolloutResult(task_id=f"n{i}", score=float(
+                               rep == 0 or agree or i % 2)) for i in range(NOISE_MIN_DF)]))
+
+
+def test_a_close_call_is_decided_by_the_noise_test():
+    """The noise measured from repeated rollouts is a variance of 0.25 a sample: on 8
+    held-out tasks the standard error of a difference is 0.25. g0 alone gains 2/8, not
+    more than one standard error: rejected with noise_z=1, accepted without the test;
+    g0 and g1 together gain 4/8: accepted."""
+    for z, want in ((1.0, False), (0.0, True)):
+        m = opened(noise_z=z)
+        noisy(m, agree=False)
+        assert m.noise.variance() == 0.25
+        _, closed = merge_round(m, 0, [d("g0")])
+        assert closed.committed is want
+    m = opened(noise_z=1.0)
+    noisy(m, agree=False)
+    _, closed = merge_round(m, 0, [d("g0"), d("g1")])
+    assert closed.committed and m.score == 4 / 8
+
+
+def test_a_deterministic_model_measures_no_noise_and_the_test_is_strict():
+    m = opened(noise_z=1.0)
+    noisy(m, agree=True)
+    assert m.noise.variance() == 0.0
+    _, closed = merge_round(m, 0, [d("g0")])
+    assert closed.committed   # 2/8 > 0/8: no noise, so strictly better is enough
+
+
+def test_without_enough_repeats_a_candidate_need_only_beat_the_head():
+    m = opened(noise_z=3.0)
+    _, closed = merge_round(m, 0, [d("g0")])
+    assert m.noise.variance() is None and closed.committed
+
+
+def test_a_head_that_keeps_winning_is_scored_again_and_its_score_becomes_the_mean():
+    """The head's one held-out score (4/8) may be a lucky one: after two merges in a row
+    that commit nothing it is scored afresh (2/8 this time), its score becomes the mean
+    of the two (3/8), and each held-out task scored twice is a repeated sample for the
+    noise."""
+    m = opened(noise_z=1.0)
+    merge_round(m, 0, [d("g0"), d("g1")])          # 4/8
+    assert m.score == 4 / 8
+    df = m.noise.df
+    requests: list = []
+
+    def fresh(out) -> list:
+        result, pending = [], list(out)
+        while pending:
+            to, msg = pending.pop(0)
+            if isinstance(msg, EvalRequest):
+                requests.append(msg)
+                scores = {t: solves(msg.state, t) for t in msg.task_ids}
+                if msg.state == m.state and msg.task_ids == HELD:   # the fresh sample
+                    scores = dict(scores, h0=0.0, h1=0.0)
+                pending += m.handle(EvalDone(eval_id=msg.eval_id, scores=scores,
+                                             score=sum(scores.values()) / len(scores)))
+            else:
+                result.append(msg)
+        return result
+
+    for r in (1, 2):
+        m.handle(LeaseDone(lease_id=f"r{r}.u0", worker="w", round=r, version=m.version,
+                           results=[RolloutResult(task_id="t", score=0.0, diff=d("useless"))]))
+        fresh(m.handle(Barrier(round=r)))
+    head_evals = [r for r in requests if r.state == m.state]
+    assert len(head_evals) == 1 and m.head_samples == 2
+    assert m.score == 3 / 8
+    # Each held-out task's two samples (2 of 8 pairs disagree), and task t rolled out
+    # twice at this head.
+    assert m.noise.df == df + len(HELD) + 1
+    assert m.noise.sum_sq == 2 * 0.5

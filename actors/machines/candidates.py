@@ -116,6 +116,10 @@ class Merge:
     variant_tasks: list[str] | None = None
     recheck: tuple | None = None
     confirm_state: dict[str, str] = field(default_factory=dict)
+    # Retiring: the stuck tasks the head is scored on afresh, and its per-task scores.
+    control_tasks: list[str] = field(default_factory=list)
+    # Per-task scores of the evals that need them (tag -> task -> score).
+    per_task: dict[str, dict[str, float]] = field(default_factory=dict)
     confirm_key: frozenset = frozenset()
     # The sequential gate: tag -> (state, key, first tasks, head's sum there, then
     # the candidate's mean there), and the candidates stopped on their first tasks.

@@ -64,7 +64,7 @@ from actors.addresses import DRIVER, PLANNER, SCHEDULER, Out
 from actors.machines.candidates import Merge, apply, changes, conflict_groups, state_key
 from actors.machines.probing import PROBE_EVALS, PROBE_TASKS, Probing
 from actors.machines.reuse import PairScores
-from actors.machines.scoring import SCORE_CACHE_STATES, ScoreTables
+from actors.machines.scoring import SCORE_CACHE_STATES, NoiseMeter, ScoreTables
 from actors.machines.screening import SEQUENTIAL_FIRST, SEQUENTIAL_SLACK, Screening
 from actors.machines.staleness import KeyHistory, merge_ready
 from protocol import (
@@ -118,10 +118,15 @@ class Merger(ScoreTables, Screening, Probing):
                  sequential_first: int = SEQUENTIAL_FIRST,
                  sequential_slack: float = SEQUENTIAL_SLACK,
                  conflicts: str = "score", rebase: bool = False, waves: bool = False,
-                 backlog: int | None = None, reuse: bool = False) -> None:
+                 backlog: int | None = None, reuse: bool = False,
+                 noise_z: float = 0.0) -> None:
         if conflicts not in CONFLICTS:
             raise ValueError(f"conflicts={conflicts!r}: choose one of {', '.join(CONFLICTS)}")
         self.conflicts = conflicts
+        self.noise_z = float(noise_z)
+        self.noise = NoiseMeter()
+        self.head_samples = 1     # held-out samples the head's score is the mean of
+        self.without_gain = 0     # merges in a row that committed nothing
         # Async (actors/machines/staleness.py): a diff none of whose keys a later commit
         # wrote is kept as fresh (``rebase``); with ``waves`` an idle Merger merges when
         # the Planner says a wave has settled (WaveSettled), or it holds ``backlog``
@@ -155,7 +160,8 @@ class Merger(ScoreTables, Screening, Probing):
         self._evidence: dict[int, tuple[str, float | None]] = {}
         # Held-out per-task scores of the states scored lately: state key -> scores.
         self._detail: dict[frozenset, dict[str, float]] = {}
-        self._retired_at = -1   # the head version a retire probe last ran on
+        # Train tasks the head is stuck on (a failed rollout that brought no new edit).
+        self._stuck: set[str] = set()
         self._probes = 0
         self.merges_scored = 0
         self.asynchronous = asynchronous
@@ -240,9 +246,18 @@ class Merger(ScoreTables, Screening, Probing):
         sections = self.sections if msg.section is not None else None
         held = None
         unit = msg.unit
+        at_head = msg.version == self.version and msg.kind == "rollout"
+        if at_head:
+            key = ("train", self.version)
+            for result in msg.results:
+                if result.score is not None:
+                    self.noise.add(key, result.task_id, result.score)
         for position, result in enumerate(msg.results):
             diff = result.diff
             if diff is None:
+                if self.retire and result.score is not None and result.score < 1.0 \
+                        and at_head:
+                    self._stuck.add(result.task_id)
                 continue
             if sections is not None:
                 outside = [k for k in diff.ops if sections.get(k) != msg.section]
@@ -424,6 +439,10 @@ class Merger(ScoreTables, Screening, Probing):
             return self._screen_done()
         if m.stage == "probe":
             return self._probe_scored()
+        if m.stage == "control":
+            return self._controlled()
+        if m.stage == "rescore":
+            return self._rescored()
         if m.stage == "confirm":
             return self._confirmed()
         if m.stage == "recheck":
@@ -467,7 +486,7 @@ class Merger(ScoreTables, Screening, Probing):
             return self._to_fused()
         if m.stage == "fused":
             score = self._gate_score(m.fused_key)
-            if score is not None and score > self.score:
+            if self._beats(score):
                 return self._accept(m.fused, m.fused_state, m.fused_key, score)
             if len(m.fused) == 1:
                 self._count(m.outcomes, "below-threshold")
@@ -479,7 +498,7 @@ class Merger(ScoreTables, Screening, Probing):
             scored = [(-1.0 if s is None else s, i, half) for s, i, half in scored]
             # Highest score first; the first half wins an exact tie.
             score, i, best = max(scored, key=lambda t: (t[0], -t[1]))
-            if score > self.score:
+            if self._beats(score):
                 return self._accept(best, m.half_states[i], m.half_keys[i], score,
                                     below=len(m.fused) - len(best))
             if len(best) == 1 or m.depth >= MAX_BISECT_DEPTH:
@@ -521,6 +540,9 @@ class Merger(ScoreTables, Screening, Probing):
         return self._held_out("fused", m.fused_state, m.fused_key)
 
     def _commit(self, state: dict[str, str], score: float) -> list[Out]:
+        self._stuck = set()
+        self.head_samples = 1
+        self.without_gain = 0
         self.version += 1
         if self.rebase:
             self._keys.commit(self.state, state)

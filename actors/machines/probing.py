@@ -9,13 +9,15 @@ from __future__ import annotations
 from actors.addresses import Out
 from actors.machines.attribution import DELETE, Probe, without
 from actors.machines.candidates import state_key
-from actors.machines.scoring import AGAIN
+from actors.machines.scoring import AGAIN, RESCORE_AFTER
 from protocol import Diff
 
 #: A probe (attribution, retiring) scores on at most this many failing held-out tasks,
 #: and makes at most this many evals of them (a control eval included).
 PROBE_TASKS = 12
 PROBE_EVALS = 24
+#: Retiring probes the head once this many train tasks are stuck at it.
+RETIRE_MIN = 2
 #: With ``recheck``, a gain of at most this many held-out tasks is scored again.
 RECHECK_TASKS = 3
 
@@ -58,7 +60,7 @@ class Probing:
         if self._rechecked_at != self.version:   # the head's two samples, once a version
             self._rechecked_at = self.version
             self.score = (self.score + table[state_key(self.state)]) / 2
-        if cand > self.score:
+        if self._beats(cand):
             return self._accept(diffs, state, key, cand, below)
         self._count(m.outcomes, "rechecked-out", len(diffs))
         self._count(m.outcomes, "below-threshold", below)
@@ -66,17 +68,73 @@ class Probing:
 
     def _no_commit(self) -> list[Out]:
         """Nothing of this merge beats the head: close, or first try retiring the head's
-        keys (once per head version)."""
+        keys, on the train tasks the head is stuck on (tasks whose failed rollout at
+        this head brought no new edit: the proposer's fix is in already, or was
+        screened out), when ``RETIRE_MIN`` new ones were met since the last probe."""
         m = self.merge
-        if not (self.retire and m is not None and m.probe is None
-                and self._retired_at != self.version and self.state):
-            return self._close(committed=False)
-        self._retired_at = self.version
+        if m is not None and m.probe is None and m.stage not in ("rescore", "screen"):
+            self.without_gain += 1
+            if self.noise_z > 0 and self.without_gain >= RESCORE_AFTER \
+                    and self.noise.variance() != 0.0:
+                return self._rescore()
+        return self._retire_stuck()
+
+    def _rescore(self) -> list[Out]:
+        """Score the head afresh on the held-out split: its score becomes the mean of
+        its samples, and each task scored twice is a repeated sample for the noise."""
+        m = self.merge
+        self.without_gain = 0
+        m.stage = "rescore"
+        m.waiting = {"rescore"}
+        again = self._scores_again()
+        again.pop(state_key(self.state), None)   # a fresh sample, never the table's
+        return self._request("rescore", self.state, again=True)
+
+    def _rescored(self) -> list[Out]:
+        m = self.merge
         key = state_key(self.state)
-        units = [{k: DELETE} for k in sorted(self.state)]
-        probe = self._probe(self.state, key, units)
-        if probe is None:
+        fresh = self._scores_again()[key]
+        first = self._detail.get(key, {}) if self.head_samples == 1 else {}
+        for task, score in m.per_task.get("rescore", {}).items():
+            if task in first:
+                self.noise.add(("heldout", key), task, first[task])
+        for task, score in m.per_task.get("rescore", {}).items():
+            self.noise.add(("heldout", key), task, score)
+        self.score = (self.score * self.head_samples + fresh) / (self.head_samples + 1)
+        self.head_samples += 1
+        return self._retire_stuck()
+
+    def _retire_stuck(self) -> list[Out]:
+        m = self.merge
+        stuck = sorted(self._stuck)
+        if not (self.retire and m is not None and m.probe is None and self.state
+                and len(stuck) >= RETIRE_MIN):
             return self._close(committed=False)
+        self._stuck = set()
+        tasks = stuck[-self.probe_tasks:] if len(stuck) > self.probe_tasks else stuck
+        if len(stuck) > self.probe_tasks:   # rotate which ones a probe looks at
+            turn = (self._probes * self.probe_tasks) % len(stuck)
+            tasks = sorted((stuck[turn:] + stuck[:turn])[:self.probe_tasks])
+        self._probes += 1
+        m.stage = "control"
+        m.control_tasks = tasks
+        m.waiting = {"control"}
+        return self._request("control", self.state, tasks, again=True)
+
+    def _controlled(self) -> list[Out]:
+        """The head scored afresh on its stuck tasks: those it fails again are probed
+        (a failure met once may be the model's noise)."""
+        m = self.merge
+        control = m.per_task.get("control", {})
+        failing = [t for t in m.control_tasks if control.get(t, 0.0) < 1.0]
+        if control and not failing:
+            return self._close(committed=False)
+        tasks = failing or m.control_tasks
+        units = [{k: DELETE} for k in sorted(self.state)]
+        # Without per-task scores (a score met before), the probe takes a control first.
+        probe = Probe(base=self.state, units=units, tasks=sorted(tasks),
+                      base_score=0.0 if control else -1.0,
+                      margin=0.5 / len(tasks), max_evals=self.probe_evals)
         m.probe, m.probe_kind = probe, "retire"
         m.cand_state, m.cand_score = self.state, self.score
         return self._probe_next()
@@ -149,6 +207,8 @@ class Probing:
     def _confirmed(self) -> list[Out]:
         m = self.merge
         score = self._scores(None)[m.confirm_key]
+        if m.probe_kind == "retire":
+            return self._probe_end(score if self._beats(score) else None)
         return self._probe_end(score if score > m.cand_score else None)
 
     def _probe_end(self, better: float | None) -> list[Out]:

@@ -13,6 +13,7 @@ read them).
 from __future__ import annotations
 
 import itertools
+import math
 
 from actors.addresses import SCHEDULER, Out
 from actors.machines.candidates import state_key
@@ -33,6 +34,46 @@ _MISSING = object()
 AGAIN = "#again"
 #: Per-task held-out scores are kept for this many states (the most recent).
 DETAIL_STATES = 256
+
+
+#: The noise test trusts its estimate of the reward noise once it rests on this many
+#: repeated samples (degrees of freedom); before, a candidate needs only beat the head.
+NOISE_MIN_DF = 20
+#: With the noise test on, the head is scored afresh after this many merges in a row
+#: that committed nothing (its one score may be a lucky one).
+RESCORE_AFTER = 2
+
+
+class NoiseMeter:
+    """The reward noise of the model, from repeated samples of the same (state, task):
+    the pooled within-pair variance (each (state, task) sampled ``k`` times adds
+    ``k - 1`` degrees of freedom). Only samples drawn whatever their outcome count (a
+    task probed because it failed once would overstate the noise). Pure."""
+
+    def __init__(self, max_keys: int = 4096) -> None:
+        self.max_keys = max_keys
+        self.sum_sq = 0.0     # the sum of squared deviations from each pair's mean
+        self.df = 0
+        self._seen: dict[tuple, tuple[int, float]] = {}   # (state, task) -> (n, mean)
+
+    def add(self, key, task: str, score: float) -> None:
+        n, mean = self._seen.pop((key, task), (0, 0.0))
+        if n:
+            new_mean = mean + (score - mean) / (n + 1)
+            self.sum_sq += (score - mean) * (score - new_mean)
+            self.df += 1
+            mean = new_mean
+        else:
+            mean = score
+        self._seen[(key, task)] = (n + 1, mean)
+        if len(self._seen) > self.max_keys:
+            del self._seen[next(iter(self._seen))]
+
+    def variance(self) -> float | None:
+        """The variance of one sample of a (state, task) (None: too few repeats yet)."""
+        if self.df < NOISE_MIN_DF:
+            return None
+        return self.sum_sq / self.df
 
 
 class ScoreTables:
@@ -100,6 +141,8 @@ class ScoreTables:
         if msg.unscored is not None:  # (the baseline: 0.0, not remembered as its score)
             return self._unscored(tag) if tag != "baseline" else self._scored(tag, 0.0)
         scores[key] = msg.score   # the only place a table grows
+        if tag in ("control", "rescore") and self.merge is not None:
+            self.merge.per_task[tag] = dict(msg.scores)
         if msg.scores and scores is self._scores(None):
             self._detail[key] = dict(msg.scores)
         elif msg.scores and isinstance(tag, tuple) and tag[0] in ("first", "rest"):
@@ -109,6 +152,25 @@ class ScoreTables:
         if len(scores) > self.cache_states:
             self._over_cap.append(scores)
         return self._scored(tag, msg.score)
+
+    def _scores_again(self) -> dict[frozenset, float]:
+        """The table of second samples on the held-out split (``recheck``, rescoring)."""
+        return self.cache.setdefault((AGAIN,) + tuple(self.heldout), {})
+
+    def _beats(self, score: float | None) -> bool:
+        """Whether a candidate's held-out score beats the head's: strictly, and with the
+        noise test (``noise_z`` > 0) by more than ``noise_z`` standard errors of the
+        difference, the noise estimated from repeated samples (:class:`NoiseMeter`;
+        until there are enough of them, strictly is enough). The head's score is the
+        mean of its ``head_samples``."""
+        if score is None or score <= self.score:
+            return False
+        var = self.noise.variance() if self.noise_z > 0 else None
+        if not var:
+            return True
+        n = max(1, len(self.heldout))
+        se = math.sqrt(var / n * (1.0 + 1.0 / self.head_samples))
+        return score - self.score > self.noise_z * se
 
     def _candidate_key(self, ops: dict[str, str], ops_key: frozenset | None) -> frozenset:
         """The cache key of the head with ``ops`` applied, remembered per ``ops`` until

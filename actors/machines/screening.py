@@ -59,6 +59,8 @@ class Screening:
                 keep.append(d)
             else:
                 self._count(m.outcomes, "screened-out")
+                if self.retire:   # the head is stuck on this task (probing.py)
+                    self._stuck.add(task_ids[0])
         if not keep:
             return self._no_commit()
         return self._variants(keep)

@@ -159,7 +159,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            attribute: bool = False, retire: bool = False,
            recheck: bool = False, sequential: bool = False,
            conflicts: str = "first", chain: bool = True,
-           deterministic: bool = False) -> EvolveResult:
+           deterministic: bool = False, noise_z: float = 0.0) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
@@ -187,7 +187,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     (docs/concepts.md, actors/workers/chain.py); off, every proposal of a lease is made
     on the head. ``deterministic=True`` declares that the model gives the same output
     for the same rendered artifact and task: a (state, task) score is then asked for
-    once and reused (actors/machines/reuse.py, docs/concepts.md).
+    once and reused (actors/machines/reuse.py, docs/concepts.md). ``noise_z``: the noise
+    test (0: off): a candidate must beat the head by that many standard errors, the
+    reward noise measured from repeated rollouts of the same (state, task).
 
     ``parallel`` (default ``DataParallel(per_worker=4)`` with up to 4 workers, a round
     of 16 tasks shared by more, chosen by the benchmarks in docs/parallelism.md, or the
@@ -208,7 +210,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                          (max_rollouts, max_calls, max_seconds, target_reward, patience,
                           max_tokens, max_cost))
     modes = dataclasses.replace(modes, gate=_gate(screen, attribute, retire, recheck,
-                                                      sequential, conflicts))
+                                                      sequential, conflicts, noise_z))
     if deterministic:   # recorded only when declared: older headers replay without it
         modes.gate["reuse"] = True
     _check_numbers(solved_threshold, lease_size)
@@ -488,16 +490,20 @@ def _check_budgets(max_calls, max_tokens, max_cost, prices, agent, run, propose,
 
 
 def _gate(screen: bool, attribute: bool, retire: bool, recheck: bool,
-          sequential: bool = False, conflicts: str = "score") -> dict[str, Any]:
+          sequential: bool = False, conflicts: str = "score",
+          noise_z: float = 0.0) -> dict[str, Any]:
     """The Merger's optional acceptance rules (docs/concepts.md), each on or off: the
     log header records them all, and a header that lacks one was written before it
     existed (replay takes it as off)."""
     if conflicts not in CONFLICTS:
         raise ConfigError(f"evolve(conflicts={conflicts!r}): choose one of "
                           f"{', '.join(map(repr, CONFLICTS))}")
+    if isinstance(noise_z, bool) or not isinstance(noise_z, (int, float)) or noise_z < 0:
+        raise ConfigError(f"evolve(noise_z={noise_z!r}): the noise test takes a number of "
+                          "standard errors >= 0 (0 turns it off), e.g. noise_z=1.0")
     return {"screen": bool(screen), "attribute": bool(attribute), "retire": bool(retire),
             "recheck": bool(recheck), "sequential": bool(sequential),
-            "conflicts": conflicts}
+            "conflicts": conflicts, "noise_z": float(noise_z)}
 
 
 def _start_tracker(tracking, params: dict[str, Any], plan_with, strategy,
