@@ -104,7 +104,8 @@ class Merge:
     depth: int = 0
     verify: list[tuple[Diff, str]] = field(default_factory=list)
     screened: list[Diff] = field(default_factory=list)
-    screen_keys: dict[int, tuple[tuple[str, ...], frozenset]] = field(default_factory=dict)
+    screen_keys: dict[int, tuple[tuple[str, ...], float]] = field(default_factory=dict)
+    noise_failed: set[int] = field(default_factory=set)   # evidence the head passes
     # A probe (attribution of a commit's diffs, or retiring the head's keys).
     probe: Probe | None = None
     probe_kind: str = ""
@@ -118,6 +119,12 @@ class Merge:
     confirm_state: dict[str, str] = field(default_factory=dict)
     # Retiring: the stuck tasks the head is scored on afresh, and its per-task scores.
     control_tasks: list[str] = field(default_factory=list)
+    # Attribution: the candidate passed its gate (or not), its key, the regressions
+    # that held on a second look, the diffs flagged (indices into ``cand``).
+    cand_passed: bool = False
+    cand_key: frozenset = frozenset()
+    loo_tasks: list[str] = field(default_factory=list)
+    flagged: list[int] = field(default_factory=list)
     # Per-task scores of the evals that need them (tag -> task -> score).
     per_task: dict[str, dict[str, float]] = field(default_factory=dict)
     confirm_key: frozenset = frozenset()

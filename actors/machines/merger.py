@@ -437,12 +437,20 @@ class Merger(ScoreTables, Screening, Probing):
         m = self.merge
         if m.stage == "screen":
             return self._screen_done()
+        if m.stage == "screen-head":
+            return self._screen_head_done()
         if m.stage == "probe":
             return self._probe_scored()
         if m.stage == "control":
             return self._controlled()
         if m.stage == "rescore":
             return self._rescored()
+        if m.stage == "regress":
+            return self._regressed()
+        if m.stage == "loo":
+            return self._looed()
+        if m.stage == "reg-confirm":
+            return self._reg_confirmed()
         if m.stage == "confirm":
             return self._confirmed()
         if m.stage == "recheck":
@@ -491,6 +499,8 @@ class Merger(ScoreTables, Screening, Probing):
             if len(m.fused) == 1:
                 self._count(m.outcomes, "below-threshold")
                 return self._no_commit()
+            if self.attribute:
+                return self._attribute_failed()
             return self._bisect(m.fused)
         if m.stage == "bisect":
             scored = [(self._gate_score(m.half_keys[i]), i, half)

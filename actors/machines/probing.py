@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from actors.addresses import Out
 from actors.machines.attribution import DELETE, Probe, without
-from actors.machines.candidates import state_key
+from actors.machines.candidates import apply, state_key
 from actors.machines.scoring import AGAIN, RESCORE_AFTER
 from protocol import Diff
 
@@ -39,18 +39,111 @@ class Probing:
             m.waiting = {"again-c", "again-h"}
             return (self._request("again-c", state, key=key, again=True)
                     + self._request("again-h", self.state, again=True))
-        units = []
-        for d in diffs:
-            units.append({k: self.state.get(k, DELETE) for k in d.ops})
-        probe = self._probe(state, key, units) if self.attribute and len(diffs) > 1 else None
-        if probe is None:
-            self._count(m.outcomes, "committed", len(diffs))
-            self._count(m.outcomes, "below-threshold", below)
-            return self._commit(state, score)
-        m.probe, m.probe_kind = probe, "attribute"
-        m.cand, m.cand_state, m.cand_score = diffs, state, score
-        m.below = below   # counted when the probe ends
-        return self._probe_next()
+        if self.attribute and len(diffs) > 1:
+            tasks = self._regressions(key)
+            if tasks:
+                return self._attribute(diffs, state, key, score, below, passed=True)
+        self._count(m.outcomes, "committed", len(diffs))
+        self._count(m.outcomes, "below-threshold", below)
+        return self._commit(state, score)
+
+    # -- attribution: the diffs behind a candidate's regressions -----------------------
+
+    def _regressions(self, key: frozenset) -> list[str]:
+        """The held-out tasks a candidate does worse on than the head (at most
+        ``probe_tasks``; none when either's per-task scores are unknown)."""
+        cand, head = self._detail.get(key), self._detail.get(state_key(self.state))
+        if not cand or not head:
+            return []
+        return sorted(t for t, s in cand.items() if s < head.get(t, s))[:self.probe_tasks]
+
+    def _attribute(self, diffs: list[Diff], state: dict[str, str], key: frozenset,
+                   score: float, below: int, passed: bool) -> list[Out]:
+        """Look for the diffs behind the candidate's regressions: first the candidate
+        scored afresh on them (a regression met once may be the model's noise)."""
+        m = self.merge
+        m.cand, m.cand_state, m.cand_key, m.cand_score = diffs, state, key, score
+        m.below, m.cand_passed = below, passed
+        m.stage = "regress"
+        m.control_tasks = self._regressions(key)
+        m.waiting = {"control"}
+        return self._request("control", state, m.control_tasks, fresh=True)
+
+    def _attribute_failed(self) -> list[Out]:
+        """A fused candidate of several diffs did not beat the head: if it regressed,
+        attribute the regressions (instead of bisecting), else nothing of it is kept."""
+        m = self.merge
+        score = self._gate_score(m.fused_key)
+        if score is None or not self._regressions(m.fused_key):
+            self._count(m.outcomes, "below-threshold", len(m.fused))
+            return self._no_commit()
+        return self._attribute(m.fused, m.fused_state, m.fused_key, score, 0, passed=False)
+
+    def _regressed(self) -> list[Out]:
+        """The regressions that held on a second look: each diff taken back out of the
+        candidate alone (leave-one-out) on those tasks."""
+        m = self.merge
+        head = self._detail.get(state_key(self.state), {})
+        control = m.per_task.get("control", {})
+        m.loo_tasks = [t for t in m.control_tasks
+                       if t in control and control[t] < head.get(t, 0.0)]
+        if not m.loo_tasks:
+            return self._attributed([])
+        m.stage = "loo"
+        m.waiting = {("loo", j) for j in range(len(m.cand))}
+        out: list[Out] = []
+        for j, d in enumerate(m.cand):
+            state = without(m.cand_state, [{k: self.state.get(k, DELETE) for k in d.ops}])
+            out += self._request(("loo", j), state, m.loo_tasks, fresh=True)
+        return out
+
+    def _looed(self) -> list[Out]:
+        """A diff is flagged when taking it out repairs a regression that few others'
+        removal repairs (when most removals repair a task, it was the noise)."""
+        m = self.merge
+        head = self._detail.get(state_key(self.state), {})
+        n = len(m.cand)
+        flagged: set[int] = set()
+        for t in m.loo_tasks:
+            repairers = [j for j in range(n)
+                         if m.per_task.get(("loo", j), {}).get(t, 0.0) >= head.get(t, 1.0)]
+            if 0 < len(repairers) <= max(1, n // 2):
+                flagged.update(repairers)
+        return self._attributed(sorted(flagged))
+
+    def _attributed(self, flagged: list[int]) -> list[Out]:
+        m = self.merge
+        if not flagged:
+            return self._attribution_end(None, [])
+        keep = [d for j, d in enumerate(m.cand) if j not in flagged]
+        m.confirm_state = apply(self.state, keep)
+        m.confirm_key = state_key(m.confirm_state)
+        m.flagged = flagged
+        m.stage = "reg-confirm"
+        m.waiting = {"confirm"}
+        return self._held_out("confirm", m.confirm_state, m.confirm_key)
+
+    def _reg_confirmed(self) -> list[Out]:
+        m = self.merge
+        return self._attribution_end(self._gate_score(m.confirm_key), m.flagged)
+
+    def _attribution_end(self, score: float | None, flagged: list[int]) -> list[Out]:
+        """Commit the candidate without the flagged diffs when that scores higher (than
+        the candidate that passed, or than the head); else the candidate if it passed."""
+        m = self.merge
+        better = score is not None and flagged and (
+            score > m.cand_score if m.cand_passed else self._beats(score))
+        if better:
+            self._count(m.outcomes, "committed", len(m.cand) - len(flagged))
+            self._count(m.outcomes, "harmful", len(flagged))
+            self._count(m.outcomes, "below-threshold", m.below)
+            return self._commit(m.confirm_state, score)
+        if m.cand_passed:
+            self._count(m.outcomes, "committed", len(m.cand))
+            self._count(m.outcomes, "below-threshold", m.below)
+            return self._commit(m.cand_state, m.cand_score)
+        self._count(m.outcomes, "below-threshold", len(m.cand))
+        return self._no_commit()
 
     def _rechecked(self) -> list[Out]:
         m = self.merge
@@ -75,7 +168,7 @@ class Probing:
         if m is not None and m.probe is None and m.stage not in ("rescore", "screen"):
             self.without_gain += 1
             if self.noise_z > 0 and self.without_gain >= RESCORE_AFTER \
-                    and self.noise.variance() != 0.0:
+                    and self.head_samples == 1 and self.noise.variance() != 0.0:
                 return self._rescore()
         return self._retire_stuck()
 
@@ -139,31 +232,6 @@ class Probing:
         m.cand_state, m.cand_score = self.state, self.score
         return self._probe_next()
 
-    def _probe(self, base: dict[str, str], key: frozenset,
-               units: list[dict[str, str | None]]) -> Probe | None:
-        """A probe of ``base`` on its failing held-out tasks (None: its per-task scores
-        are not known, or it fails none)."""
-        detail = self._detail.get(key)
-        if not detail:
-            return None
-        # Regressions first (tasks the head does better on), then the other failing
-        # tasks, rotated from one probe to the next so that probes look at new ones.
-        head = self._detail.get(state_key(self.state), {})
-        failing = sorted((score - head.get(task, score), task)
-                         for task, score in detail.items() if score < 1.0)
-        regressions = [task for gap, task in failing if gap < 0]
-        rest = [task for gap, task in failing if gap >= 0]
-        if rest:
-            turn = (self._probes * self.probe_tasks) % len(rest)
-            rest = rest[turn:] + rest[:turn]
-        self._probes += 1
-        tasks = (regressions + rest)[:self.probe_tasks]
-        if not tasks:
-            return None
-        margin = 0.5 / len(tasks)
-        return Probe(base=base, units=units, tasks=sorted(tasks), base_score=-1.0,
-                     margin=margin, max_evals=self.probe_evals)
-
     def _probe_next(self) -> list[Out]:
         m = self.merge
         probe = m.probe
@@ -207,23 +275,14 @@ class Probing:
     def _confirmed(self) -> list[Out]:
         m = self.merge
         score = self._scores(None)[m.confirm_key]
-        if m.probe_kind == "retire":
-            return self._probe_end(score if self._beats(score) else None)
-        return self._probe_end(score if score > m.cand_score else None)
+        return self._probe_end(score if self._beats(score) else None)
 
     def _probe_end(self, better: float | None) -> list[Out]:
-        """Keep the probed candidate, or its version without the flagged units when
-        that scored higher on the held-out split."""
+        """Retire the flagged keys of the head when the head without them scored
+        higher on the held-out split (by the noise test when it is on)."""
         m = self.merge
         flagged = m.probe.flagged if better is not None else []
-        if m.probe_kind == "retire":
-            if not flagged:
-                return self._close(committed=False)
-            self._count(m.outcomes, "retired", len(flagged))
-            return self._commit(m.confirm_state, better)
-        self._count(m.outcomes, "committed", len(m.cand) - len(flagged))
-        self._count(m.outcomes, "harmful", len(flagged))
-        self._count(m.outcomes, "below-threshold", m.below)
-        if flagged:
-            return self._commit(m.confirm_state, better)
-        return self._commit(m.cand_state, m.cand_score)
+        if not flagged:
+            return self._close(committed=False)
+        self._count(m.outcomes, "retired", len(flagged))
+        return self._commit(m.confirm_state, better)

@@ -89,10 +89,12 @@ class ScoreTables:
         return self.cache.setdefault(tuple(task_ids), {})
 
     def _request(self, tag: str, state: dict[str, str], task_ids: list[str] | None = None,
-                 key: frozenset | None = None, again: bool = False) -> list[Out]:
+                 key: frozenset | None = None, again: bool = False,
+                 fresh: bool = False) -> list[Out]:
         """Score ``state`` on ``task_ids`` (the held-out set by default); ``key`` is its
         :func:`~actors.machines.candidates.state_key` when the caller has it already. ``again``: a second sample,
-        kept in a table of its own (the first score of the state is not reused)."""
+        kept in a table of its own (the first score of the state is not reused).
+        ``fresh``: asked for even when the table knows it (a new sample, per task)."""
         if again:
             scores = self.cache.setdefault((AGAIN,) + tuple(task_ids or self.heldout), {})
         else:
@@ -102,7 +104,7 @@ class ScoreTables:
         if key is None:
             key = state_key(state)
         self.n_evals += 1  # a known score still takes an eval id (ids are in messages)
-        score = scores.pop(key, _MISSING)
+        score = _MISSING if fresh else scores.pop(key, _MISSING)
         if score is not _MISSING:
             scores[key] = score   # used again: last in line to be dropped (_trim_cache)
             # Known score: answer ourselves without asking anyone (no message needed).
@@ -141,7 +143,8 @@ class ScoreTables:
         if msg.unscored is not None:  # (the baseline: 0.0, not remembered as its score)
             return self._unscored(tag) if tag != "baseline" else self._scored(tag, 0.0)
         scores[key] = msg.score   # the only place a table grows
-        if tag in ("control", "rescore") and self.merge is not None:
+        if self.merge is not None and (tag in ("control", "rescore") or (
+                isinstance(tag, tuple) and tag[0] == "loo")):
             self.merge.per_task[tag] = dict(msg.scores)
         if msg.scores and scores is self._scores(None):
             self._detail[key] = dict(msg.scores)

@@ -26,20 +26,44 @@ class Screening:
         """The cheap gate: each diff scored on its own evidence task (one call) on top of
         the head; only those that do better there than the rollout that proposed them go
         on to the held-out gate (the rest are ``screened-out``). A diff whose evidence
-        is unknown goes on unscreened."""
+        is unknown goes on unscreened. When the model is measured to be noisy, the head
+        is first scored again on the evidence tasks (one call each): a task it passes
+        then failed by the model's noise, and the diffs it brought are screened out
+        without a call of their own."""
         m = self.merge
         m.screened = diffs
-        requests = []
         for d in diffs:
             ev = evidence.get(id(d))
-            if ev is None or ev[1] is None:
-                continue
-            task_ids = (ev[0],)
-            m.screen_keys[id(d)] = (task_ids, ev[1])
-            requests.append((("s", id(d)), apply(self.state, [d]), list(task_ids)))
+            if ev is not None and ev[1] is not None:
+                m.screen_keys[id(d)] = ((ev[0],), ev[1])
+        if self.noise.variance() and m.screen_keys:
+            tasks = sorted({task_ids[0] for task_ids, _ in m.screen_keys.values()})
+            m.stage = "screen-head"
+            m.waiting = {("sh", t) for t in tasks}
+            out: list[Out] = []
+            for t in tasks:
+                out += self._request(("sh", t), self.state, [t], fresh=True)
+            return out
+        return self._screen_diffs()
+
+    def _screen_head_done(self) -> list[Out]:
+        m = self.merge
+        key = state_key(self.state)
+        for d in m.screened:
+            known = m.screen_keys.get(id(d))
+            if known is not None and self.cache[known[0]][key] > known[1]:
+                del m.screen_keys[id(d)]
+                m.noise_failed.add(id(d))
+        return self._screen_diffs()
+
+    def _screen_diffs(self) -> list[Out]:
+        m = self.merge
+        m.stage = "screen"
+        requests = [(("s", id(d)), apply(self.state, [d]), list(m.screen_keys[id(d)][0]))
+                    for d in m.screened if id(d) in m.screen_keys]
         m.waiting = {tag for tag, _, _ in requests}
         if not requests:
-            return self._variants(diffs)
+            return self._screen_done()
         out: list[Out] = []
         for tag, state, task_ids in requests:
             out += self._request(tag, state, task_ids)
@@ -49,6 +73,9 @@ class Screening:
         m = self.merge
         keep = []
         for d in m.screened:
+            if id(d) in m.noise_failed:
+                self._count(m.outcomes, "screened-out")
+                continue
             known = m.screen_keys.get(id(d))
             if known is None:
                 keep.append(d)
