@@ -119,6 +119,11 @@ class Merge:
     confirm_state: dict[str, str] = field(default_factory=dict)
     # Retiring: the stuck tasks the head is scored on afresh, and its per-task scores.
     control_tasks: list[str] = field(default_factory=list)
+    # Retiring: the screened-out edits probed with the head (task, diff), the head
+    # without the flagged keys, and the blocked edits that then fix their task.
+    blocked: list[tuple[str, Diff]] = field(default_factory=list)
+    retired_state: dict[str, str] = field(default_factory=dict)
+    unblocked: list[Diff] = field(default_factory=list)
     # Attribution: the candidate passed its gate (or not), its key, the regressions
     # that held on a second look, the diffs flagged (indices into ``cand``).
     cand_passed: bool = False

@@ -146,6 +146,8 @@ class Merger(ScoreTables, Screening, Probing):
             raise ValueError(f"cache_states must be an integer >= 1, got {cache_states!r}")
         self.cache_states = cache_states
         self.screen = screen
+        # The screen's own record (screening.py): diffs met, looked at, screened out.
+        self.screen_seen = self.screen_looked = self.screen_out = 0
         self.attribute = attribute
         self.retire = retire
         self.recheck = recheck
@@ -162,6 +164,7 @@ class Merger(ScoreTables, Screening, Probing):
         self._detail: dict[frozenset, dict[str, float]] = {}
         # Train tasks the head is stuck on (a failed rollout that brought no new edit).
         self._stuck: set[str] = set()
+        self._blocked: dict[str, Diff] = {}   # a stuck task -> its screened-out diff
         self._probes = 0
         self.merges_scored = 0
         self.asynchronous = asynchronous
@@ -453,6 +456,8 @@ class Merger(ScoreTables, Screening, Probing):
             return self._reg_confirmed()
         if m.stage == "confirm":
             return self._confirmed()
+        if m.stage == "unblock":
+            return self._unblocked()
         if m.stage == "recheck":
             return self._rechecked()
         if m.stage == "verify":
@@ -550,7 +555,7 @@ class Merger(ScoreTables, Screening, Probing):
         return self._held_out("fused", m.fused_state, m.fused_key)
 
     def _commit(self, state: dict[str, str], score: float) -> list[Out]:
-        self._stuck = set()
+        self._stuck, self._blocked = set(), {}
         self.head_samples = 1
         self.without_gain = 0
         self.version += 1

@@ -198,24 +198,30 @@ class Probing:
         return self._retire_stuck()
 
     def _retire_stuck(self) -> list[Out]:
+        """Probe the head's keys on the train tasks it is stuck on. A task whose edit
+        was screened out is probed with that edit in (the head + the blocked edits is
+        the probe's base): what blocks an edit is often an earlier one that shadows it,
+        and taking that out alone fixes nothing while the edit is not in."""
         m = self.merge
         stuck = sorted(self._stuck)
         if not (self.retire and m is not None and m.probe is None and self.state
                 and len(stuck) >= RETIRE_MIN):
             return self._close(committed=False)
-        self._stuck = set()
-        tasks = stuck[-self.probe_tasks:] if len(stuck) > self.probe_tasks else stuck
+        tasks = stuck
         if len(stuck) > self.probe_tasks:   # rotate which ones a probe looks at
             turn = (self._probes * self.probe_tasks) % len(stuck)
             tasks = sorted((stuck[turn:] + stuck[:turn])[:self.probe_tasks])
         self._probes += 1
+        m.blocked = [(t, self._blocked[t]) for t in tasks if t in self._blocked]
+        self._stuck, self._blocked = set(), {}
+        m.cand_state = apply(self.state, [d for _, d in m.blocked])
         m.stage = "control"
         m.control_tasks = tasks
         m.waiting = {"control"}
-        return self._request("control", self.state, tasks, again=True)
+        return self._request("control", m.cand_state, tasks, fresh=True)
 
     def _controlled(self) -> list[Out]:
-        """The head scored afresh on its stuck tasks: those it fails again are probed
+        """The base scored afresh on the stuck tasks: those it fails again are probed
         (a failure met once may be the model's noise)."""
         m = self.merge
         control = m.per_task.get("control", {})
@@ -223,13 +229,16 @@ class Probing:
         if control and not failing:
             return self._close(committed=False)
         tasks = failing or m.control_tasks
-        units = [{k: DELETE} for k in sorted(self.state)]
+        written = {k for _, d in m.blocked for k in d.ops}
+        units = [{k: DELETE} for k in sorted(self.state) if k not in written]
+        if not units:
+            return self._close(committed=False)
         # Without per-task scores (a score met before), the probe takes a control first.
-        probe = Probe(base=self.state, units=units, tasks=sorted(tasks),
+        probe = Probe(base=m.cand_state, units=units, tasks=sorted(tasks),
                       base_score=0.0 if control else -1.0,
                       margin=0.5 / len(tasks), max_evals=self.probe_evals)
         m.probe, m.probe_kind = probe, "retire"
-        m.cand_state, m.cand_score = self.state, self.score
+        m.cand_score = self.score
         return self._probe_next()
 
     def _probe_next(self) -> list[Out]:
@@ -262,27 +271,44 @@ class Probing:
         return self._probe_next()
 
     def _probe_done(self) -> list[Out]:
+        """Flagged keys: each blocked edit is tried on its own task with them taken out
+        of the head (one call each), and the head without them, with the edits that
+        then fix their task, is scored on the whole split."""
         m = self.merge
         probe = m.probe
         if not probe.flagged:
-            return self._probe_end(None)
-        m.confirm_state = without(probe.base, [probe.units[i] for i in probe.flagged])
-        m.confirm_key = state_key(m.confirm_state)
+            return self._close(committed=False)
+        m.retired_state = without(self.state, [probe.units[i] for i in probe.flagged])
+        if not m.blocked:
+            return self._confirm(m.retired_state)
+        m.stage = "unblock"
+        m.waiting = {("ub", i) for i in range(len(m.blocked))}
+        out: list[Out] = []
+        for i, (t, d) in enumerate(m.blocked):
+            out += self._request(("ub", i), apply(m.retired_state, [d]), [t], fresh=True)
+        return out
+
+    def _unblocked(self) -> list[Out]:
+        m = self.merge
+        m.unblocked = [d for i, (t, d) in enumerate(m.blocked)
+                       if m.per_task.get(("ub", i), {}).get(t, 0.0) >= 1.0]
+        return self._confirm(apply(m.retired_state, m.unblocked))
+
+    def _confirm(self, state: dict[str, str]) -> list[Out]:
+        m = self.merge
+        m.confirm_state = state
+        m.confirm_key = state_key(state)
         m.stage = "confirm"
         m.waiting = {"confirm"}
         return self._request("confirm", m.confirm_state, key=m.confirm_key)
 
     def _confirmed(self) -> list[Out]:
+        """Retire the flagged keys of the head (and take in the edits they blocked) when
+        that scores higher on the held-out split (by the noise test when it is on)."""
         m = self.merge
         score = self._scores(None)[m.confirm_key]
-        return self._probe_end(score if self._beats(score) else None)
-
-    def _probe_end(self, better: float | None) -> list[Out]:
-        """Retire the flagged keys of the head when the head without them scored
-        higher on the held-out split (by the noise test when it is on)."""
-        m = self.merge
-        flagged = m.probe.flagged if better is not None else []
-        if not flagged:
+        if not self._beats(score):
             return self._close(committed=False)
-        self._count(m.outcomes, "retired", len(flagged))
-        return self._commit(m.confirm_state, better)
+        self._count(m.outcomes, "retired", len(m.probe.flagged))
+        self._count(m.outcomes, "committed", len(m.unblocked))
+        return self._commit(m.confirm_state, score)

@@ -144,7 +144,7 @@ class ScoreTables:
             return self._unscored(tag) if tag != "baseline" else self._scored(tag, 0.0)
         scores[key] = msg.score   # the only place a table grows
         if self.merge is not None and (tag in ("control", "rescore") or (
-                isinstance(tag, tuple) and tag[0] == "loo")):
+                isinstance(tag, tuple) and tag[0] in ("loo", "ub"))):
             self.merge.per_task[tag] = dict(msg.scores)
         if msg.scores and scores is self._scores(None):
             self._detail[key] = dict(msg.scores)

@@ -16,6 +16,12 @@ MINIBATCH = 16
 #: and stops there when it is behind the head by more than ``SEQUENTIAL_SLACK`` tasks.
 SEQUENTIAL_FIRST = 24
 SEQUENTIAL_SLACK = 1.0
+#: The screen looks at every diff while it earns its keep: its first ``SCREEN_TRIAL``
+#: diffs, then every diff while at least ``SCREEN_KEEP`` of those it looked at were
+#: screened out, else one diff in ``SCREEN_SAMPLE`` (to notice proposals going wrong).
+SCREEN_TRIAL = 4
+SCREEN_KEEP = 0.1
+SCREEN_SAMPLE = 4
 
 
 class Screening:
@@ -34,7 +40,7 @@ class Screening:
         m.screened = diffs
         for d in diffs:
             ev = evidence.get(id(d))
-            if ev is not None and ev[1] is not None:
+            if ev is not None and ev[1] is not None and self._screen_this():
                 m.screen_keys[id(d)] = ((ev[0],), ev[1])
         if self.noise.variance() and m.screen_keys:
             tasks = sorted({task_ids[0] for task_ids, _ in m.screen_keys.values()})
@@ -45,6 +51,17 @@ class Screening:
                 out += self._request(("sh", t), self.state, [t], fresh=True)
             return out
         return self._screen_diffs()
+
+    def _screen_this(self) -> bool:
+        """Whether the screen looks at the next diff (``SCREEN_TRIAL``, ``SCREEN_KEEP``,
+        ``SCREEN_SAMPLE``)."""
+        self.screen_seen += 1
+        looked = self.screen_looked
+        if looked < SCREEN_TRIAL or self.screen_out >= SCREEN_KEEP * looked \
+                or self.screen_seen % SCREEN_SAMPLE == 0:
+            self.screen_looked += 1
+            return True
+        return False
 
     def _screen_head_done(self) -> list[Out]:
         m = self.merge
@@ -86,8 +103,10 @@ class Screening:
                 keep.append(d)
             else:
                 self._count(m.outcomes, "screened-out")
+                self.screen_out += 1
                 if self.retire:   # the head is stuck on this task (probing.py)
                     self._stuck.add(task_ids[0])
+                    self._blocked[task_ids[0]] = d
         if not keep:
             return self._no_commit()
         return self._variants(keep)
