@@ -87,14 +87,14 @@ def test_a_log_written_now_records_the_round_and_every_rule_on_or_off(tmp_path):
     log = tmp_path / "run.evolog"
     evolve(tasks=router.tasks(), reward=router.reward, run=router.run,
            propose=router.propose, strategy=KeyedRules(router.CATEGORIES), rounds=2,
-           seed=0, bus="memory", log=str(log), retire=True)
+           seed=0, bus="memory", log=str(log), attribute=False)
     meta = read_log(log).header.meta
     assert meta["parallel"] == "DataParallel(per_worker=4)"
     merger = msgspec.json.decode(meta["machine_args"])["merger"]
     assert {k: merger[k] for k in ("screen", "attribute", "retire", "recheck", "sequential",
-                                   "conflicts")} == {
-        "screen": False, "attribute": False, "retire": True, "recheck": False,
-        "sequential": False, "conflicts": "first"}
+                                   "conflicts", "noise_z")} == {
+        "screen": True, "attribute": False, "retire": True, "recheck": False,
+        "sequential": False, "conflicts": "first", "noise_z": 0.0}
     assert replay_log(log).divergence is None
 
 

@@ -155,8 +155,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            bus: str = "zmq", on_progress: Callable[[RoundRecord], None] | None = None,
            log_meta: dict[str, Any] | None = None, log_fsync: str | None = None,
            log_overwrite: bool = False, resume_from: Any = None, workers: Any = None, refs: dict[str, Any] | None = None,
-           insecure: bool = False, tracking: Any = None, screen: bool = False,
-           attribute: bool = False, retire: bool = False,
+           insecure: bool = False, tracking: Any = None, screen: bool = True,
+           attribute: bool = True, retire: bool = True,
            recheck: bool = False, sequential: bool = False,
            conflicts: str = "first", chain: bool = True,
            deterministic: bool = False, noise_z: float = 0.0) -> EvolveResult:
@@ -171,11 +171,11 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
 
     ``tracking``: an MLflow tracking URI or an :class:`actors.tracking.MlflowTracking`
     (the ``tracking`` extra): parameters, per-round metrics and every committed version.
-    ``screen``, ``attribute``, ``retire`` (default off): the Merger's acceptance rules
-    for noisy models and wrong proposals (docs/concepts.md): screen each diff on its
-    evidence task and conflicting variants on a held-out minibatch, find and drop the
-    harmful diffs of a fused commit, and remove accepted keys whose removal scores
-    better; ``recheck``: score a close call twice, the head too, for noisy models;
+    ``screen``, ``attribute``, ``retire`` (default on; a log header without them
+    replays with them off): the Merger's acceptance rules for noisy models and wrong
+    proposals (docs/concepts.md): screen each diff on its evidence task and
+    conflicting variants on a held-out minibatch, find and drop the diffs behind a
+    fused candidate's regressions, and remove accepted keys that block edits; ``recheck``: score a close call twice, the head too, for noisy models;
     ``sequential``: score a gate's candidate on a held-out minibatch first and stop
     there when it is behind the head task for task; ``conflicts``: "first" (the
     default: of the diffs that write one key differently, the first proposer's goes on
