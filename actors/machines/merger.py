@@ -14,22 +14,26 @@ The merge of one round (every decision is counted in ``outcomes``):
    so the merge pays one held-out gate;
 3. the survivors are fused into one candidate and scored; it is committed only if it
    strictly beats the head (an exact tie is never accepted);
-4. if the fused candidate does not beat the head and it held several diffs, its two
-   halves (in plan order) are scored; the better half is committed if it strictly
+4. if the fused candidate does not beat the head and it held several diffs, with
+   ``attribute`` the diffs behind its regressions are looked for (probing.py), else its
+   two halves (in plan order) are scored; the better half is committed if it strictly
    beats the head, else the search goes on inside the better half, at most
    ``MAX_BISECT_DEPTH`` levels (two evals a level, so a bad round costs a bounded
    number of held-out evaluations however many diffs it held); everything not
    committed is ``below-threshold``.
 
-Optional rules for noisy models and wrong proposals (docs/concepts.md), each in a module
-of its own mixed into the Merger: ``screen`` (actors/machines/screening.py) scores each
-diff on its own evidence task before the gate, and conflicting variants on a held-out
-minibatch; ``attribute`` and ``retire`` (actors/machines/probing.py, with the group
-testing of actors/machines/attribution.py) look for the diffs that hold a fused commit
-back (``harmful``) and for the head's keys whose removal scores higher (``retired``);
+Rules for noisy models and wrong proposals (docs/concepts.md; off in this class by
+default, on in evolve()), each in a module of its own mixed into the Merger: ``screen``
+(actors/machines/screening.py) scores each diff on its own evidence task before the
+gate, and conflicting variants on a held-out minibatch; ``attribute`` and ``retire``
+(actors/machines/probing.py, with the group testing of actors/machines/attribution.py)
+look for the diffs behind a fused candidate's regressions (``harmful``) and for the
+head's keys that block edits on the train tasks it is stuck on (``retired``);
 ``recheck`` (probing.py) scores a close call a second time, the head too;
 ``sequential`` (screening.py) scores a gate's candidate on a held-out minibatch first
-and stops there when it is behind the head task for task. An op of text ``REMOVE``
+and stops there when it is behind the head task for task; ``noise_z``
+(actors/machines/scoring.py) makes every gate decision a test against the reward noise
+measured from repeated samples of the same (state, task). An op of text ``REMOVE``
 deletes its key.
 
 Scoring is work: an ``EvalRequest`` to the Scheduler, answered by ``EvalDone``. Scores
