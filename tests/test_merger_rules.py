@@ -534,3 +534,48 @@ def test_a_head_that_keeps_winning_is_scored_again_and_its_score_becomes_the_mea
     # twice at this head.
     assert m.noise.df == df + len(HELD) + 1
     assert m.noise.sum_sq == 2 * 0.5
+
+
+def test_an_edit_blocked_by_an_accepted_one_is_taken_in_when_the_blocker_is_retired():
+    """ "bad" is in the head (alone it helped). g0 and g1 are the right edits for the
+    train tasks x0 and x1, but "bad" breaks those tasks, so the screen drops both: the
+    tasks are stuck, with their edits blocked. Retiring probes the head's keys on them
+    with the blocked edits in: taking "bad" out repairs both, each edit then fixes its
+    own task, and the head without "bad", with g0 and g1, is committed (4/8 > 2/8)."""
+    m = opened(screen=True, retire=True)
+    _, first = merge_round(m, 0, [d("bad")], evidence="h6")
+    assert first.committed and m.state == {"bad": "on"}
+    m.handle(LeaseDone(lease_id="r1.u0", worker="w", round=1, version=m.version, results=[
+        RolloutResult(task_id="x0", score=0.0, diff=d("g0")),
+        RolloutResult(task_id="x1", score=0.0, diff=d("g1"))]))
+    log: list = []
+    out = answer(m, m.handle(Barrier(round=1)), log)
+    closed = [msg for _, msg in out if isinstance(msg, RoundClosed)][-1]
+    assert commits(out)[-1].state == {"g0": "on", "g1": "on"} and m.score == 4 / 8
+    assert closed.outcomes == {"screened-out": 2, "retired": 1, "committed": 2}
+    # Two screens, the control and the one probe eval on the two stuck tasks, one call
+    # per blocked edit, the confirmation on the whole split.
+    assert [r.task_ids for r in log] == [["x0"], ["x1"], ["x0", "x1"], ["x0", "x1"],
+                                         ["x0"], ["x1"], HELD]
+
+
+def test_once_the_model_is_noisy_the_screen_looks_at_the_head_again_first():
+    """The head solves h0; a rollout of h0 failed (the model's noise) and proposed
+    "bad". With the noise measured, the screen scores the head on h0 again first: it
+    passes, so "bad" is screened out without a call of its own, and no gate is paid."""
+    m = opened(screen=True)
+    merge_round(m, 0, [d("g0")], evidence="h0")
+    noisy(m, agree=False)
+    log: list = []
+    _, closed = merge_round(m, 1, [d("bad")], evidence="h0", log=log)
+    assert not closed.committed and closed.outcomes == {"screened-out": 1}
+    assert [(r.state, r.task_ids) for r in log] == [({"g0": "on"}, ["h0"])]
+
+
+def test_the_screen_turns_down_to_sampling_once_it_screens_nothing_out():
+    m = Merger(screen=True)
+    looked = [m._screen_this() for _ in range(12)]
+    # Its first four diffs, then one in four while none was screened out.
+    assert looked == [True] * 4 + [False, False, False, True] * 2
+    m.screen_out = 1   # one of the six it looked at: at least one in ten, every diff
+    assert all(m._screen_this() for _ in range(4))
