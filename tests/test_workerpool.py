@@ -30,10 +30,12 @@ def check(order: list[str], table: LeaseTable, pool: WorkerPool, slots: int) -> 
 
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("slots", [1, 2, 3])
-def test_pool_index_matches_a_scan(seed: int, slots: int) -> None:
+@pytest.mark.parametrize("size", [None, 8])   # the heaps, and a small pool's scan
+def test_pool_index_matches_a_scan(seed: int, slots: int, size: int | None) -> None:
     rng = random.Random(seed)
     table: LeaseTable[int] = LeaseTable()
-    pool = WorkerPool(table, slots)
+    pool = WorkerPool(table, slots, size)
+    assert pool.scan == (size is not None)
     order: list[str] = []
     names = [f"w{i}" for i in range(12)]
     for name in names[:8]:

@@ -148,7 +148,7 @@ class Collector:
         # The branch leases out (actors/machines/leases.py): who holds which, capacity
         # and prefetch, leases being revoked, late answers, watched workers and losses.
         self.table: LeaseTable[Branch] = LeaseTable()
-        self.pool = WorkerPool(self.table, 1)   # the planned workers ready for leases
+        self.pool = WorkerPool(self.table, 1, 0)   # the planned workers ready for leases
         self.again: collections.deque[str] = collections.deque()  # taken back, to re-send
         self.released: set[str] = set()   # workers sent Stop: no lease goes to them
         self.lost_at = 0.0                # when a worker was last presumed lost
@@ -383,8 +383,8 @@ class Collector:
         # With ``announce``, a worker takes leases once a Hello says it is on the bus:
         # work starts with the first worker instead of waiting for all of them.
         self.slots = 1 + max(0, msg.prefetch)
-        self.table = LeaseTable(max_tries=msg.max_tries)
-        self.pool = WorkerPool(self.table, self.slots)
+        self.table.max_tries = max(0, msg.max_tries)   # (empty until the group starts)
+        self.pool = WorkerPool(self.table, self.slots, len(self.planned))
         for worker in self.planned:
             self.table.join(worker, 1, self.slots - 1)
             if not msg.announce:
@@ -620,7 +620,8 @@ class Collector:
                 lease = self._cut(batching)
                 table.add(lease.lease_id, lease)
             table.give(lease.lease_id, worker)
-            self.peak_leases = max(self.peak_leases, len(table.payload))
+            if len(table.payload) > self.peak_leases:
+                self.peak_leases = len(table.payload)
             out.append((worker, lease))
         return out
 
@@ -752,12 +753,13 @@ class Collector:
             return []
         table = self.table
         workers, revoking = table.workers, table.revoking
-        need = self.pool.idle - len(revoking)
+        pool = self.pool
+        need = pool.idle - len(revoking)
         out: list[Out] = []
-        if need <= 0:
-            return out
+        if need <= 0 or len(table.holder) <= len(pool) - pool.idle:
+            return out   # (no worker holds a lease queued behind the one it runs)
         asked: list[str] = []
-        for worker in self.pool.with_queued():   # in pool order
+        for worker in pool.with_queued():   # in pool order
             for lease_id in reversed(workers[worker].held[1:]):   # never the running one
                 if lease_id not in revoking:
                     table.revoke(lease_id)
@@ -767,7 +769,7 @@ class Collector:
                     break
             if need <= 0:
                 break
-        self.pool.keep(asked)
+        pool.keep(asked)
         return out
 
     def _release(self) -> list[Out]:

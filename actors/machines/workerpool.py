@@ -10,6 +10,10 @@ heap order is pool order) read lazily: an entry is pushed whenever a worker's co
 changes, and one that no longer holds (the worker left, or holds another count) is
 popped when it comes to the top. The heaps are compacted once the entries pushed
 since the last time are several times the pool.
+
+A pool planned for at most ``SCAN_UP_TO`` workers keeps no heaps: it answers the same
+questions by a scan of its members in pool order, cheaper for a handful of workers than
+keeping three heaps up to date on every change (the small groups' case).
 """
 
 from __future__ import annotations
@@ -21,14 +25,19 @@ from actors.machines.leases import LeaseTable
 
 Entry = tuple[int, str]
 
+#: Pools of at most this many workers scan instead of keeping an index.
+SCAN_UP_TO = 8
+
 
 class WorkerPool:
     """The pool of ``table``'s workers ready for leases; ``slots``: the most leases a
-    worker holds (the one it runs and those queued behind it)."""
+    worker holds (the one it runs and those queued behind it); ``size``: the most
+    workers it will hold, if known (a small pool scans, see ``SCAN_UP_TO``)."""
 
-    def __init__(self, table: LeaseTable[Any], slots: int) -> None:
+    def __init__(self, table: LeaseTable[Any], slots: int, size: int | None = None) -> None:
         self.table = table
         self.slots = max(1, slots)
+        self.scan = size is not None and size <= SCAN_UP_TO
         self.rank: dict[str, int] = {}   # the members, in pool order
         self.next_rank = 0
         self.idle = 0                    # members holding no lease
@@ -59,7 +68,8 @@ class WorkerPool:
         held = self.held(name)
         self.idle += held == 0
         self.full += held >= self.slots
-        self._index(name, held)
+        if not self.scan:
+            self._index(name, held)
 
     def remove(self, name: str) -> None:
         if self.rank.pop(name, None) is not None:
@@ -77,7 +87,8 @@ class WorkerPool:
             return
         self.idle += (now == 0) - (was == 0)
         self.full += (now >= self.slots) - (was >= self.slots)
-        self._index(name, now)
+        if not self.scan:
+            self._index(name, now)
 
     # -- reading --------------------------------------------------------------------------
 
@@ -85,6 +96,15 @@ class WorkerPool:
         """The first worker in pool order among those holding the fewest leases, if that
         is fewer than ``cap`` (<= slots); else None."""
         rank, workers = self.rank, self.table.workers
+        if self.scan:
+            best, fewest = None, cap
+            for name in rank:
+                worker = workers.get(name)
+                if worker is not None and len(worker.held) < fewest:
+                    best, fewest = name, len(worker.held)
+                    if not fewest:
+                        break
+            return best
         for count in range(cap):
             heap = self.fewest_by[count]
             while heap:
@@ -99,6 +119,11 @@ class WorkerPool:
         """The workers holding a lease queued behind the one they run, in pool order, each
         once. One the caller passes over (nothing of it to revoke) is indexed again only
         when its count changes; the caller says which it used with :meth:`keep`."""
+        if self.scan:
+            workers = self.table.workers
+            yield from [name for name in self.rank
+                        if name in workers and len(workers[name].held) >= 2]
+            return
         heap, seen = self.queued, set()
         while heap:
             r, name = heapq.heappop(heap)
@@ -109,12 +134,23 @@ class WorkerPool:
 
     def keep(self, names: list[str]) -> None:
         """Index again workers :meth:`with_queued` yielded (still holding what they did)."""
+        if self.scan:
+            return
         for name in names:
             heapq.heappush(self.queued, (self.rank[name], name))
 
     def last_idle(self, k: int) -> list[str]:
         """The ``k`` idle workers last in pool order (fewer if there are not), in order;
         for the caller to remove."""
+        if self.scan:
+            found = []
+            for name in reversed(self.rank):
+                if len(found) >= k:
+                    break
+                if self.held(name) == 0:
+                    found.append(name)
+            found.reverse()
+            return found
         heap, found = self.last, []
         while heap and len(found) < k:
             r, name = heapq.heappop(heap)
