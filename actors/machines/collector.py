@@ -192,15 +192,16 @@ class Collector:
         """Why ``msg`` from ``sender`` must not reach :meth:`handle` (None: it may): an
         answer for a branch lease that is out must come from a worker it went to.
         Pure; asked by the shell and by replay, as the Scheduler's is."""
-        if type(msg) is Lost and (sender in self.planned_set or self.table.known(sender)):
-            return (f"a Lost for {msg.worker!r} from worker {sender!r}: a worker never "
-                    "reports another lost (the runtime does)")
-        if isinstance(msg, (BranchDone, BranchFailed, Interaction)):
+        kind = type(msg)
+        if kind in _ANSWERS or isinstance(msg, (BranchDone, BranchFailed, Interaction)):
             table = self.table
             if msg.lease_id in table.payload and not table.may_answer(msg.lease_id, sender):
                 went = ", ".join(repr(w) for w in sorted(table.given.get(msg.lease_id, ())))
                 return (f"an answer for branch lease {msg.lease_id!r}, which went to "
                         f"{went}, not to {sender!r}")
+        elif kind is Lost and (sender in self.planned_set or self.table.known(sender)):
+            return (f"a Lost for {msg.worker!r} from worker {sender!r}: a worker never "
+                    "reports another lost (the runtime does)")
         return None
 
     def handle(self, msg: Message) -> list[Out]:
@@ -777,7 +778,7 @@ class Collector:
         still come back (one being revoked, or one queued behind a running lease that
         ``_rebalance`` may revoke): as many idle workers as those stay, the others are
         sent ``Stop`` now, so they end while the rest finish, not at the group's end."""
-        if self.phase != RUNNING or self.queue or self.again or not self.leases:
+        if self.phase != RUNNING or self.queue or self.again or not self.table.payload:
             return []   # (no lease out: the group ends now, and every worker with it)
         pool, table = self.pool, self.table
         if not pool.idle:
@@ -801,7 +802,7 @@ class Collector:
         return [(w, _RELEASED) for w in go]
 
     def _maybe_end(self) -> list[Out]:
-        if self.phase in (IDLE, AWAITING_INPUTS, ENDED) or self.leases:
+        if self.phase in (IDLE, AWAITING_INPUTS, ENDED) or self.table.payload:
             return []
         if self.phase == RUNNING and self.queue:
             if not self.planned:

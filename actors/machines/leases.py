@@ -194,14 +194,15 @@ class LeaseTable(Generic[P]):
         if worker is None:
             raise ValueError(f"{name!r} is not a registered worker")
         held = worker.held
-        if len(held) >= worker.slots + worker.queued:
-            raise ValueError(f"{name} holds {len(held)} lease(s), its capacity")
-        if len(held) < worker.slots:
+        n = len(held)
+        if n >= worker.slots + worker.queued:
+            raise ValueError(f"{name} holds {n} lease(s), its capacity")
+        if n < worker.slots:
             self.active += 1
         held.append(lease_id)
         self.holder[lease_id] = name
         if self.on_held is not None:
-            self.on_held(name, len(held) - 1, len(held))
+            self.on_held(name, n, n + 1)
         given = self.given.get(lease_id)
         if given is None:
             self.given[lease_id] = {name}
@@ -287,7 +288,8 @@ class LeaseTable(Generic[P]):
         if worker is not None:
             held = worker.held
             held.remove(lease_id)
-            if len(held) < worker.slots:
+            n = len(held)
+            if n < worker.slots:
                 self.active -= 1
             if self.on_held is not None:
-                self.on_held(worker.name, len(held) + 1, len(held))
+                self.on_held(worker.name, n + 1, n)
