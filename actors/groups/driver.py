@@ -250,7 +250,8 @@ def _check_bounds(max_concurrency, max_items) -> None:
 
 
 def _take_items(items, max_items: int) -> list[Any]:
-    if isinstance(items, (str, bytes, dict)) or not isinstance(items, Iterable):
+    if type(items) is not list and (isinstance(items, (str, bytes, dict))
+                                    or not isinstance(items, Iterable)):
         raise ConfigError(f"items must be a list (or another iterable) of inputs, got "
                           f"{type(items).__name__}")
     taken = list(itertools.islice(items, max_items + 1))
