@@ -62,7 +62,18 @@ def conflict_groups(diffs: list[Diff]) -> tuple[list[Diff], list[list[Diff]]]:
         taken = {i for _, idx in clashes for i in idx}
         return ([d for i, d in enumerate(diffs) if i not in taken],
                 [[diffs[i] for i in idx] for _, idx in clashes])
-    parent = list(range(len(diffs)))
+    conflicted = sorted({i for _, idx in clashes for i in idx})
+    groups = components(conflicted, (idx for _, idx in clashes))
+    taken = set(conflicted)
+    return ([d for i, d in enumerate(diffs) if i not in taken],
+            [[diffs[i] for i in g] for g in groups])
+
+
+def components(members: list[int], links) -> list[list[int]]:
+    """``members`` (ascending) grouped into the connected sets ``links`` (lists of members
+    that belong together) make: each group ascending, the groups in the order of their
+    first member."""
+    parent = {i: i for i in members}
 
     def find(i: int) -> int:
         while parent[i] != i:
@@ -70,16 +81,13 @@ def conflict_groups(diffs: list[Diff]) -> tuple[list[Diff], list[list[Diff]]]:
             i = parent[i]
         return i
 
-    conflicted: set[int] = set()
-    for _, idx in clashes:
-        conflicted.update(idx)
-        for i in idx[1:]:
-            parent[find(i)] = find(idx[0])
-    free = [d for i, d in enumerate(diffs) if i not in conflicted]
-    groups: dict[int, list[Diff]] = {}
-    for i in sorted(conflicted):
-        groups.setdefault(find(i), []).append(diffs[i])
-    return free, list(groups.values())
+    for link in links:
+        for i in link[1:]:
+            parent[find(i)] = find(link[0])
+    groups: dict[int, list[int]] = {}
+    for i in members:
+        groups.setdefault(find(i), []).append(i)
+    return list(groups.values())
 
 
 @dataclass

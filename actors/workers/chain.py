@@ -17,7 +17,7 @@ from __future__ import annotations
 import msgspec
 
 from actors.artifacts import rule_id
-from actors.machines.candidates import apply
+from actors.machines.candidates import apply, components
 from protocol import REMOVE, Diff, RolloutResult
 
 
@@ -78,21 +78,8 @@ class Chain:
 def _groups(diffs: list[Diff]) -> list[list[int]]:
     """The indices of ``diffs`` grouped by shared keys (connected components), each
     group in order, the groups in the order of their first diff."""
-    parent = list(range(len(diffs)))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    writer: dict[str, int] = {}
+    writers: dict[str, list[int]] = {}
     for i, d in enumerate(diffs):
         for key in d.ops:
-            j = writer.setdefault(key, i)
-            if j != i:
-                parent[find(i)] = find(j)
-    groups: dict[int, list[int]] = {}
-    for i in range(len(diffs)):
-        groups.setdefault(find(i), []).append(i)
-    return sorted(groups.values(), key=lambda g: g[0])
+            writers.setdefault(key, []).append(i)
+    return components(list(range(len(diffs))), writers.values())
