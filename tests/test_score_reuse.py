@@ -69,16 +69,19 @@ def test_pair_scores_keep_the_states_used_last():
 
 
 def test_a_deterministic_merger_asks_only_for_the_tasks_a_state_was_never_scored_on():
-    # retire probes score the head on held-out minibatches it was scored on already.
+    # The close-call recheck scores a candidate again on tasks it was scored on already
+    # (retire probes did, before they were aimed at stuck train tasks).
     runs = {}
     for reuse in (False, True):
-        m = Merger(retire=True, reuse=reuse)
+        m = Merger(recheck=True, reuse=reuse)
         asked: list[EvalRequest] = []
         answer(m, m.handle(Open(heldout_ids=HELD)), asked)
-        for r, keys in enumerate([["k0", "k1"], ["k0"], ["zz"]]):
+        for r, keys in enumerate([["zz", "yy"], ["k0", "zz"], ["yy"], ["k1"], ["zz"],
+                                  ["k2", "yy"]]):
             m.handle(LeaseDone(lease_id=f"r{r}.u0", worker="w", round=r, results=[
-                RolloutResult(task_id="t", score=0.0, diff=Diff(f"{r}{k}", "w", 0, {k: "on"}))
-                for k in keys]))
+                RolloutResult(task_id=f"t{j}", score=0.0,
+                              diff=Diff(f"{r}{k}", "w", 0, {k: "on"}))
+                for j, k in enumerate(keys)]))
             answer(m, m.handle(Barrier(round=r)), asked)
         runs[reuse] = (sum(len(a.task_ids) for a in asked), m.state, m.score, m.outcomes)
     (full, state, score, outcomes), (fewer, state2, score2, outcomes2) = runs[False], runs[True]
@@ -103,7 +106,7 @@ def test_evolve_with_a_declared_deterministic_model_reuses_scores_and_ends_alike
         run = CountingRun()
         result = evolve(router.tasks(), router.reward, run=run, propose=router.propose,
                         strategy=KeyedRules(router.CATEGORIES), n_workers=1, seed=0,
-                        rounds=300, target_reward=1.0, retire=True,
+                        rounds=300, target_reward=1.0, recheck=True,
                         deterministic=deterministic)
         results.append((result, run.calls))
     (plain, calls), (reused, fewer) = results
