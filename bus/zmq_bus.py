@@ -503,12 +503,7 @@ class Broker:
                               f"frame of {len(body)} bytes over the {MAX_FRAME_BYTES} "
                               "limit")
             return
-        try:
-            msg = codec.decode(body)
-        except msgspec.DecodeError as exc:
-            self.stats.reject(sender.decode("utf-8", "replace"), f"does not decode: {exc}")
-            return
-        self.forward(codec, sender, receiver, body, msg)
+        self._check_and_forward(codec, sender, receiver, body)
 
     def stop(self) -> None:
         self._stop.set()

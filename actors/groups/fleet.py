@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 
@@ -506,12 +506,7 @@ class Fleet:
             threading.Thread(target=self._nested, args=(msg,), daemon=True,
                              name=f"evobus-nested-{self.gid}").start()
             return
-        try:
-            value = self._call(msg)
-            reply = HostReply(call_id=msg.call_id, value=value)
-        except Exception as exc:  # the branch that called raises it again (served._Calls)
-            reply = HostReply(call_id=msg.call_id, error=str(exc),
-                              error_type=type(exc).__name__)
+        reply = _answered(msg, self._call)
         if msg.call_id:
             self.bus.send(RELAY, msg.worker, reply)
         elif reply.error:
@@ -552,13 +547,7 @@ class Fleet:
         log, its branches on threads of this process; the outcome goes back as data."""
         release = getattr(self.bus, "release_thread", None)
         try:
-            try:
-                value = self._run_nested(msg)
-                reply = HostReply(call_id=msg.call_id, value=value)
-            except Exception as exc:  # the branch that started it raises it (served._Calls)
-                reply = HostReply(call_id=msg.call_id, error=str(exc),
-                                  error_type=type(exc).__name__)
-            self.bus.send(RELAY, msg.worker, reply)
+            self.bus.send(RELAY, msg.worker, _answered(msg, self._run_nested))
         finally:
             with self.lock:
                 self.nesting -= 1
@@ -670,3 +659,12 @@ class Fleet:
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
+
+
+def _answered(msg: HostCall, serve: Callable[[HostCall], Any]) -> HostReply:
+    """``serve(msg)`` as the reply to a worker's HostCall: its value, or the error the
+    branch that called raises again (served._Calls)."""
+    try:
+        return HostReply(call_id=msg.call_id, value=serve(msg))
+    except Exception as exc:  # sent back to the caller, never raised here
+        return HostReply(call_id=msg.call_id, error=str(exc), error_type=type(exc).__name__)
