@@ -2,7 +2,11 @@
 nondeterminism lives (a model's answer, a crash); everything it reports is a message.
 
 :class:`WorkerCore` is the logic (no bus, no threads): it turns a ``Lease`` into a
-``LeaseDone``. The pykka shell in :mod:`actors.workers.local` moves messages in and out.
+``LeaseDone``. :class:`Serve` is the one worker loop's dispatch (DESIGN section 2): what
+each kind of work a worker takes (``Lease`` of kind rollout or eval, ``Branch``,
+``Commit``, ``Cancel``) runs, whatever carries the messages in and the answers out: a
+pykka thread (:mod:`actors.workers.local`) or a slot thread of a worker in another
+process (:mod:`actors.workers.remote`, which process workers run too).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from actors.usage import bind, report, take
 from actors.workers import scope
 from actors.workers.chain import Chain
 from actors.workers.scope import RunScope
-from protocol import Commit, Lease, LeaseDone, RolloutResult, Task
+from protocol import Branch, Cancel, Commit, Lease, LeaseDone, RolloutResult, Task
 
 log = logging.getLogger(__name__)
 
@@ -211,3 +215,67 @@ class WorkerCore:
         if value.__class__ is not str and hasattr(value, "__await__"):   # async code
             value = self.settle(value)
         return value
+
+
+def crashed(name: str, lease: Lease, exc: BaseException) -> LeaseDone:
+    """The answer of a lease whose run raised (a bug in user code or a strategy), for a
+    worker whose crash nobody else sees (one in another process): the run fails with it."""
+    log.exception("worker %s: lease %s failed", name, lease.lease_id)
+    return LeaseDone(lease_id=lease.lease_id, worker=name, round=lease.round, kind=lease.kind,
+                     unit=lease.unit, section=lease.section, version=lease.version,
+                     fatal=f"worker {name} crashed running lease {lease.lease_id}: "
+                           f"{describe(exc)}")
+
+
+class Serve:
+    """The one dispatch of a worker's loop: each message it takes, in arrival order, to
+    the code that runs it. Only the transport differs between the loops that call it:
+
+    - ``answer(done)`` carries a lease's ``LeaseDone`` to the Scheduler;
+    - ``branch(lease)`` runs a parallel group's ``Branch`` lease (its branch lane: a
+      thread worker's lease box, or a worker process's branch service; both run
+      :class:`actors.groups.worker.BranchRunner`, which sits above this layer);
+    - ``cancelled`` holds the leases cancelled so far (a loop whose cancels arrive on
+      another thread, mid-lease, adds them there: the lease stops before its next task);
+    - ``crash(lease, exc)``: a lease whose run raised, answered (see :func:`crashed`);
+      None lets the exception through (a thread worker's supervisor stops the run).
+
+    With ``core`` None (a worker of parallel groups only) a ``Lease`` or ``Commit`` is
+    not this loop's work. Calling it returns False for what it does not serve."""
+
+    __slots__ = ("answer", "branch", "cancelled", "core", "crash")
+
+    def __init__(self, core: WorkerCore | None, answer: Callable[[LeaseDone], None],
+                 branch: Callable[[Branch], None] | None, cancelled: set[str],
+                 crash: Callable[[Lease, BaseException], LeaseDone] | None = None) -> None:
+        self.core = core
+        self.answer = answer
+        self.branch = branch
+        self.cancelled = cancelled
+        self.crash = crash
+
+    def __call__(self, msg) -> bool:
+        match msg:
+            case Lease() as lease if self.core is not None:
+                self._lease(lease)
+            case Branch() as lease if self.branch is not None:
+                self.branch(lease)
+            case Commit() as commit if self.core is not None:
+                self.core.on_commit(commit)
+            case Cancel(lease_id=lease_id):
+                self.cancelled.add(lease_id)
+            case _:
+                return False
+        return True
+
+    def _lease(self, lease: Lease) -> None:
+        lease_id, cancelled = lease.lease_id, self.cancelled
+        if lease_id in cancelled:
+            return
+        try:
+            done = self.core.run_lease(lease, cancelled=lambda: lease_id in cancelled)
+        except Exception as exc:
+            if self.crash is None:
+                raise
+            done = self.crash(lease, exc)
+        self.answer(done)

@@ -1,14 +1,16 @@
 """The thread worker: the one worker loop (DESIGN section 2) on a pykka thread.
 
 :class:`Worker` receives every kind of work a worker takes, one at a time in arrival
-order: ``Lease`` (rollouts, and evals: a lease of kind ``eval``) through its
-:class:`~actors.workers.core.WorkerCore`, ``Commit`` (a new snapshot), ``Cancel``,
-``Stop``, and a parallel group's ``Branch`` leases through its branch lane. The lane
+order, and hands it to the one dispatch (:class:`~actors.workers.core.Serve`): ``Lease``
+(rollouts, and evals: a lease of kind ``eval``) through its
+:class:`~actors.workers.core.WorkerCore`, ``Commit`` (a new snapshot), ``Cancel``, and
+a parallel group's ``Branch`` leases through its branch lane; ``Stop`` ends it. The lane
 is the part that calls a group's target; it lives with the groups
 (:class:`actors.groups.worker.GroupWorker` is this worker with a lane: its lease box,
 its group's host and the work stealing between boxes), which sit above this module, so
 a worker here serves rollouts only. The remote worker's slot threads
-(:mod:`actors.workers.remote`) run the same dispatch for a worker in another process.
+(:mod:`actors.workers.remote`) call the same dispatch for a worker in another process;
+only the transport differs.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ import threading
 import pykka
 
 from actors.addresses import SCHEDULER
-from actors.workers.core import WorkerCore
+from actors.workers.core import Serve, WorkerCore
 from bus.base import Bus, Delivery
-from protocol import Branch, Cancel, Commit, Hello, Lease, Stop
+from protocol import Hello, Stop
 from actors.inbox import Crash, _FastInbox, teller
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,8 @@ class Worker(_FastInbox, pykka.ThreadingActor):
         self.on_crash = on_crash
         self.slots = slots
         self.cancelled: set[str] = set()
+        # A crash is let through: on_failure tells the runtime, which stops the run.
+        self.serve = Serve(core, self._answer, lambda lease: self._drain(), self.cancelled)
 
     @classmethod
     def spawn(cls, bus: Bus, core: WorkerCore, on_crash: Crash, slots: int = 1) -> pykka.ActorRef:
@@ -70,22 +74,14 @@ class Worker(_FastInbox, pykka.ThreadingActor):
         """The one loop: whatever came, in the order it came."""
         if message is WAKE:
             return self._drain()
-        match message.msg:
-            case Branch():
-                self._drain()
-            case Lease() as lease if self.core is not None:
-                if lease.lease_id in self.cancelled:
-                    return
-                done = self.core.run_lease(lease)
-                self.bus.send(self.name, SCHEDULER, done)
-            case Commit() as commit if self.core is not None:
-                self.core.on_commit(commit)
-            case Cancel(lease_id=lease_id):
-                self.cancelled.add(lease_id)
-            case Stop():
-                self._stopped()
-            case other:
-                log.warning("%s: unexpected %s", self.name, type(other).__name__)
+        msg = message.msg
+        if msg.__class__ is Stop:
+            return self._stopped()
+        if not self.serve(msg):
+            log.warning("%s: unexpected %s", self.name, type(msg).__name__)
+
+    def _answer(self, done) -> None:
+        self.bus.send(self.name, SCHEDULER, done)
 
     def _drain(self) -> None:
         """Run the branch leases waiting in this worker's lane: none here (a worker of

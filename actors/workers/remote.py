@@ -45,8 +45,8 @@ from actors.addresses import SCHEDULER
 from actors.workers.code import BUILTIN_ALLOW, combined_fingerprint, module_of, module_fingerprint
 from actors.addresses import REGISTRY
 from actors.workers.code import spec_refs, task_digest
-from actors.errors import ConfigError, describe
-from actors.workers.core import Awaiter, WorkerCore
+from actors.errors import ConfigError
+from actors.workers.core import Awaiter, Serve, WorkerCore, crashed
 from actors.workers.scope import AskedRun, BudgetAsks
 from bus.base import Delivery
 from bus.remote import RemoteEndpoint
@@ -317,51 +317,42 @@ class RemoteWorker:
                         "stopped; leaving it behind", self.name, STOP_DRAIN_S)
 
     def _slot(self, index: int, core: WorkerCore | None, q: queue.SimpleQueue) -> None:
-        """One slot's loop: every kind of work, one at a time, in the order it came."""
+        """One slot's loop: every kind of work, one at a time, in the order it came, through
+        the one dispatch (:class:`~actors.workers.core.Serve`) a thread worker uses too;
+        what is this loop's own is the transport (the endpoint) and which slot holds what."""
         own = Awaiter() if core is None else None   # a session of groups: no core
+        branches = self.branches
+        serve = Serve(core, self._answer,
+                      (lambda lease: branches.run(lease, own or core.settle))
+                      if branches is not None else None,
+                      self.cancelled, crash=lambda lease, exc: crashed(self.name, lease, exc))
         try:
             while not self.done.is_set():
                 item = q.get()  # None (a new run, or the worker's end) releases it
                 if item is None or self.done.is_set():   # leaving: queued work is dropped
                     return
-                match item:
-                    case Commit() as commit if core is not None:
-                        core.on_commit(commit)
-                    case Lease() as lease if core is not None:
-                        self._run_lease(index, core, lease)
-                    case Branch() as lease:
-                        self._run_branch(index, lease, own or core.settle)
+                self._serve_one(index, serve, item)
         finally:
             (own or core).close()
 
-    def _run_branch(self, index: int, lease: Branch, settle: Awaiter) -> None:
+    def _serve_one(self, index: int, serve: Serve, item) -> None:
+        held = isinstance(item, (Lease, Branch))   # put here by _to_slot, counted there
         try:
-            self.branches.run(lease, settle)
-            self.leases_done += 1
+            if not serve(item):
+                log.warning("worker %s: a %s this worker does not serve (no %s); dropped",
+                            self.name, type(item).__name__,
+                            "rollout code" if isinstance(item, (Lease, Commit))
+                            else "branch service")
+            elif held:
+                self.leases_done += 1
         finally:
-            with self.lock:
-                self.held.discard(lease.lease_id)
-                self.slot_load[index] -= 1
+            if held:
+                with self.lock:
+                    self.held.discard(item.lease_id)
+                    self.slot_load[index] -= 1
 
-    def _run_lease(self, index: int, core: WorkerCore, lease: Lease) -> None:
-        try:
-            if lease.lease_id in self.cancelled:
-                return
-            try:
-                done = core.run_lease(lease, cancelled=lambda: lease.lease_id in self.cancelled)
-            except Exception as exc:  # a bug in user code or a strategy: the run sees it
-                log.exception("worker %s: lease %s failed", self.name, lease.lease_id)
-                done = LeaseDone(lease_id=lease.lease_id, worker=self.name, round=lease.round,
-                                 kind=lease.kind, unit=lease.unit, section=lease.section,
-                                 version=lease.version,
-                                 fatal=f"worker {self.name} crashed running lease "
-                                       f"{lease.lease_id}: {describe(exc)}")
-            self.ep.send(self.name, SCHEDULER, done)
-            self.leases_done += 1
-        finally:
-            with self.lock:
-                self.held.discard(lease.lease_id)
-                self.slot_load[index] -= 1
+    def _answer(self, done: LeaseDone) -> None:
+        self.ep.send(self.name, SCHEDULER, done)
 
     # -- the I/O thread (deliveries must not block) -------------------------------------
 
