@@ -167,3 +167,15 @@ def fails_on_two(x: int) -> int:
     if x == 2:
         raise KeyError("two")
     return x
+
+
+def stamped(item: dict) -> int:
+    """Writes ``i`` as one line of ``item["log"]`` as it starts (one O_APPEND write, in
+    whichever process runs it), then works ``item["ms"]`` milliseconds."""
+    fd = os.open(item["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, f"{item['i']}\n".encode())
+    finally:
+        os.close(fd)
+    time.sleep(item["ms"] / 1000)   # simulated work, not synchronisation
+    return item["i"]

@@ -218,6 +218,39 @@ def test_a_scenarios_groups_run_on_the_process_workers_of_its_workers_section(
     assert summary["status"] == "completed" and summary["results"] == [1, 4, 9, 16, 25]
 
 
+def _starts_in_order(starts: list[int], bound: int) -> list[tuple[int, list[int]]]:
+    """Each start that came before a branch ``bound`` or more below it had started."""
+    seen: set[int] = set()
+    ahead = []
+    for j in starts:
+        behind = [i for i in range(j - bound + 1) if i not in seen]
+        if behind:
+            ahead.append((j, behind))
+        seen.add(j)
+    return ahead
+
+
+@pytest.mark.slow
+def test_a_group_on_thread_and_process_workers_starts_its_branches_in_input_order(tmp_path):
+    """Thread workers here and a process worker share one start order (kept here): a
+    branch on either starts only once every branch ``bound`` or more below it has, on
+    either. The start of a branch elsewhere counts once the worker says it began."""
+    n, bound = 40, 3
+    starts = tmp_path / "starts.txt"
+    items = [{"i": i, "log": str(starts), "ms": 20} for i in range(n)]
+    out = run_group("tests.group_remote_domain:stamped", items, max_concurrency=bound,
+                    max_items=n, trace=True,
+                    workers=Workers(local=2, processes=1, heartbeat=HEARTBEAT,
+                                    deadline=DEADLINE))
+    assert out.status == "completed", out.error
+    assert out.results == list(range(n))
+    assert out.stats["remote"]["served"].get("proc-0", 0) > 0, out.stats["remote"]
+    first = list(dict.fromkeys(i for kind, i in out.trace if kind == "start"))
+    assert sorted(first) == list(range(n))
+    assert _starts_in_order(first, bound) == [], first
+    assert sorted(map(int, starts.read_text().split())) == list(range(n))
+
+
 PROCS = dict(local=0, processes=2, heartbeat=HEARTBEAT, deadline=DEADLINE)
 
 

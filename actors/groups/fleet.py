@@ -80,6 +80,11 @@ OPEN_DEADLINE_S = 30.0
 #: remote slot: a branch starts one at a time; a branch run again after its worker was
 #: lost may start its own while the lost copy's still runs.
 NESTED_PER_SLOT = 4
+#: How long a branch elsewhere waits here for its turn to start, in input order, before
+#: it is told "not now" (Fleet._turn), and how many such waits run at once per remote
+#: slot (one branch starts at a time per slot; a lost worker's copy may still wait).
+ORDER_WAIT_S = 1.0
+TURNS_PER_SLOT = 2
 
 #: Process workers get this long to leave after the group's Stop.
 PROCESS_STOP_DEADLINE_S = 5.0
@@ -223,6 +228,7 @@ class Fleet:
         #: last stopped (a crash), from its checkpoint's effect log: branch -> worker.
         self.held_before: dict[int, str] = {}
         self.nesting = 0   # nested groups running for branches on workers elsewhere
+        self.turns = 0     # branches elsewhere waiting here for their turn (_turn)
         self.host = None
         self.effects = None
         self.open_msg: GroupOpen | None = None
@@ -491,6 +497,8 @@ class Fleet:
         self.bus.send(proxy, self.collector, msgspec.structs.replace(msg, worker=proxy))
 
     def _on_call(self, msg: HostCall) -> None:
+        if msg.op == "order.turn":
+            return self._turn(msg)
         if msg.op == "group.run":   # a nested group runs as long as it runs: not here
             with self.lock:   # a bound on what peers can make this process run
                 busy = self.nesting >= NESTED_PER_SLOT * max(1, len(self.proxies))
@@ -513,6 +521,60 @@ class Fleet:
             log.error("group %s: %s from worker %s failed: %s", self.gid, msg.op,
                       msg.worker, reply.error)
 
+    def _turn(self, msg: HostCall) -> None:
+        """A branch of an in-order lease on a worker elsewhere waits for its turn here,
+        where the start order of the group's thread workers is kept (a group with
+        workers in both places): its turn is given at once when it has come, else by a
+        thread that waits for it ORDER_WAIT_S at most (the worker reports the start
+        itself once the branch has begun: ``order.mark``). Past that,
+        or once the group stops or pauses, the answer is "not now": the worker answers
+        the rest of its lease unstarted and the Collector sends it out again, so a slot
+        never waits for a branch queued behind it on that slot."""
+        host = self.host
+        order = host.order if host is not None and msg.group_id == self.gid else None
+        j = msg.args[0] if len(msg.args) == 1 else None
+        if order is not None and (j.__class__ is not int or not 0 <= j < order.n):
+            self.bus.send(RELAY, msg.worker, HostReply(
+                call_id=msg.call_id, error_type="ValueError",
+                error=f"worker {msg.worker} asked for the turn of branch {j!r}, not one "
+                      f"of the group's {order.n}"))
+            return
+        if order is None or order.reached(order.need(j)):
+            self.bus.send(RELAY, msg.worker, HostReply(call_id=msg.call_id, value=True))
+            return
+        with self.lock:
+            busy = self.turns >= TURNS_PER_SLOT * max(1, len(self.proxies))
+            self.turns += not busy
+        if busy:
+            self.bus.send(RELAY, msg.worker, HostReply(call_id=msg.call_id, value=False))
+            return
+        threading.Thread(target=self._wait_turn, args=(msg, host, order, j), daemon=True,
+                         name=f"evobus-turn-{self.gid}").start()
+
+    def _mark(self, host, msg: HostCall) -> None:
+        order = host.order
+        j = msg.args[0] if len(msg.args) == 1 else None
+        if order is None:
+            return
+        if j.__class__ is not int or not 0 <= j < order.n:
+            raise ValueError(f"worker {msg.worker} reported the start of branch {j!r}, not "
+                             f"one of the group's {order.n}")
+        _traced(host, j)
+        order.mark(j)
+
+    def _wait_turn(self, msg: HostCall, host, order, j: int) -> None:
+        release = getattr(self.bus, "release_thread", None)
+        until = time.monotonic() + ORDER_WAIT_S
+        try:
+            turn = order.wait(j, lambda: host.cancelled or host.holding
+                              or time.monotonic() > until)
+            self.bus.send(RELAY, msg.worker, HostReply(call_id=msg.call_id, value=turn))
+        finally:
+            with self.lock:
+                self.turns -= 1
+            if release is not None:
+                release()
+
     def _call(self, msg: HostCall) -> Any:
         host, args = self.host, msg.args
         if host is None or msg.group_id != self.gid:
@@ -528,6 +590,8 @@ class Fleet:
             return host.store.write(host.steps, (scope, branch, n), write, key, *rest)
         if op == "store.snapshot":
             return host.store.snapshot()
+        if op == "order.mark":   # a branch elsewhere began in its turn (Fleet._turn)
+            return self._mark(host, msg)
         if op == "ledger.charge_call":
             return host.ledger.charge_call()
         if op == "ledger.charge_cost":
@@ -606,9 +670,23 @@ class Fleet:
                 self.host.cancel()   # the group stops: so do the groups nested here
             if placed and hasattr(self.effects, "placed"):   # a checkpoint's effect log
                 self.effects.placed(worker, msg.indices)
+            if placed and not msg.in_order:
+                self._started(msg.indices)
             if worker is not None:
                 self.bus.send(RELAY, worker, msg)
         return deliver
+
+    def _started(self, indices: list[int]) -> None:
+        """A lease that does not wait for its turn (batched: branches measured cheap) is
+        marked started in the start order as it leaves: its branches may start at once,
+        and a thread worker here waiting for one of them must not wait for a mark that
+        only a thread of this process makes."""
+        host = self.host
+        order = host.order if host is not None else None
+        if order is not None:
+            for i in indices:
+                _traced(host, i)
+                order.mark(i)
 
     # -- liveness -------------------------------------------------------------------------
 
@@ -659,6 +737,14 @@ class Fleet:
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
+
+
+def _traced(host, j: int) -> None:
+    """A start elsewhere, as the coordinator learns of it, in the group's trace (if kept):
+    in the one order the start order is kept in here."""
+    if host.trace is not None:
+        with host.lock:
+            host.trace.append(("start", j))
 
 
 def _answered(msg: HostCall, serve: Callable[[HostCall], Any]) -> HostReply:

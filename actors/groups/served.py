@@ -87,6 +87,10 @@ class _Calls:
             raise _ERRORS.get(reply.error_type, GroupError)(reply.error)
         return reply.value
 
+    def tell(self, gid: str, op: str, *args: Any) -> None:
+        """A call that wants no answer (``call_id`` ""): the coordinator logs its failure."""
+        self.send(HostCall(group_id=gid, worker=self.worker, op=op, args=list(args)))
+
     @staticmethod
     def _wait(event: threading.Event, deadline: float | None, host: _Host | None) -> bool:
         if deadline is not None:
@@ -180,6 +184,33 @@ class RemoteEffects:
 
     def failed(self, branch: int, step: int, name: str) -> None:
         self.calls.call(self.gid, "effect.failed", branch, step, name)
+
+
+class RemoteOrder:
+    """Starts in input order, kept by the coordinator with its thread workers' (the group
+    has workers in both places; only then are leases cut ``in_order``): a branch of an
+    in-order lease asks for its turn there (``HostCall`` ``order.turn``) and, once it has
+    begun, says so (``order.mark``, one way), so a thread there waiting for it starts
+    after it, never before. A lease that does not wait was marked as it left the
+    coordinator (actors.groups.fleet.Fleet._started): nothing to say for it."""
+
+    def __init__(self, calls: _Calls, gid: str) -> None:
+        self.calls, self.gid = calls, gid
+        self.granted: set[int] = set()   # turns given, their starts not yet reported
+
+    def wait(self, j: int, give_up: Callable[[], bool],
+             steal: Callable[[int], bool] | None = None) -> bool:
+        """True once ``j``'s turn came; False ("not now": the lease's rest goes back
+        unstarted) when the coordinator waited long enough or the group stops."""
+        if give_up() or not self.calls.call(self.gid, "order.turn", j):
+            return False
+        self.granted.add(j)
+        return True
+
+    def mark(self, j: int) -> None:
+        if j in self.granted:
+            self.granted.discard(j)
+            self.calls.tell(self.gid, "order.mark", j)
 
 
 #: Options a nested group started on a worker may carry to the coordinator (plain data;
@@ -323,6 +354,7 @@ class BranchService:
                      store=RemoteStore(calls, msg.group_id), live=(), external=(),
                      parent=None, trace=False, runtime=None,
                      nested=_nested(calls, msg.group_id),
+                     order=RemoteOrder(calls, msg.group_id),
                      convert=convert, suspend_all=msg.suspend_all)
         host.effect_log = RemoteEffects(calls, msg.group_id)
         with self.lock:
