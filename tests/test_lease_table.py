@@ -24,9 +24,9 @@ from actors.addresses import MERGER, PLANNER
 from actors.machines.collector import FINISHED, LEASED, PENDING, RUNNING, Collector
 from actors.machines.leases import LeaseTable
 from actors.machines.scheduler import Scheduler
-from protocol import (Barrier, Branch, BranchDone, GroupResult, GroupStart, Heartbeat, Hello,
-                      Lease, LeaseBatch, LeaseDone, Lost, Revoke, RolloutResult, Settled,
-                      SettledBatch, Stop, Tick)
+from protocol import (Barrier, Branch, BranchDone, EvalDone, EvalRequest, GroupResult,
+                      GroupStart, Heartbeat, Hello, Lease, LeaseBatch, LeaseDone, Lost, Revoke,
+                      RolloutResult, Settled, SettledBatch, Stop, Tick)
 
 DEADLINE = 1.0
 MAX_TRIES = 3
@@ -51,10 +51,21 @@ def the_table_is_consistent(t: LeaseTable, model: dict[str, str]) -> None:
 
 
 class SchedulerLeases(RuleBasedStateMachine):
-    @initialize(max_concurrency=st.integers(1, 4))
-    def start(self, max_concurrency: int) -> None:
-        self.s = Scheduler(max_concurrency, deadline=DEADLINE, max_tries=MAX_TRIES)
+    """The Scheduler's leases on the table: rounds of rollout leases and the Merger's eval
+    requests (eval leases, ahead of rollouts), synchronous (barriers) or asynchronous
+    (workers queue ``prefetch`` rollout leases behind their slots, never an eval)."""
+
+    @initialize(max_concurrency=st.integers(1, 4), asynchronous=st.booleans())
+    def start(self, max_concurrency: int, asynchronous: bool) -> None:
+        self.s = Scheduler(max_concurrency, asynchronous=asynchronous, deadline=DEADLINE,
+                           max_tries=MAX_TRIES)
+        self.asynchronous = asynchronous
         self.max_concurrency = max_concurrency
+        self.evals: dict[str, int] = {}             # eval id -> its chunks
+        self.eval_done: dict[str, int] = {}         # eval id -> EvalDone sent (times)
+        self.chunks_answered: set[str] = set()      # eval leases answered
+        self.chunks_given_up: set[str] = set()      # eval leases given up (workers lost)
+        self.chunk_tasks: dict[str, list[str]] = {}  # eval lease -> its tasks
         self.clock = 0.0
         self.round = -1
         self.all_leases: dict[str, int] = {}        # lease id -> round
@@ -66,10 +77,15 @@ class SchedulerLeases(RuleBasedStateMachine):
 
     # -- feeding the machine and reading what it sends --------------------------------
 
-    def feed(self, msg) -> None:
+    def feed(self, msg, asking: str = "") -> None:
+        """Hand the Scheduler ``msg`` and check what it sends (``asking``: the eval whose
+        request this is, whose chunk leases may go out at once)."""
+        chunks = {lid for lid in self.s.leases if self.all_leases.get(lid, 0) < 0}
         for to, out in self.s.handle(msg):
             match out:
                 case Lease(lease_id=lid):
+                    if asking and lid.startswith(asking + "."):
+                        self.all_leases[lid] = -1
                     assert lid in self.all_leases, f"a lease nobody planned: {lid}"
                     assert lid in self.s.leases, f"{lid} dispatched after it settled"
                     self.held_by[lid] = to
@@ -81,6 +97,17 @@ class SchedulerLeases(RuleBasedStateMachine):
                 case Barrier(round=r):
                     assert to == MERGER
                     self.barriers.append(r)
+                case EvalDone(eval_id=eid):
+                    assert to == MERGER and (eid in self.evals or eid == asking), (to, out)
+                    self.eval_done[eid] = self.eval_done.get(eid, 0) + 1
+                    lost = [lid for lid in self.chunk_tasks if lid.startswith(eid + ".")
+                            and lid not in self.chunks_answered]
+                    assert out.errors == sum(len(self.chunk_tasks[lid]) for lid in lost), \
+                        "an eval's score counted a chunk that was given up, or missed one"
+        # A chunk leaves the table answered, or given up (its workers were lost max_tries
+        # times: its tasks count as errors in the eval's score, see EvalDone above).
+        answered = msg.lease_id if isinstance(msg, LeaseDone) else None
+        self.chunks_given_up |= {lid for lid in chunks - set(self.s.leases) if lid != answered}
 
     def all_settled(self) -> dict[str, int]:
         """Settlements reported to the Planner, and those the Scheduler holds until the
@@ -97,13 +124,29 @@ class SchedulerLeases(RuleBasedStateMachine):
 
     # -- rules -----------------------------------------------------------------------
 
-    @rule(name=st.sampled_from(NAMES), slots=st.integers(1, 2))
-    def register(self, name: str, slots: int) -> None:
+    @rule(name=st.sampled_from(NAMES), slots=st.integers(1, 2), prefetch=st.integers(0, 2))
+    def register(self, name: str, slots: int, prefetch: int) -> None:
         # A worker registering again lists the leases it still runs: no more than its
         # slots (it cannot run more), the rest were lost on the way.
         mine = sorted(lid for lid, w in self.held_by.items() if w == name
                       and lid in self.s.leases)
-        self.feed(Hello(worker=name, slots=slots, heartbeat=0.5, leases=mine[:slots]))
+        self.feed(Hello(worker=name, slots=slots, prefetch=prefetch, heartbeat=0.5,
+                        leases=mine[:slots]))
+
+    @rule(n=st.integers(1, 5))
+    def the_merger_asks_for_an_eval(self, n: int) -> None:
+        eid = f"e{len(self.evals)}"
+        before = set(self.s.leases)
+        self.feed(EvalRequest(eval_id=eid, state={"p": eid},
+                              task_ids=[f"t{i}" for i in range(n)]), asking=eid)
+        chunks = [lid for lid in self.s.leases if lid not in before]
+        assert sorted(t for lid in chunks for t in self.s.leases[lid].task_ids) == \
+            sorted(f"t{i}" for i in range(n)), "an eval's tasks not each in one chunk"
+        for lid in chunks:
+            assert self.s.leases[lid].kind == "eval" and lid.startswith(eid + ".")
+            self.all_leases[lid] = -1
+            self.chunk_tasks[lid] = list(self.s.leases[lid].task_ids)
+        self.evals[eid] = len(chunks)
 
     @precondition(lambda self: not self.s.open_rounds)
     @rule(n=st.integers(1, 6))
@@ -122,19 +165,28 @@ class SchedulerLeases(RuleBasedStateMachine):
         lid = data.draw(st.sampled_from(open_))
         worker = self.held_by[lid]
         self.answered.append((lid, worker))
-        self.feed(LeaseDone(lease_id=lid, worker=worker, round=self.all_leases[lid],
-                            results=[RolloutResult(task_id="t", score=0.5, calls=1)]))
+        if self.all_leases[lid] < 0:
+            self.chunks_answered.add(lid)
+        self.feed(self.done(lid, worker, 0.5))
+
+    def done(self, lid: str, worker: str, score: float) -> LeaseDone:
+        lease = self.s.leases.get(lid)
+        kind = "eval" if self.all_leases[lid] < 0 else "rollout"
+        tasks = lease.task_ids if lease is not None else ["t"]
+        return LeaseDone(lease_id=lid, worker=worker, round=self.all_leases[lid], kind=kind,
+                         results=[RolloutResult(task_id=t, score=score, calls=1)
+                                  for t in tasks])
 
     @precondition(lambda self: bool(self.answered))
     @rule(data=st.data())
     def a_late_or_duplicate_answer_is_dropped(self, data) -> None:
         lid, worker = data.draw(st.sampled_from(self.answered))
         before = self.s.duplicates_dropped
-        settled = self.all_settled()
-        self.feed(LeaseDone(lease_id=lid, worker=worker, round=self.all_leases[lid],
-                            results=[RolloutResult(task_id="t", score=0.0, calls=1)]))
+        settled, evals = self.all_settled(), dict(self.eval_done)
+        self.feed(self.done(lid, worker, 0.0))
         assert self.s.duplicates_dropped == before + 1
         assert self.all_settled() == settled, "a late answer settled a lease again"
+        assert self.eval_done == evals, "a late answer scored an eval again"
 
     @rule(name=st.sampled_from(NAMES))
     def heartbeat(self, name: str) -> None:
@@ -164,6 +216,7 @@ class SchedulerLeases(RuleBasedStateMachine):
         queued = {lease.lease_id for lease in self.s.queue}
         held = set(self.s.holder)
         settled = self.all_settled()
+        settled.update(dict.fromkeys(self.chunks_answered | self.chunks_given_up, 1))
         for lid in self.all_leases:
             assert (lid in settled) != (lid in self.s.leases), \
                 f"{lid}: settled and in the table, or neither (lost)"
@@ -178,8 +231,24 @@ class SchedulerLeases(RuleBasedStateMachine):
         assert self.s.active <= self.max_concurrency
 
     @invariant()
+    def an_eval_is_scored_once_when_its_chunks_are_answered_and_never_queues(self) -> None:
+        if not hasattr(self, "s"):
+            return
+        assert all(k == 1 for k in self.eval_done.values()), self.eval_done
+        ended = self.chunks_answered | self.chunks_given_up
+        for eid, n in self.evals.items():
+            out = [f"{eid}.{i}" for i in range(n) if f"{eid}.{i}" not in ended]
+            assert (eid in self.eval_done) == (not out), (eid, out)
+        for w in self.s.workers.values():   # held in the order given: never behind a slot
+            for k, lid in enumerate(w.held):
+                assert self.all_leases[lid] >= 0 or k < w.slots, (w.name, w.held, w.slots)
+
+    @invariant()
     def a_barrier_closes_a_round_once_every_lease_of_it_settled(self) -> None:
         if not hasattr(self, "s"):
+            return
+        if self.asynchronous:
+            assert not self.barriers, "a Barrier in asynchronous mode"
             return
         assert len(self.barriers) == len(set(self.barriers)), self.barriers
         for r in self.barriers:
