@@ -1,9 +1,11 @@
 """A model-based test of the one lease table (hypothesis RuleBasedStateMachine), through
 both of its users: the Scheduler (rollout leases) and the Collector (branch leases).
 
-Random workers register, leases arrive (rounds of rollout leases; a group's branches),
-holders answer, answers come late or twice, workers go silent or are reported lost
-(their leases re-dispatched under the same id), come back, and each machine is compared
+Random workers register, leases arrive (rounds of rollout leases and the Merger's eval
+requests, synchronous or asynchronous with prefetch; a group's branches, guided, in
+waves or in even shares), holders answer, answers come late or twice, workers go silent,
+are reported lost (their leases re-dispatched under the same id) or reconnect listing
+what they still hold, come back, and each machine is compared
 after every step with a plain-dict model of who should hold what. The table's own
 invariants are checked the same way for both (:func:`the_table_is_consistent`): a lease
 is held by one live worker at most, no worker holds more than its capacity, the running
@@ -284,16 +286,15 @@ def test_a_lost_workers_lease_is_redispatched_under_the_same_id(slots):
     assert s.duplicates_dropped == 1 and not s.holder
 
 
-class CollectorLeases(RuleBasedStateMachine):
+class _CollectorModel(RuleBasedStateMachine):
     """The Collector's branch leases on the same table: a group of heartbeating workers,
-    answered in any order, with revokes, losses, comebacks, late answers, and (with
-    waves: starts in input order, branches measured slow) strided leases whose later
-    branches come back unstarted."""
+    answered in any order, with revokes, losses, comebacks, reconnects and late answers.
+    Its two machines below start it in each way a group leases its branches."""
 
-    @initialize(n=st.integers(1, 30), n_workers=st.integers(1, 4), bound=st.integers(1, 4),
-                prefetch=st.integers(0, 2), chunk=st.integers(0, 3), waves=st.booleans())
-    def start(self, n: int, n_workers: int, bound: int, prefetch: int, chunk: int,
-              waves: bool) -> None:
+    def begin(self, n: int, n_workers: int, bound: int, prefetch: int, chunk: int,
+              mode: str, shares: float = 0.0, min_lease: float = 0.0) -> None:
+        waves = mode == "waves"
+        self.shares = shares if mode == "shares" else 0.0
         self.c = Collector("c")
         self.n = n
         self.names = NAMES[:n_workers]
@@ -307,21 +308,28 @@ class CollectorLeases(RuleBasedStateMachine):
         self.result: GroupResult | None = None
         # Waves: starts in input order, answers measured slow (2 ms a branch), so strided
         # in-order leases are cut once the bound's worth are measured.
-        self.elapsed = 0.002 if waves else 0.0
+        # Shares: answers measured 50 ms a branch, so min_lease_seconds keeps leases long.
+        self.elapsed = 0.002 if waves else 0.05 if self.shares else 0.0
         self.feed(GroupStart(group_id="g", items=list(range(n)), workers=list(self.names),
                              max_concurrency=bound, max_items=n, driver="d", chunk=chunk,
                              prefetch=prefetch, deadline=DEADLINE, max_tries=MAX_TRIES,
-                             ordered=waves, waves=waves, batch_below=0.0005))
+                             ordered=waves, waves=waves, batch_below=0.0005,
+                             shares=self.shares, min_lease_seconds=min_lease))
         for name in self.names:
             self.feed(Hello(worker=name, heartbeat=0.5))
 
     def feed(self, msg) -> None:
-        for to, out in self.c.handle(msg):
+        c = self.c
+        cut: list[int] = []   # the sizes of the leases cut now (not ones sent again)
+        rounds = getattr(c, "share_rounds", 0)
+        for to, out in c.handle(msg):
             match out:
                 case Branch(lease_id=lid, indices=indices):
                     assert lid not in {a for a, _ in self.answered}, f"{lid} sent again"
                     if lid in self.indices:   # re-dispatched: the same lease, same branches
                         assert self.indices[lid] == indices
+                    else:
+                        cut.append(len(indices))
                     self.indices[lid] = indices
                     self.sent_to[lid] = to
                     self.went_to.setdefault(lid, set()).add(to)
@@ -330,6 +338,31 @@ class CollectorLeases(RuleBasedStateMachine):
                     self.result = out
                 case Revoke() | Stop():
                     pass
+        if self.shares and cut:
+            self.even_shares(cut, began=c.share_rounds > rounds)
+
+    def even_shares(self, cut: list[int], began: bool) -> None:
+        """The leases of the current round of shares cut by this step (the last ones cut:
+        the round's count says how many) are the round's size, but where the queue ran
+        out. A round that began in this step (answers that put branches back in the
+        queue come before the leases are cut) began with the queue now plus those
+        leases: the first round's size is ``shares`` of a fair share of it, a later
+        one's, once answers were measured, at least ``min_lease_seconds`` long by that
+        measure, unless that would be over a fair share."""
+        c, start = self.c, self.c.start
+        now = cut[len(cut) - min(len(cut), c.concurrency - c.share_left):]
+        size = c.share_size
+        assert all(k <= size for k in now), (now, size)
+        if c.queue:   # it did not run out: every lease of the round is the round's size
+            assert all(k == size for k in now), (now, size, list(c.queue))
+        if not began:
+            return
+        queued = len(c.queue) + sum(now)
+        if c.share_rounds == 1:
+            assert size == max(1, int(start.shares * queued / c.concurrency)), (size, queued)
+        elif start.min_lease_seconds and c.busy_items:
+            floor = int(start.min_lease_seconds / (c.busy_seconds / c.busy_items))
+            assert size >= min(floor, -(-queued // c.concurrency)), (size, floor, queued)
 
     def answer(self, lid: str, worker: str, unstarted: bool = False,
                ran: int | None = None) -> None:
@@ -409,6 +442,18 @@ class CollectorLeases(RuleBasedStateMachine):
     def a_worker_is_reported_lost(self, name: str) -> None:
         self.feed(Lost(worker=name, reason="its connection closed"))
 
+    @rule(data=st.data())
+    def a_worker_reconnects_listing_what_it_still_holds(self, data) -> None:
+        """Its connection dropped: the leases it does not list were lost on the way and
+        go out again under their ids; those it lists it keeps."""
+        name = data.draw(st.sampled_from(self.names))
+        mine = sorted(lid for lid, w in self.c.table.holder.items() if w == name)
+        kept = data.draw(st.lists(st.sampled_from(mine), unique=True)) if mine else []
+        self.feed(Hello(worker=name, heartbeat=0.5, leases=kept))
+        for lid in kept:
+            if lid in self.c.leases and name in self.c.table.workers:
+                assert self.c.table.holder.get(lid) == name, f"{name} listed {lid}, lost it"
+
     @rule(dt=st.sampled_from([0.1, 0.6, 1.5]))
     def time_passes(self, dt: float) -> None:
         self.clock += dt
@@ -455,9 +500,37 @@ class CollectorLeases(RuleBasedStateMachine):
             assert set(r.finished) == set(self.results)
 
 
+class CollectorLeases(_CollectorModel):
+    """Guided leases, or (with waves: starts in input order, branches measured slow)
+    strided leases whose later branches come back unstarted."""
+
+    @initialize(n=st.integers(1, 30), n_workers=st.integers(1, 4), bound=st.integers(1, 4),
+                prefetch=st.integers(0, 2), chunk=st.integers(0, 3), waves=st.booleans())
+    def start(self, n: int, n_workers: int, bound: int, prefetch: int, chunk: int,
+              waves: bool) -> None:
+        self.begin(n, n_workers, bound, prefetch, chunk, "waves" if waves else "guided")
+
+
+class CollectorShares(_CollectorModel):
+    """Even shares (GroupStart.shares: every worker in another process): rounds of one
+    lease per worker, all of a round the same size but where the queue ran out, each at
+    least ``min_lease_seconds`` long by the measure the answers report (50 ms a branch),
+    through the same losses, re-dispatches, reconnects and late answers."""
+
+    @initialize(n=st.integers(4, 60), n_workers=st.integers(2, 4), bound=st.integers(2, 4),
+                prefetch=st.integers(0, 2), shares=st.sampled_from([0.5, 0.8, 1.0]),
+                min_lease=st.sampled_from([0.0, 0.15, 0.4]))
+    def start(self, n: int, n_workers: int, bound: int, prefetch: int, shares: float,
+              min_lease: float) -> None:
+        self.begin(n, n_workers, bound, prefetch, 0, "shares", shares, min_lease)
+
+
 CollectorLeases.TestCase.settings = settings(max_examples=60, stateful_step_count=40,
                                              deadline=None, derandomize=True)
 test_the_collectors_lease_table_matches_its_model = CollectorLeases.TestCase
+CollectorShares.TestCase.settings = settings(max_examples=40, stateful_step_count=40,
+                                             deadline=None, derandomize=True)
+test_the_collectors_even_shares_match_the_model = CollectorShares.TestCase
 
 
 def test_a_worker_reported_lost_has_its_leases_redispatched_at_once():
