@@ -1,11 +1,15 @@
-"""The one worker loop on a thread (actors.workers.local.Worker): one actor serves
-rollout leases, eval leases, commits and a group's branch leases, in arrival order, on
-one thread; a rollout-only worker says so when a branch lease reaches it."""
+"""The one worker loop (actors.workers.core.Serve) on a thread (actors.workers.local.Worker)
+and on a remote worker's slot thread (actors.workers.remote): one actor serves rollout
+leases, eval leases, commits and a group's branch leases, in arrival order, on one
+thread; a rollout-only worker says so when a branch lease reaches it; a slot of a worker
+in another process runs the same dispatch, only its transport differs."""
 
 from __future__ import annotations
 
 import queue
 import threading
+
+import pytest
 
 from actors.artifacts import SingleSlot
 from actors.groups.host import _Host
@@ -87,3 +91,87 @@ def test_a_rollout_worker_without_a_branch_lane_says_a_branch_lease_is_not_its(c
         ref.stop()
     assert done.lease_id == "r1"
     assert "a Branch lease, but this worker serves no parallel group" in caplog.text
+
+
+class _Endpoint:
+    """What a remote worker's slot sends through (its endpoint): kept in a queue."""
+
+    def __init__(self) -> None:
+        self.sent: queue.SimpleQueue = queue.SimpleQueue()
+
+    def send(self, sender, receiver, msg) -> None:
+        self.sent.put((receiver, msg))
+
+
+def _slot_of(worker, core):
+    from actors.workers.remote import RemoteWorker
+    assert isinstance(worker, RemoteWorker)
+    q: queue.SimpleQueue = queue.SimpleQueue()
+    worker.slot_queues, worker.slot_load = [q], [0]
+    t = threading.Thread(target=worker._slot, args=(0, core, q), daemon=True)
+    t.start()
+    return t
+
+
+def test_a_remote_workers_slot_serves_through_the_same_dispatch_as_a_thread_worker(caplog):
+    """The slot thread of a worker in another process runs rollouts, evals and commits,
+    in arrival order, through the one dispatch (workers.core.Serve); what differs is the
+    transport (its endpoint) and the slot's own bookkeeping: each lease it held is let
+    go once answered, and a Branch for a worker without a branch service is said and
+    dropped (its slot freed) rather than crashing the slot."""
+    from actors.workers.remote import RemoteWorker
+    w = RemoteWorker("tcp://127.0.0.1:1", worker_id="r0")
+    w.ep = _Endpoint()
+    core = WorkerCore("r0", {"t": Task("t", "?")}, lambda task, out: float(out == "b"),
+                      lambda rendered, task: rendered, None, SingleSlot(initial_value="a"))
+    slot = _slot_of(w, core)
+    try:
+        for msg in (Lease(lease_id="r1", round=0, task_ids=["t"]),
+                    Lease(lease_id="e1", round=0, kind="eval", task_ids=["t"],
+                          state={"value": "b"}),
+                    Branch(group_id="g", lease_id="g.1", indices=[0], items=[3])):
+            w._to_slot(msg)
+        for q in w.slot_queues:
+            q.put(Commit(version=1, state={"value": "b"}))
+        w._to_slot(Lease(lease_id="r2", round=1, task_ids=["t"]))
+        answers = [w.ep.sent.get(timeout=DEADLINE_S) for _ in range(3)]
+    finally:
+        w.done.set()
+        w._release_slots()
+        slot.join(DEADLINE_S)
+    r1, e1, r2 = (msg for _, msg in answers)
+    assert all(to == "scheduler" for to, _ in answers)
+    assert r1.lease_id == "r1" and r1.results[0].score == 0.0
+    assert e1.kind == "eval" and e1.results[0].score == 1.0
+    assert r2.lease_id == "r2" and r2.version == 1 and r2.results[0].score == 1.0
+    assert "a Branch this worker does not serve (no branch service)" in caplog.text
+    assert w.held == set() and w.slot_load == [0] and w.leases_done == 3
+
+
+class _Broken(SingleSlot):
+    """A strategy with a bug: rendering an eval lease's state raises."""
+
+    def render(self, state):
+        if state.get("value") == "bad":
+            raise KeyError("boom")
+        return super().render(state)
+
+
+def test_a_lease_that_raises_is_answered_fatal_on_a_remote_slot_and_raised_on_a_thread():
+    """One dispatch, two transports of a crash: a thread worker's reaches its supervisor
+    (the runtime stops the run with it); a remote slot's is answered as a fatal LeaseDone
+    (nobody else would see it), naming the worker and the lease."""
+    from actors.workers.core import Serve, crashed
+
+    core = WorkerCore("w2", {"t": Task("t", "?")}, lambda task, out: 0.0,
+                      lambda rendered, task: rendered, None, _Broken(initial_value="a"))
+    lease = Lease(lease_id="e1", round=0, kind="eval", task_ids=["t"], state={"value": "bad"})
+    answered: list = []
+    with pytest.raises(KeyError, match="boom"):
+        Serve(core, answered.append, None, set())(lease)
+    assert answered == []
+    Serve(core, answered.append, None, set(),
+          crash=lambda lease, exc: crashed("w2", lease, exc))(lease)
+    (done,) = answered
+    assert done.lease_id == "e1" and done.kind == "eval"
+    assert "worker w2 crashed running lease e1" in done.fatal and "boom" in done.fatal

@@ -464,3 +464,47 @@ def test_nested_groups_asked_for_past_four_per_remote_slot_are_refused_by_name()
         assert "4 per remote slot at most" in reply.error and fleet.nesting == NESTED_PER_SLOT
     finally:
         fleet.runtime.close()
+
+
+def test_a_turn_elsewhere_is_given_when_it_comes_and_not_now_past_the_wait():
+    """The coordinator's half of starts in input order for branches elsewhere: a turn
+    that has come is given at once (the start is marked only when the worker reports
+    it), one that has not is given once the branches before it start here, or answered
+    "not now" after ORDER_WAIT_S (the worker sends the rest of its lease back), and a
+    branch that is not the group's is refused by name."""
+    from actors.groups.fleet import ORDER_WAIT_S
+    from actors.groups.host import _StartOrder
+
+    class Host:   # what Fleet._turn reads of a group's host
+        cancelled = holding = False
+        trace = None
+        order = _StartOrder(6, 2)
+
+    fleet = Fleet(Workers(**PROCS), gid="g1")
+    try:
+        got: queue.SimpleQueue = queue.SimpleQueue()
+        fleet.bus.attach("w9", lambda d: got.put(d.msg))
+        fleet.proxies, fleet.host = ["remote.g1.0"], Host()
+        order = Host.order
+
+        def turn(j, call_id):
+            fleet._on_call(HostCall(group_id="g1", worker="w9", op="order.turn",
+                                    call_id=call_id, args=[j]))
+
+        turn(1, "c1")
+        reply = got.get(timeout=10)
+        assert (reply.call_id, reply.value) == ("c1", True) and not order.started[1]
+        fleet._on_call(HostCall(group_id="g1", worker="w9", op="order.mark", args=[1]))
+        assert order.started[1]
+        turn(3, "c2")          # needs 0 and 1 started: 0 starts here, then it is given
+        order.mark(0)
+        reply = got.get(timeout=10)
+        assert (reply.call_id, reply.value) == ("c2", True)
+        turn(5, "c3")          # needs 0-3: 2 and 3 never start
+        reply = got.get(timeout=10 + ORDER_WAIT_S)
+        assert (reply.call_id, reply.value) == ("c3", False) and fleet.turns == 0
+        turn(6, "c4")
+        reply = got.get(timeout=10)
+        assert reply.error_type == "ValueError" and "not one of the group's 6" in reply.error
+    finally:
+        fleet.runtime.close()
