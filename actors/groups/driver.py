@@ -377,8 +377,9 @@ def _execute_on(plan: _Plan, settings: "_Settings", ledger: _Ledger, store: Stor
                    suspend_all=settings.suspend == "all", returns=plan.returns,
                    collector=names.collector, proxies=names.remote)
         # Liveness of the remote slots is the Collector's (GroupStart.deadline, Ticks).
-        # Starts in input order are kept by thread workers only (_StartOrder); with every
-        # branch elsewhere, leases are even shares (results still join in order).
+        # Starts in input order are kept here (_StartOrder) for thread workers and, by
+        # messages, for branches elsewhere (Fleet._turn); with every branch elsewhere,
+        # leases are even shares instead (results still join in order).
         start = msgspec.structs.replace(start, deadline=fleet.deadline,
                                         max_tries=fleet.workers.max_tries,
                                         ordered=bool(names.local))
