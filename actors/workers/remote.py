@@ -14,8 +14,9 @@ another machine; everything it does still arrives as messages.
    endpoint's I/O thread sends ``Heartbeat`` whenever the worker has sent the scheduler
    nothing (an answer, a hello) for ``spec.heartbeat`` seconds, so a long rollout is
    never mistaken for death and a busy worker's answers are its heartbeats. Each slot
-   thread is one loop for every kind of work, in arrival order: ``Lease`` (rollouts and
-   evals) through :class:`~actors.workers.core.WorkerCore`, and, when the worker was
+   thread is one loop for every kind of work, in arrival order, through the one dispatch
+   a thread worker uses too (:class:`~actors.workers.core.Serve`): ``Lease`` (rollouts
+   and evals) through :class:`~actors.workers.core.WorkerCore`, and, when the worker was
    built with ``branches=`` (``evobus worker`` and group process workers are), a
    parallel group's ``Branch`` leases through that service
    (:mod:`actors.groups.served`, which sits above this module and is handed in).
