@@ -31,7 +31,13 @@ connecting before the call), so the bind, every worker's registration and the op
 are in it. "Bare threads" is the machine's own bound, measured in the same invocation:
 the same threads in the same processes sleep their fair share of the branches with no
 evobus. Messages per branch and broker CPU per message come from the group's runtime
-(outcome.stats["remote"]) and the broker thread's CPU time.
+(outcome.stats["remote"]) and the broker thread's CPU time. "Worker processes us/branch"
+is the CPU every worker process spent in the group's window (``/proc``, sampled every
+50 ms) over the branches; "bare threads us/branch" the same for the bare threads'
+processes. The elapsed time counts the group's end too: its own runtime closing
+(``outcome.stats["phases"]["stop"]``). ``--with-rollouts`` runs the rollout row (above,
+synchronous rounds, no log) at the same connections after each group repeat.
+``python -m bench.remote_timeline`` breaks one group run down by connection.
 """
 
 from __future__ import annotations
@@ -97,7 +103,12 @@ def _worker_process(address: str, first: int, count: int, rollout: float,
     threads = [threading.Thread(target=w.run, name=w.name, daemon=True) for w in workers]
     for t in threads:
         t.start()
-    if ready is not None:   # imported and connecting: what a user's running workers are
+    if ready is not None:
+        # Imported, and every worker's endpoint made and connecting (ZeroMQ retries the
+        # connect until the coordinator binds): what a user's running workers are.
+        end = time.monotonic() + 60
+        while any(w.ep is None for w in workers) and time.monotonic() < end:
+            time.sleep(0.01)
         ready.release()
     for t in threads:
         t.join(600)
@@ -249,28 +260,51 @@ def measure(connections: int, procs: int, rollout: float, tasks_per_lease: int, 
             "worker_cpu_s": worker_cpu}
 
 
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system, every thread) of process ``pid`` so far (Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class _CpuSampler:
     """The broker thread's CPU seconds, sampled every 0.1 s while it runs (the group's
-    runtime, and with it the thread, ends inside run_group)."""
+    runtime, and with it the thread, ends inside run_group), and the CPU seconds of the
+    worker processes ``pids`` with the time of each sample."""
 
-    def __init__(self) -> None:
+    def __init__(self, pids: list[int] = ()) -> None:
         self.first: float | None = None
         self.last: float | None = None
+        self.pids = list(pids)
+        self.procs: list[tuple[float, float]] = []   # (monotonic, CPU of the pids)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        while not self.stop.wait(0.1):
+        while not self.stop.wait(0.05):
             cpu = _thread_cpu("evobus-broker")
             if cpu is not None:
                 self.first = cpu if self.first is None else self.first
                 self.last = cpu
+            if self.pids:
+                self.procs.append((time.monotonic(), sum(_proc_cpu(p) for p in self.pids)))
 
     def close(self) -> float:
         self.stop.set()
         self.thread.join(2)
         return (self.last - self.first) if self.first is not None else float("nan")
+
+    def procs_between(self, t0: float, t1: float) -> float:
+        """CPU seconds the worker processes used from ``t0`` to ``t1`` (nearest samples)."""
+        if not self.procs:
+            return float("nan")
+        a = min(self.procs, key=lambda s: abs(s[0] - t0))
+        b = min(self.procs, key=lambda s: abs(s[0] - t1))
+        return b[1] - a[1]
 
 
 def measure_group(connections: int, procs: int, rollout: float, items: int,
@@ -294,7 +328,7 @@ def measure_group(connections: int, procs: int, rollout: float, items: int,
     for p in children:   # workers already running when the user calls, as in production
         if not ready.acquire(timeout=120):
             raise RuntimeError("the worker processes did not start within 120 s")
-    sampler = _CpuSampler()
+    sampler = _CpuSampler([p.pid for p in children])
     proc0 = os.times()
     t_call = time.monotonic()
     try:
@@ -315,6 +349,8 @@ def measure_group(connections: int, procs: int, rollout: float, items: int,
     elapsed = out.stats["elapsed"]
     ideal = items * rollout / connections
     messages = out.stats["remote"]["delivered"]
+    # The group's own window: its elapsed time is the end of the call.
+    workers_cpu = sampler.procs_between(t_call + call_s - elapsed, t_call + call_s)
     return {"connections": connections, "items": items, "elapsed": elapsed,
             "ideal_s": ideal, "efficiency": ideal / elapsed, "leases": out.stats["leases"],
             # As the user sees it: run_group's call to its return, workers already running
@@ -326,31 +362,44 @@ def measure_group(connections: int, procs: int, rollout: float, items: int,
             # included: an upper bound.
             "coordinator_us_per_msg": ((proc1.user + proc1.system) - (proc0.user + proc0.system))
             / messages * 1e6 if messages else float("nan"),
-            "lost": out.stats["remote"]["lost_workers"]}
+            "lost": out.stats["remote"]["lost_workers"],
+            # CPU per branch in the group's window: the worker processes (the
+            # coordinator's figure above covers the whole call, registration included).
+            "worker_us_per_branch": workers_cpu / items * 1e6}
 
 
 def group_main(args) -> int:
     from bench.common import table
 
-    rows = []
+    rows, rollout_rows = [], []
     for n, chunk in [(n, c) for n in args.connections for c in args.chunk]:
-        figs, bare = [], []
+        figs, bare, bare_cpu, rolls = [], [], [], []
         for _ in range(args.repeats):   # interleaved: the machine's noise hits both
             figs.append(measure_group(n, args.procs, args.rollout, args.items, chunk))
-            bare.append(bare_shares(n, args.procs, args.rollout, args.items))
+            eff, cpu = bare_shares_cpu(n, args.procs, args.rollout, args.items)
+            bare.append(eff)
+            bare_cpu.append(cpu)
+            if args.with_rollouts:   # the rollout row at the same connections, in turn
+                rolls.append(measure(n, args.procs, args.rollout, args.tasks_per_lease,
+                                     args.rounds, write_log=False)["efficiency"])
             f = figs[-1]
             print(f"group connections={n} chunk={chunk}: eff {f['efficiency']:.3f} elapsed "
                   f"{f['elapsed']:.2f} s (ideal {f['ideal_s']:.2f} s) call to return "
                   f"{f['call_s']:.2f} s leases {f['leases']} "
                   f"messages/branch {f['messages_per_branch']:.2f} broker "
                   f"{f['broker_us_per_msg']:.1f} us/msg coordinator "
-                  f"{f['coordinator_us_per_msg']:.0f} us/msg; bare threads {bare[-1]:.3f} "
-                  f"(load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+                  f"{f['coordinator_us_per_msg']:.0f} us/msg; worker processes "
+                  f"{f['worker_us_per_branch']:.0f} us/branch; bare threads {eff:.3f} "
+                  f"({cpu:.0f} us/branch)"
+                  + (f"; rollout row {rolls[-1]:.3f}" if rolls else "")
+                  + f" (load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
         eff = sorted(f["efficiency"] for f in figs)
         call = sorted(f["call_efficiency"] for f in figs)
         cpu = sorted(f["broker_us_per_msg"] for f in figs)
         coord = sorted(f["coordinator_us_per_msg"] for f in figs)
+        wcpu = sorted(f["worker_us_per_branch"] for f in figs)
         bare.sort()
+        bare_cpu.sort()
         mid = len(figs) // 2
         rows.append((n, args.procs, args.items, f"{args.rollout * 1000:g} ms",
                      chunk or "default", f"{figs[mid]['leases']:,}",
@@ -360,11 +409,18 @@ def group_main(args) -> int:
                      f"{call[mid]:.3f}",
                      f"{figs[mid]['messages_per_branch']:.2f}",
                      f"{cpu[mid]:.1f} ({cpu[0]:.1f}-{cpu[-1]:.1f})", f"{coord[mid]:.0f}",
+                     f"{wcpu[mid]:.0f}", f"{bare_cpu[mid]:.0f}",
                      sum(f["lost"] for f in figs)))
+        if rolls:
+            rolls.sort()
+            rollout_rows.append((n, f"{rolls[mid]:.3f} ({rolls[0]:.3f}-{rolls[-1]:.3f})"))
     print(table(rows, ("connections", "procs", "items", "branch", "chunk", "leases",
                        "ideal s", "efficiency (min-max)", "bare threads (min-max)",
                        "call to return", "messages/branch", "broker CPU us/msg",
-                       "coordinator CPU us/msg", "lost")))
+                       "coordinator CPU us/msg", "worker processes us/branch",
+                       "bare threads us/branch", "lost")))
+    if rollout_rows:
+        print(table(rollout_rows, ("connections", "rollout row, interleaved (min-max)")))
     return 0
 
 
@@ -424,15 +480,22 @@ def _bare_share_process(counts: list[int], rollout: float, barrier, out) -> None
     threads = [threading.Thread(target=one, args=(c,)) for c in counts]
     for t in threads:
         t.start()
+    cpu0 = time.process_time()   # every thread started, waiting at the barrier
     for t in threads:
         t.join(600)
-    out.put(len(counts))
+    out.put(time.process_time() - cpu0)
 
 
 def bare_shares(connections: int, procs: int, rollout: float, items: int) -> float:
     """The group row's machine bound: the same threads in the same processes each sleep
     their fair share of the branches (``items`` split as evenly as whole branches
     allow), with no evobus at all. Returns efficiency against the same ideal."""
+    return bare_shares_cpu(connections, procs, rollout, items)[0]
+
+
+def bare_shares_cpu(connections: int, procs: int, rollout: float, items: int
+                    ) -> tuple[float, float]:
+    """:func:`bare_shares`, and the CPU its processes spent per branch (microseconds)."""
     ctx = multiprocessing.get_context("spawn")
     counts = [items // connections + (1 if i < items % connections else 0)
               for i in range(connections)]
@@ -448,12 +511,11 @@ def bare_shares(connections: int, procs: int, rollout: float, items: int) -> flo
         p.start()
     barrier.wait(120)
     t0 = time.monotonic()
-    for _ in children:
-        out.get(timeout=600)
+    cpu = sum(out.get(timeout=600) for _ in children)
     elapsed = time.monotonic() - t0
     for p in children:
         p.join(10)
-    return items * rollout / connections / elapsed
+    return items * rollout / connections / elapsed, cpu / items * 1e6
 
 
 def suite(quick: bool) -> list:
@@ -496,6 +558,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--items", type=int, default=10_000, help="--group: branches")
     ap.add_argument("--chunk", type=int, nargs="+", default=[0, 10],
                     help="--group: branches per lease (0: the default, in input order)")
+    ap.add_argument("--with-rollouts", action="store_true",
+                    help="--group: also the rollout row (--rounds, --tasks-per-lease, "
+                         "synchronous, no log) at the same connections, interleaved")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.group:

@@ -684,6 +684,25 @@ def test_a_worker_reconnects_after_the_broker_restarts_and_registers_again():
         ep.close()
 
 
+def test_a_quiet_line_is_pinged_after_a_third_of_the_broker_timeout_not_every_interval():
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    bus = ZmqBus(peers=(PeerPort([addr], receivers=["scheduler"]),))
+    # ping_interval alone would ping every 0.05 s; a third of broker_timeout is 0.5 s.
+    ep = RemoteEndpoint(addr, ping_interval=0.05, broker_timeout=1.5)
+    try:
+        assert ep.ping_quiet == 0.5
+        ep.attach("w", Inbox())
+        attached = time.monotonic()   # the ack was the last frame heard
+        wait_for(lambda: ep.pings >= 1, 10, "a ping on a quiet line")
+        first_gap = ep.last_ping - attached
+        assert first_gap >= 0.45, f"pinged {first_gap:.2f} s after the last frame"
+        wait_for(lambda: ep.pings >= 2, 10, "a second ping")   # the first was answered
+        assert ep.reconnects == 0
+    finally:
+        ep.close()
+        bus.close()
+
+
 # -- docs/remote.md ----------------------------------------------------------------------------
 
 
