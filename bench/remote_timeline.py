@@ -57,14 +57,25 @@ class TracedService(BranchService):
             self.trace.append(("end", self.worker, lease.lease_id, time.monotonic()))
 
 
+def _traced_worker():
+    """RemoteWorker noting when it sends its Join (the registration's first message)."""
+    from actors.workers.remote import RemoteWorker
+
+    class TracedWorker(RemoteWorker):
+        def _join(self) -> None:
+            TracedService.trace.append(("join", self.name, "", time.monotonic()))
+            super()._join()
+
+    return TracedWorker
+
+
 def _worker_process(address: str, first: int, count: int, rollout: float, ready, done,
                     out) -> None:
     os.environ["EVOBUS_BENCH_ROLLOUT"] = str(rollout)
     logging.basicConfig(level=logging.WARNING)
     import zmq
 
-    from actors.workers.remote import RemoteWorker
-
+    RemoteWorker = _traced_worker()
     ctx = zmq.Context(io_threads=2)
     workers = [RemoteWorker(address, worker_id=f"bench-{i}", allow=["bench"],
                             broker_timeout=10.0, give_up=15.0, ctx=ctx,
@@ -72,6 +83,9 @@ def _worker_process(address: str, first: int, count: int, rollout: float, ready,
                for i in range(first, first + count)]
     for w in workers:
         threading.Thread(target=w.run, name=w.name, daemon=True).start()
+    end = time.monotonic() + 60   # every endpoint made and connecting, as bench.remote
+    while any(w.ep is None for w in workers) and time.monotonic() < end:
+        time.sleep(0.01)
     ready.release()
     done.wait(600)
     out.put(list(TracedService.trace))
@@ -174,7 +188,7 @@ def run(connections: int, items: int, procs: int, rollout: float, log_path: str)
 
 
 def report(outcome, call_s: float, traces: list, sampler: _Sampler, log_path: str,
-           rollout: float, connections: int, items: int) -> None:
+           rollout: float, connections: int, items: int, procs: int = 4) -> None:
     from bus.log import read_log
     from protocol import Codec
 
@@ -188,6 +202,23 @@ def report(outcome, call_s: float, traces: list, sampler: _Sampler, log_path: st
           f"{ideal / outcome.stats['elapsed']:.3f}), phases {outcome.stats['phases']}; "
           f"call to return {call_s:.3f} s; GroupStart -> GroupResult "
           f"{t_result - t_start:.3f} s (load {os.getloadavg()[0]:.1f})")
+    t0 = records[0][0].t
+    phases = collections.defaultdict(list)
+    for r, m in records:
+        if r.t < t_start:
+            phases[type(m).__name__].append(r.t - t0)
+    print(f"before GroupStart (s after the log's first record; GroupStart at "
+          f"{t_start - t0:.3f}, the call started {call_s - (t_result - t0):.3f} s before "
+          "that record): " + "; ".join(f"{k} x{len(v)} {v[0]:.3f}-{v[-1]:.3f}"
+                                       for k, v in phases.items()))
+    per = -(-connections // procs)   # connections a worker process hosts (bench-<i>)
+    joins = collections.defaultdict(list)
+    for r, m in records:
+        if type(m).__name__ == "Join" and r.sender.startswith("bench-"):
+            joins[int(r.sender[6:]) // per].append(r.t - t0)
+    for proc, ts in sorted(joins.items()):
+        print(f"worker process {proc}: its connections' Joins, s after the log's first "
+              f"record: {q(ts)}")
     first_out: dict[str, float] = {}
     to_worker, answers, sent, relayed = {}, {}, {}, {}
     kinds = collections.Counter()
@@ -248,6 +279,8 @@ def _worker_side(traces: list, answers: dict, t_start: float, rollout: float) ->
         e = leases.get(w, {}).get(lid)
         if e and "start" in e and k:
             latency.append(t - t_start - (e["start"] + elapsed))
+    joins = [t + off - t_start for kind, w, lid, t in traces if kind == "join"]
+    print("a worker sends its Join, s after GroupStart (negative: before):", q(joins))
     print("first lease starts on its worker, s after GroupStart:", q(firsts))
     print("a worker's gap between the end of a lease and the start of its next, s:", q(gaps))
     print("an answer from the slot to the broker, s:", q(latency))
@@ -293,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         outcome, call_s, traces, sampler = run(args.connections, args.items, args.procs,
                                                args.rollout, path)
         report(outcome, call_s, traces, sampler, path, args.rollout, args.connections,
-               args.items)
+               args.items, args.procs)
     return 0
 
 
