@@ -48,9 +48,9 @@ nothing came from the broker for ``ping_interval`` or a third of ``broker_timeou
 whichever is longer (three pings unanswered before it gives up on a connection, and no
 ping at all on a line that hears from the broker often enough: at 10,000 workers a
 ping a second each would be 20,000 frames a second at the broker); when nothing at all
-has come from the broker for ``broker_timeout`` it closes its socket, waits a backoff (doubling, capped), connects
-a new socket (a new identity), registers its names again and calls ``on_reconnect`` so
-the worker says hello again.
+has come from the broker for ``broker_timeout`` it closes its socket, waits a backoff
+(doubling, capped), connects a new socket (a new identity), registers its names again
+and calls ``on_reconnect`` so the worker says hello again.
 
 Heartbeats (:meth:`RemoteEndpoint.keepalive`) go out from the endpoint's I/O thread,
 never from a thread that runs rollouts, and only on a quiet line: when nothing was sent
