@@ -42,6 +42,9 @@ from protocol import Codec, Message
 log = logging.getLogger(__name__)
 
 _SEQ = struct.Struct("<Q")
+#: Builds a Delivery without its Python-level ``__new__`` (one frame fewer a message
+#: on the in-process lane).
+_new_tuple = tuple.__new__
 # Plain ints: pyzmq's enum flags cost an enum operation per frame.
 _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
@@ -147,6 +150,8 @@ class Broker:
         self._seq = first_seq - 1
         self.closing = False
         self._stop = threading.Event()
+        #: ``_stop`` as a plain flag, for inline sends (Event.is_set is a Python call).
+        self._stopped = False
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self.addresses: list[str] = []
@@ -321,7 +326,7 @@ class Broker:
         it is (a pure machine's output made only of what crossed the bus to it) and
         within the frame limit: it is handed over as it is, encoded only for the log."""
         with self.order:
-            if receiver not in self._local_names or self._stop.is_set():
+            if self._stopped or receiver not in self._local_names:
                 return False
             self._inline.append((sender, receiver, msg, copy))
             if self._inline_draining:
@@ -357,7 +362,7 @@ class Broker:
                             type(msg) in self._sync_on)
             stats.delivered += 1
             try:
-                deliver(Delivery(self._seq, sender, receiver, msg))
+                deliver(_new_tuple(Delivery, (self._seq, sender, receiver, msg, "")))
             except Exception:  # a handler bug must not stop the sender; logged here
                 log.exception("bus: delivering %s to %r failed", type(msg).__name__, receiver)
 
@@ -506,6 +511,7 @@ class Broker:
         self._check_and_forward(codec, sender, receiver, body)
 
     def stop(self) -> None:
+        self._stopped = True
         self._stop.set()
         _wake(self.ctx, self._ctl_addr)
         self._thread.join(timeout=5)

@@ -78,7 +78,8 @@ def run_group(target, items, *, max_concurrency: int, max_items: int,
         approvers = list(approvers)
     if not taken:   # an empty list: an empty result, the target is never called
         return GroupOutcome(status="completed", group_id=gid, results=[])
-    items_bytes = _check_items(taken)
+    checked = _check_items(taken)
+    items_bytes, taken = checked if checked is not None else (None, taken)
     plan = _Plan(items_bytes=items_bytes, nested=run_group, group_id=gid, fn=fn, ref=ref, items=taken, max_concurrency=max_concurrency,
                  max_items=max_items, options=options, parent=parent, budgets=budgets,
                  store=store, approvers=approvers,

@@ -262,15 +262,15 @@ def _take_items(items, max_items: int) -> list[Any]:
     return taken
 
 
-def _check_items(items: list[Any]) -> int | None:
+def _check_items(items: list[Any]) -> tuple[int, list[Any]] | None:
     """Items cross the bus: refuse, before the first call, one that cannot or that would
     arrive changed (a tuple would become a list, a dataclass a dict). Their size
-    encoded, when they all cross."""
+    encoded and the items as decoding gives them back, when they all cross."""
     try:
         body = _encoder.encode(items)
         back = msgspec.msgpack.decode(body)
         if back == items:
-            return len(body)
+            return len(body), back
     except (TypeError, ValueError, OverflowError):
         back = None
     for i, item in enumerate(items):
@@ -316,7 +316,8 @@ class _Plan:
     #: None; and what a resumed run's log says this group had finished already.
     call: Any = None
     finished: dict[int, Any] | None = None
-    #: The items' size encoded, when known (checked at the front door).
+    #: The items' size encoded, when known (checked at the front door); ``items`` are
+    #: then as decoding gives them back (so a GroupStart made of them may go as it is).
     items_bytes: int | None = None
 
 
@@ -352,7 +353,7 @@ def _execute_on(plan: _Plan, settings: "_Settings", ledger: _Ledger, store: Stor
     n_local, n_remote = _split(settings, plan, fleet)
     names = _Names(gid, n_local, n_remote)
     # Checked before anything starts (the items must fit in one message).
-    start = _group_start(plan, gid, names.driver, names.workers, settings, ledger)
+    start, as_is = _group_start(plan, gid, names.driver, names.workers, settings, ledger)
     runtime, own_runtime = (fleet.runtime, fleet.runtime) if fleet is not None \
         else _runtime_for(plan)
     host = _Host(group_id=gid, target=plan.fn, wants_ctx=settings.wants_ctx,
@@ -398,7 +399,7 @@ def _execute_on(plan: _Plan, settings: "_Settings", ledger: _Ledger, store: Stor
     progress: Callable[[bool], None] | None = None
     t0 = time.monotonic()
     try:
-        boxes = actors.start(host, start, plan.inputs)
+        boxes = actors.start(host, start, plan.inputs, as_is=as_is and fleet is None)
         if fleet is not None:
             fleet.started()   # the proxies' Hellos, after GroupStart
         actors.phases["start"] = time.monotonic() - t0
@@ -619,8 +620,8 @@ class _Actors:
     def on_crash(self, name: str, exc: BaseException) -> None:
         self.inbox.put(_Crash(name, exc))
 
-    def start(self, host: _Host, start: GroupStart, inputs: UserInputs | None
-              ) -> list[_LeaseBox]:
+    def start(self, host: _Host, start: GroupStart, inputs: UserInputs | None,
+              as_is: bool = False) -> list[_LeaseBox]:
         # The driver attaches every name itself, one after the other from one socket (a
         # socket per actor thread costs ~10x more). Attach returns once the broker routes
         # the name; pykka queues what arrives before the actor's thread has started.
@@ -642,7 +643,7 @@ class _Actors:
         # Leases go out at once, into the workers' boxes; then each worker's thread (a
         # warm one of the runtime's pool, or a new one) is bound to its name and finds
         # its leases waiting: none waits for a Hello to make a round trip.
-        lane.send(names.driver, names.collector, start)
+        (lane.send_as_is if as_is else lane.send)(names.driver, names.collector, start)
         if inputs is not None:
             lane.send(names.driver, names.collector, inputs)
         self.boxes = boxes
@@ -693,15 +694,17 @@ def _raise_crash(crash: _Crash, gid: str) -> None:
 
 
 def _group_start(plan: _Plan, gid: str, driver: str, workers: list[str],
-                 settings: "_Settings", ledger: _Ledger) -> GroupStart:
+                 settings: "_Settings", ledger: _Ledger) -> tuple[GroupStart, bool]:
+    """The group's GroupStart, checked against the frame limit, and whether it may go
+    on the lane as it is (``_Lane.send_as_is``)."""
     ckpt = plan.resume
     start = GroupStart(
         group_id=gid, items=plan.items, workers=workers,
         max_concurrency=settings.concurrency, max_items=plan.max_items, driver=driver,
         chunk=settings.chunk, prefetch=settings.prefetch, min_lease_seconds=MIN_LEASE_S,
         announce=False, ordered=True, batch_below=BATCH_BELOW_S, waves=True,
-        suspend=settings.suspend,
-        max_seconds=ledger.remaining_seconds(), cancel_deadline=settings.cancel_deadline,
+        suspend=settings.suspend, max_seconds=ledger.remaining_seconds(),
+        cancel_deadline=float(settings.cancel_deadline),   # as decoding gives it back
         max_result_bytes=MAX_RESULT_BYTES, resume=ckpt is not None,
         finished=ckpt.finished if ckpt else dict(plan.finished or {}),
         journals=ckpt.journals if ckpt else {},
@@ -709,13 +712,15 @@ def _group_start(plan: _Plan, gid: str, driver: str, workers: list[str],
         approvers=plan.approvers, effects=ckpt.effects if ckpt else [])
     if plan.items_bytes is not None and ckpt is None and not plan.finished \
             and plan.items_bytes + 256 * (len(workers) + 16) < MAX_FRAME_BYTES:
-        return start   # far below the limit: no need to encode it to know
+        # Far below the limit: no need to encode it to know. Made of decoded items,
+        # names, numbers and defaults, it would decode back as it is.
+        return start, plan.approvers is None
     size = len(_encoder.encode(start))
     if size > MAX_FRAME_BYTES:
         raise ConfigError(f"the group's items take {size} bytes, over the {MAX_FRAME_BYTES}-"
                           "byte message limit: pass ids or paths as items and load the data "
                           "inside the target")
-    return start
+    return start, False
 
 
 class _Lane:
@@ -730,11 +735,13 @@ class _Lane:
         self.stats = bus.stats
         inline = getattr(bus, "send_inline", None)
         if inline is None:
-            self.send = bus.send
-        elif copy:
-            self.send = inline
-        else:
-            self.send = lambda sender, receiver, msg: inline(sender, receiver, msg, False)
+            self.send = self.send_as_is = bus.send
+            return
+        #: For a message its sender vouches would decode back as it is, within the frame
+        #: limit (``send_inline(copy=False)``): handed over as it is, encoded only for
+        #: the log.
+        self.send_as_is = functools.partial(inline, copy=False)
+        self.send = inline if copy else self.send_as_is
 
     def send_many(self, sender: str, out: list) -> None:
         send = self.send

@@ -20,7 +20,7 @@ import pykka
 
 from actors.groups.host import _Host
 from actors.groups.worker import GroupWorker, _LeaseBox, _release, _worker_deliver
-from protocol import Branch, Stop
+from protocol import Branch, BranchDone, Stop
 
 #: Idle threads a runtime keeps; those beyond it stop when their group ends.
 MAX_IDLE = 64
@@ -49,6 +49,23 @@ class _Unbind(NamedTuple):
     name: str
 
 
+#: Value types msgpack gives back as they are (exact types: a subclass comes back as its
+#: base).
+_AS_IS = frozenset({int, float, str, bool, bytes, type(None)})
+
+
+def _as_is(msg: BranchDone) -> bool:
+    """Would decoding this answer give it back as it is? Yes when its values are plain
+    scalars and it carries no effects (tuples) nor waiting branches: the rest of it is
+    names and lists of indices the worker made."""
+    if msg.effects or msg.suspended:
+        return False
+    for value in msg.values:
+        if type(value) not in _AS_IS:
+            return False
+    return True
+
+
 class PooledWorker(GroupWorker):
     """A :class:`GroupWorker` whose thread outlives its group: ``Stop`` (or the group's
     end) gives it back to its pool instead of ending it. What arrives for a name it is no
@@ -58,6 +75,7 @@ class PooledWorker(GroupWorker):
         super().__init__(bus, "", None, "", None, _IDLE)
         self.pool = pool
         self.lane = bus
+        self.send_as_is = None
 
     def on_start(self) -> None:
         threading.current_thread().name = "evobus-branch-worker.idle"
@@ -83,7 +101,12 @@ class PooledWorker(GroupWorker):
         return None
 
     def _send(self, name: str, msg) -> None:
-        self.lane.send(name, self.collector, msg)
+        # An answer that would decode back as it is goes on the lane as it is (encoded
+        # only for the log): the branch's values were checked against the frame limit.
+        if self.send_as_is is not None and type(msg) is BranchDone and _as_is(msg):
+            self.send_as_is(name, self.collector, msg)
+        else:
+            self.lane.send(name, self.collector, msg)
 
     def on_failure(self, exception_type, exception_value, traceback) -> None:
         if self.on_crash is not None:
@@ -97,6 +120,7 @@ class PooledWorker(GroupWorker):
         self.name, self.host, self.collector = bind.name, bind.host, bind.collector
         self.on_crash, self.box = bind.on_crash, bind.box
         self.lane = bind.lane if bind.lane is not None else self.bus
+        self.send_as_is = getattr(self.lane, "send_as_is", None)
         threading.current_thread().name = f"evobus-{bind.name}"
         bind.box.ref = self.actor_ref   # before looking into the box (see _worker_deliver)
         self._drain()
