@@ -73,6 +73,12 @@ class InMemoryBus:
         with self._lock:
             self._routes.pop(name, None)
 
+    def detach_many(self, names: list[str]) -> None:
+        """``detach`` for several names at once (a parallel group's, at its end)."""
+        with self._lock:
+            for name in names:
+                self._routes.pop(name, None)
+
     def send(self, sender: str, receiver: str, msg: Message) -> None:
         self.send_frame(sender, receiver, encode(msg))
 

@@ -456,9 +456,21 @@ class Broker:
         self._local[name.encode()] = deliver
         self._local_names[name] = deliver
 
+    def deliver_many(self, pairs: list[tuple[str, Deliver]]) -> None:
+        local, by_name = self._local, self._local_names
+        for name, deliver in pairs:
+            local[name.encode()] = deliver
+            by_name[name] = deliver
+
     def forget_local(self, name: str) -> None:
         self._local.pop(name.encode(), None)
         self._local_names.pop(name, None)
+
+    def forget_many(self, names: list[str]) -> None:
+        local, by_name = self._local, self._local_names
+        for name in names:
+            local.pop(name.encode(), None)
+            by_name.pop(name, None)
 
     def post(self, sender: str, receiver: str, body: bytes) -> None:
         """A send from a handler running on the broker thread: it is forwarded after the
@@ -763,11 +775,14 @@ class ZmqBus:
 
     def attach_many(self, pairs: list[tuple[str, Deliver]]) -> None:
         """``attach`` for several names at once (a parallel group's workers)."""
-        for name, deliver in pairs:
-            self.broker.deliver_locally(name, deliver)
+        self.broker.deliver_many(pairs)
 
     def detach(self, name: str) -> None:
         self.broker.forget_local(name)
+
+    def detach_many(self, names: list[str]) -> None:
+        """``detach`` for several names at once (a parallel group's, at its end)."""
+        self.broker.forget_many(names)
 
     def release_thread(self) -> None:
         """The calling thread will send no more: its sockets close now."""

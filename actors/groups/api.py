@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 from pathlib import Path
@@ -27,6 +28,22 @@ from actors.groups.limits import CANCEL_DEADLINE_S
 from actors.version import PACKAGE_VERSION
 from actors.groups.types import output_type, type_name, type_named
 from actors.workers import scope
+
+
+#: A standalone group's id: a random prefix per process (drawn again in a forked child)
+#: and a count, so a call makes no system call for it.
+_ids: list = [os.urandom(4).hex(), itertools.count()]
+
+
+def _new_ids() -> None:
+    _ids[:] = [os.urandom(4).hex(), itertools.count()]
+
+
+os.register_at_fork(after_in_child=_new_ids)
+
+
+def _new_group_id() -> str:
+    return f"{_ids[0]}{next(_ids[1]):04x}"
 
 
 def run_group(target, items, *, max_concurrency: int, max_items: int,
@@ -57,7 +74,7 @@ def run_group(target, items, *, max_concurrency: int, max_items: int,
                              max_items=max_items, _parent=parent, **options)   # runs there
     # Started inside an evolve() run's call (not inside a branch): part of that run.
     call = scope.current() if parent is None and options.get("runtime") is None else None
-    gid = call.next_group_id() if call is not None else os.urandom(6).hex()
+    gid = call.next_group_id() if call is not None else _new_group_id()
     finished = call.run.finished.get(gid, {}) if call is not None else {}
     budgets = options.get("budgets") or NO_BUDGETS
     if not isinstance(budgets, Budgets):

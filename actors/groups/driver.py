@@ -614,7 +614,7 @@ class _Actors:
         self.phases: dict[str, float] = {}
         self.crash: _Crash | None = None
         self.collector = _CollectorShell(
-            self.lane.trusted(runtime.bus) if isinstance(self.lane, _Lane) else self.lane,
+            self.lane.as_is if isinstance(self.lane, _Lane) else self.lane,
             names.collector, self.on_crash)
 
     def on_crash(self, name: str, exc: BaseException) -> None:
@@ -655,8 +655,12 @@ class _Actors:
     def stop(self, *, abandoned: bool, t0: float) -> None:
         runtime = self.runtime
         if self.own_runtime is None:   # a shared runtime goes on: give the names back
-            for name in self.attached:
-                runtime.bus.detach(name)
+            detach_many = getattr(runtime.bus, "detach_many", None)
+            if detach_many is not None:
+                detach_many(self.attached)
+            else:
+                for name in self.attached:
+                    runtime.bus.detach(name)
         # Workers the Collector let go are back in the pool already; the others go back
         # now (every lease has answered) or, still running user code past a cancel
         # deadline, once it returns.
@@ -736,23 +740,23 @@ class _Lane:
         inline = getattr(bus, "send_inline", None)
         if inline is None:
             self.send = self.send_as_is = bus.send
+            self.as_is = self
             return
         #: For a message its sender vouches would decode back as it is, within the frame
         #: limit (``send_inline(copy=False)``): handed over as it is, encoded only for
         #: the log.
         self.send_as_is = functools.partial(inline, copy=False)
         self.send = inline if copy else self.send_as_is
+        #: The lane for the Collector's messages: a pure machine's output made only of
+        #: what crossed the bus to it, so nothing in it would change on the way; handed
+        #: over as it is (``copy=False``), encoded only for the log.
+        self.as_is = self if not copy else _Lane(bus, copy=False)
 
     def send_many(self, sender: str, out: list) -> None:
         send = self.send
         for receiver, msg in out:
             send(sender, receiver, msg)
 
-    def trusted(self, bus) -> "_Lane":
-        """The lane for the Collector's messages: a pure machine's output made only of
-        what crossed the bus to it, so nothing in it would change on the way; handed over
-        as it is (``copy=False``), encoded only for the log."""
-        return _Lane(bus, copy=False)
 
 
 class _CollectorShell:

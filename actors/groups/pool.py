@@ -78,7 +78,10 @@ class PooledWorker(GroupWorker):
         self.send_as_is = None
 
     def on_start(self) -> None:
-        threading.current_thread().name = "evobus-branch-worker.idle"
+        # Kept: each bind and unbind names the thread after its group's worker.
+        self._thread = threading.current_thread()
+        self._ref = self.actor_ref
+        self._thread.name = "evobus-branch-worker.idle"
 
     def on_receive(self, message) -> Any:
         if isinstance(message, _Bind):
@@ -121,8 +124,8 @@ class PooledWorker(GroupWorker):
         self.on_crash, self.box = bind.on_crash, bind.box
         self.lane = bind.lane if bind.lane is not None else self.bus
         self.send_as_is = getattr(self.lane, "send_as_is", None)
-        threading.current_thread().name = f"evobus-{bind.name}"
-        bind.box.ref = self.actor_ref   # before looking into the box (see _worker_deliver)
+        self._thread.name = f"evobus-{bind.name}"
+        bind.box.ref = self._ref   # before looking into the box (see _worker_deliver)
         self._drain()
         if bind.box.stop:
             self._unbind()
@@ -130,10 +133,10 @@ class PooledWorker(GroupWorker):
     def _unbind(self) -> None:
         if self.host is None:
             return
-        self.pool.give_back(self.actor_ref, self.box)
+        self.pool.give_back(self._ref, self.box)
         self.name, self.host, self.collector, self.on_crash = "", None, "", None
         self.box = _IDLE
-        threading.current_thread().name = "evobus-branch-worker.idle"
+        self._thread.name = "evobus-branch-worker.idle"
 
 
 def pooled_deliver(bus, host: _Host, box: _LeaseBox, name: str, collector: str):
@@ -169,12 +172,20 @@ class WorkerPool:
             k = min(len(binds), len(self.idle))
             refs = self.idle[len(self.idle) - k:]
             del self.idle[len(self.idle) - k:]
-        refs = [ref for ref in refs if ref.is_alive()]
-        while len(refs) < len(binds):
-            refs.append(self.runtime.start_actor(PooledWorker, self.runtime.bus, self))
-        for ref, bind in zip(refs, binds):
+        bound = []
+        for i, bind in enumerate(binds):
+            ref = refs[i] if i < k else None
+            if ref is not None:
+                try:
+                    ref.tell(bind)   # a dead one (a crash stopped it) raises: replaced
+                    bound.append(ref)
+                    continue
+                except pykka.ActorDeadError:
+                    pass
+            ref = self.runtime.start_actor(PooledWorker, self.runtime.bus, self)
             ref.tell(bind)
-        return refs
+            bound.append(ref)
+        return bound
 
     def give_back(self, ref: pykka.ActorRef, box: _LeaseBox) -> None:
         """The worker that ran ``box``'s leases is free (once per box: the worker itself
