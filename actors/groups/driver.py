@@ -453,6 +453,11 @@ class _Settings(NamedTuple):
 
 def _settings(plan: _Plan) -> _Settings:
     opts, parent = plan.options, plan.parent
+    if parent is None and opts.keys().isdisjoint(_SETTING_OPTIONS):   # the defaults
+        concurrency = plan.max_concurrency
+        return _Settings(_NO_LIMITS, 1, CANCEL_DEADLINE_S, 0, 1, None,
+                         _target_wants_ctx(plan.fn), "all", concurrency,
+                         max(1, min(concurrency, plan.branches_to_run)))
     limits = opts.get("limits")
     if limits is not None and not isinstance(limits, HostLimits):
         raise ConfigError(f"limits must be HostLimits(...), got {type(limits).__name__}")
@@ -494,6 +499,12 @@ def _settings(plan: _Plan) -> _Settings:
                      suspend=suspend,
                      concurrency=concurrency,
                      n_workers=max(1, min(concurrency, plan.branches_to_run)))
+
+
+#: The options _settings reads: a top-level group given none of them gets the defaults
+#: (no host limits, depth 1, ...), with its target's ctx and its bound.
+_SETTING_OPTIONS = frozenset({"limits", "cancel_deadline", "chunk", "prefetch", "on_progress",
+                              "pass_ctx", "trace", "suspend"})
 
 
 def _gates(plan: _Plan, limits: HostLimits) -> tuple[tuple[_Gate, ...], tuple[_Gate, ...]]:

@@ -119,6 +119,11 @@ class _Ledger:
         #: The usage meter of the call that started the group (actors.usage): its branches'
         #: model calls report into it, so they count in the run's token and cost budgets.
         self.meter = usage.current()
+        if parent is None:   # a top-level group's (most of them): no chain to walk
+            self.chain = [self]
+            self.limited = budgets.calls is not None or budgets.cost is not None \
+                or budgets.seconds is not None or (run is not None and run.limited)
+            return
         chain, ledger = [], self
         while ledger is not None:
             chain.append(ledger)
