@@ -23,6 +23,7 @@ import logging
 import struct
 import threading
 import uuid
+from typing import Callable
 
 import msgspec
 import zmq
@@ -45,6 +46,7 @@ _SEQ = struct.Struct("<Q")
 #: Builds a Delivery without its Python-level ``__new__`` (one frame fewer a message
 #: on the in-process lane).
 _new_tuple = tuple.__new__
+_get_ident = threading.get_ident
 # Plain ints: pyzmq's enum flags cost an enum operation per frame.
 _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
@@ -152,6 +154,8 @@ class Broker:
         self._stop = threading.Event()
         #: ``_stop`` as a plain flag, for inline sends (Event.is_set is a Python call).
         self._stopped = False
+        #: Where :meth:`send_inline` hands what it cannot deliver inline (ZmqBus.send).
+        self.otherwise: Callable[[str, str, Message], None] | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self.addresses: list[str] = []
@@ -314,31 +318,38 @@ class Broker:
         with self.order:
             self._forward(codec, sender, receiver, body, msg, peer)
 
-    def inline(self, sender: str, receiver: str, msg: Message, copy: bool = True) -> bool:
+    def send_inline(self, sender: str, receiver: str, msg: Message, copy: bool = True) -> None:
         """Stamp, log and deliver ``msg`` on the calling thread, as :meth:`forward` does
-        on the broker's, when ``receiver`` is attached by this process (False: it is
-        not, and nothing was done). Under the one order lock: the broker's messages and
-        every sender's inline ones get one sequence and one log. A message sent inline
-        by the handler it reaches is delivered after that handler returns, in order
-        (breadth-first, as on the in-memory bus). The body is encoded and decoded as on
-        the way through the broker, so what arrives is what the log holds; with
-        ``copy=False`` the sender vouches that decoding would give the message back as
-        it is (a pure machine's output made only of what crossed the bus to it) and
-        within the frame limit: it is handed over as it is, encoded only for the log."""
-        with self.order:
-            if self._stopped or receiver not in self._local_names:
-                return False
-            self._inline.append((sender, receiver, msg, copy))
-            if self._inline_draining:
-                return True
-            self._inline_draining = True
-            try:
-                self._drain_inline()
-            finally:
-                self._inline_draining = False
-            if self._log is not None:   # a commit among these is fsynced now, once
-                self._log.flush_if_due()
-        return True
+        on the broker's, when ``receiver`` is attached by this process; otherwise (a
+        receiver elsewhere, a send from the broker's own thread, a broker stopping) hand
+        it to ``otherwise`` (the bus's ``send``). Under the one order lock: the broker's
+        messages and every sender's inline ones get one sequence and one log. A message
+        sent inline by the handler it reaches is delivered after that handler returns,
+        in order (breadth-first, as on the in-memory bus). The body is encoded and
+        decoded as on the way through the broker, so what arrives is what the log holds;
+        with ``copy=False`` the sender vouches that decoding would give the message back
+        as it is (a pure machine's output made only of what crossed the bus to it) and
+        within the frame limit: it is handed over as it is, encoded only for the log.
+        (One call for the lot: a warm group sends 13 messages so.)"""
+        if _get_ident() != self.ident:
+            with self.order:
+                if not self._stopped and receiver in self._local_names:
+                    self._inline.append((sender, receiver, msg, copy))
+                    if self._inline_draining:
+                        return
+                    self._inline_draining = True
+                    try:
+                        self._drain_inline()
+                    finally:
+                        self._inline_draining = False
+                    if self._log is not None:   # a commit among these is fsynced now, once
+                        self._log.flush_if_due()
+                    return
+        self.otherwise(sender, receiver, msg)
+
+    def stop_inline(self) -> None:
+        """Inline sends go to ``otherwise`` from now on (the bus is closing)."""
+        self._stopped = True
 
     def _drain_inline(self) -> None:
         codec, queue, local, stats, log_ = (self._inline_codec, self._inline,
@@ -761,6 +772,14 @@ class ZmqBus:
         # typed Decoder to build (~80 us) for a bus that may never need one here.
         self._codec = msgspec.msgpack.Encoder()
         self._closed = False
+        # ``send_inline(sender, receiver, msg, copy=True)``: ``send`` between two actors of
+        # this process, handed over on the calling thread rather than the broker's:
+        # stamped, logged and delivered in the one order all the same; a receiver
+        # elsewhere, or a send from the broker's own thread, goes as ``send``. (A thread
+        # keeps FIFO to a receiver only among sends of one kind: a parallel group's
+        # actors send each other every message so.) See Broker.send_inline (``copy``).
+        self.broker.otherwise = self.send
+        self.send_inline = self.broker.send_inline
 
     @property
     def addresses(self) -> list[str]:
@@ -797,17 +816,6 @@ class ZmqBus:
             return
         self.endpoint.send(sender, receiver, msg)
 
-    def send_inline(self, sender: str, receiver: str, msg: Message, copy: bool = True) -> None:
-        """``send`` between two actors of this process, handed over on the calling thread
-        rather than the broker's: stamped, logged and delivered in the one order all the
-        same (:meth:`Broker.inline`). A receiver elsewhere, or a send from the broker's
-        own thread, goes as ``send``. (A thread keeps FIFO to a receiver only among
-        sends of one kind: a parallel group's actors send each other every message so.)
-        ``copy``: see :meth:`Broker.inline`."""
-        if threading.get_ident() == self.broker.ident or self._closed \
-                or not self.broker.inline(sender, receiver, msg, copy):
-            self.send(sender, receiver, msg)
-
     def send_many(self, sender: str, out: list[tuple[str, Message]]) -> None:
         """``send`` for an actor's outputs, in order: one frame to the broker for them all
         (one hand-over between the actor's thread and the broker's, not one each)."""
@@ -832,6 +840,7 @@ class ZmqBus:
         if self._closed:
             return
         self._closed = True
+        self.broker.stop_inline()
         self.endpoint.close()
         self.broker.stop()
         self.ctx.destroy(linger=0)

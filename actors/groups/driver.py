@@ -624,6 +624,7 @@ class _Actors:
         self.attached: list[str] = []
         self.phases: dict[str, float] = {}
         self.crash: _Crash | None = None
+        self.pool = pool_of(runtime)   # the runtime's warm worker threads
         self.collector = _CollectorShell(
             self.lane.as_is if isinstance(self.lane, _Lane) else self.lane,
             names.collector, self.on_crash)
@@ -646,7 +647,7 @@ class _Actors:
         attach_many = getattr(bus, "attach_many", None)
         if attach_many is not None:
             attach_many(routes)
-            self.attached.extend(name for name, _ in routes)
+            self.attached.extend([name for name, _ in routes])
         else:
             for name, deliver in routes:
                 bus.attach(name, deliver)
@@ -658,7 +659,7 @@ class _Actors:
         if inputs is not None:
             lane.send(names.driver, names.collector, inputs)
         self.boxes = boxes
-        self.workers = pool_of(runtime).bind(
+        self.workers = self.pool.bind(
             [_Bind(name, host, names.collector, self.on_crash, box, lane)
              for name, box in zip(names.local, boxes)])
         return boxes
@@ -680,8 +681,7 @@ class _Actors:
             log.warning("group %s: %d worker(s) still running user code past the deadline; "
                         "left behind (each rejoins its pool once its branch returns)",
                         self.names.gid, stuck)
-        pool_of(runtime).release(self.workers, self.boxes,
-                                 left_behind=bool(abandoned or self.crash))
+        self.pool.release(self.workers, self.boxes, left_behind=bool(abandoned or self.crash))
         if self.own_runtime is not None:
             self.own_runtime.close()
         self.phases["stop"] = (time.monotonic() - t0 - self.phases.get("start", 0)

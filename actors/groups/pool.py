@@ -207,6 +207,8 @@ class WorkerPool:
         at the cancel deadline, or a crash), one still running goes back itself once its
         branch returns."""
         for ref, box in zip(refs, boxes):
+            if box.returned:   # its worker went back on Stop (give_back checks again)
+                continue
             if not (left_behind and box.running):
                 self.give_back(ref, box)
                 continue
