@@ -24,7 +24,10 @@ Each ``parallel()`` call runs on the process-wide runtime of its bus (started by
 first call, so warm calls start no bus) and starts its own Collector and workers: that
 cost is in the figures. ``--bus`` picks the bus: ``zmq`` (the default of
 ``parallel()``), ``memory``, or ``both`` side by side (default here). ``--only
-per-call`` runs the per-call row alone.
+per-call`` runs the per-call row alone. ``--calls`` (alone, in a fresh process: the
+profiler must be on before the first worker thread starts) counts the Python-level
+calls, and the C calls they make, of one warm call on every thread, by component, for
+``parallel()`` on each bus and for the thread pool made per call.
 """
 
 from __future__ import annotations
@@ -179,6 +182,74 @@ def _per_call_only(repeats: int, contenders, buses) -> dict:
     return {"per_call": calls, "cpu": cpus, "verdict": verdict}
 
 
+#: Where a call counted by ``--calls`` is made (the first match of its file's path).
+COMPONENTS = (("actors/machines/", "Collector (the pure machine)"),
+              ("actors/runtime/shell.py", "Collector shell"),
+              ("actors/groups/worker.py", "branch runner"),
+              ("actors/groups/host.py", "branch runner"),
+              ("actors/usage.py", "branch runner"),
+              ("actors/groups/types.py", "branch runner"),
+              ("actors/groups/pool.py", "pool binding"),
+              ("pykka", "pool binding"),
+              ("bus/", "lane (bus)"),
+              ("protocol/", "lane (bus)"),
+              ("actors/", "driver (front door, setup, outcome)"),
+              ("<string>", "driver (front door, setup, outcome)"),
+              ("concurrent/futures", "ThreadPoolExecutor"),
+              ("threading.py", "threading"),
+              ("queue.py", "threading"))
+
+
+def _component(filename: str) -> str:
+    for key, name in COMPONENTS:
+        if key in filename:
+            return name
+    return "other"
+
+
+def call_counts(kinds: list[str], calls: int = 200) -> dict[str, dict[str, tuple[float, float]]]:
+    """(Python-level calls, C calls) per warm call of each kind, by component, counted
+    on every thread (sys.setprofile and threading.setprofile: threads started earlier
+    are not seen, hence a fresh process)."""
+    import sys
+    import threading
+    counts: dict = {}
+    on = [None]
+
+    def profile(frame, event, arg):
+        if on[0] is None or event not in ("call", "c_call"):
+            return
+        key = (_component(frame.f_code.co_filename), event)
+        on[0][key] = on[0].get(key, 0) + 1
+
+    threading.setprofile(profile)
+    sys.setprofile(profile)
+    try:
+        for kind in kinds:
+            one = _one_call(kind)
+            for _ in range(3):
+                one()   # warm: the runtime, its worker threads (profiled from their start)
+            on[0] = counts[kind] = {}
+            for _ in range(calls):
+                one()
+            on[0] = None
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    return {kind: {name: (got.get((name, "call"), 0) / calls, got.get((name, "c_call"), 0) / calls)
+                   for name in {n for n, _ in got}} for kind, got in counts.items()}
+
+
+def _print_counts(counts, contenders) -> None:
+    labels = {kind: label for label, kind in contenders}
+    for kind, by in counts.items():
+        py, c = sum(p for p, _ in by.values()), sum(c for _, c in by.values())
+        print(f"{labels[kind]}: {py + c:,.0f} calls per warm call ({py:,.0f} Python-level, "
+              f"{c:,.0f} C calls made by them)")
+        for name, (p, cc) in sorted(by.items(), key=lambda kv: -sum(kv[1])):
+            print(f"    {p + cc:7.1f}  {name} ({p:.0f} + {cc:.0f} C)")
+
+
 def fmt3(values: list[float], scale: float = 1.0, digits: int = 0) -> str:
     lo, med, hi = stats([v * scale for v in values])
     f = f"{{:,.{digits}f}}"
@@ -192,6 +263,8 @@ def main(argv=None) -> dict:
                    help="the bus of the runtime each parallel() call starts (default: both)")
     p.add_argument("--only", choices=["per-call"], default=None,
                    help="run one row alone")
+    p.add_argument("--calls", action="store_true",
+                   help="count the calls of one warm call by component (alone; a fresh process)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     buses = ["zmq", "memory"] if args.bus == "both" else [args.bus]
@@ -204,6 +277,10 @@ def main(argv=None) -> dict:
     calls: dict[str, list[float]] = {}
     contenders = [(_label(bus), bus) for bus in buses] + [
         ("ThreadPoolExecutor.map", "threads"), ("asyncio.gather + Semaphore", "asyncio")]
+    if args.calls:
+        counts = call_counts([kind for _, kind in contenders if kind != "asyncio"])
+        _print_counts(counts, contenders)
+        return {"calls": counts}
     if args.only == "per-call":
         return _per_call_only(args.repeats, contenders, buses)
     cpus: dict[str, list[float]] = {}
