@@ -1,0 +1,147 @@
+"""What a warm call's shortcuts keep: a message handed over as it is on the in-process lane
+is what its log record decodes to; the default settings are the checked ones; group ids
+stay distinct."""
+
+from __future__ import annotations
+
+import collections
+import enum
+
+import msgspec
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from actors import parallel, run_group
+from actors.groups import api, driver
+from actors.groups.limits import _Ledger
+from actors.groups.pool import _as_is
+from actors.machines.collector import Collector
+from actors.runtime.runtime import Runtime
+from bus.log import read_log
+from protocol import BranchDone, GroupStart, decode, encode
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1),
+                    st.floats(allow_nan=False), st.text(max_size=20), st.binary(max_size=20))
+
+
+def _done(values, **kw) -> BranchDone:
+    return BranchDone(group_id="g", lease_id="l1", worker="w", indices=list(range(len(values))),
+                      values=values, cancelled=[], unstarted=[], effects=[], nbytes=1,
+                      elapsed=0.25, suspended=[], **kw)
+
+
+def _same(a, b) -> bool:
+    """Equal, and every value of the same exact type (decoding must not change one)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, msgspec.Struct):
+        return all(_same(getattr(a, f), getattr(b, f)) for f in a.__struct_fields__)
+    return a == b
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(scalars, max_size=6))
+def test_an_answer_of_plain_values_goes_as_it_is_and_decodes_back_the_same(values):
+    msg = _done(values)
+    assert _as_is(msg)
+    assert _same(decode(encode(msg)), msg)
+
+
+class Color(enum.IntEnum):
+    RED = 1
+
+
+@pytest.mark.parametrize("value", [(1, 2), [1], {"a": 1}, Color.RED,
+                                   collections.OrderedDict(a=1), bytearray(b"x")])
+def test_an_answer_with_a_value_decoding_would_change_is_copied(value):
+    assert not _as_is(_done([value]))
+
+
+def test_an_answer_with_effects_or_waiting_branches_is_copied():
+    assert not _as_is(msgspec.structs.replace(_done([1]), effects=[(0, "x")]))
+
+
+def _plan(fn, items, max_concurrency, options=None, **kw):
+    checked = driver._check_items(items)
+    size, items = checked if checked is not None else (None, items)
+    return driver._Plan(group_id="g", fn=fn, ref=None, items=items,
+                        max_concurrency=max_concurrency, max_items=max(len(items), max_concurrency),
+                        options=options or {}, parent=None, branches_to_run=len(items),
+                        items_bytes=size, nested=run_group, **kw)
+
+
+def item_only(x: int) -> int:
+    return x
+
+
+def with_ctx(x, ctx) -> int:
+    return x
+
+
+@pytest.mark.parametrize("fn", [item_only, with_ctx])
+@pytest.mark.parametrize("bound,n", [(4, 4), (2, 10), (8, 3)])
+def test_a_group_given_no_setting_gets_what_the_checks_give(fn, bound, n):
+    plan = _plan(fn, list(range(n)), bound)
+    fast = driver._settings(plan)
+    plan.options = {"chunk": 0}   # a setting given as its default: the checked path
+    assert fast == driver._settings(plan)
+
+
+def test_a_fresh_groupstart_goes_as_it_is_and_decodes_back_the_same():
+    items = [collections.OrderedDict(a=1), Color.RED, "x", [1, {"b": 2.5}], None]
+    plan = _plan(item_only, items, 2, options={"cancel_deadline": 3})
+    assert [type(i) for i in plan.items] == [dict, int, str, list, type(None)]
+    settings_ = driver._settings(plan)
+    ledger = _Ledger(plan.budgets)
+    start, as_is = driver._group_start(plan, "g", "d", ["w0", "w1"], settings_, ledger)
+    assert as_is and isinstance(start, GroupStart)
+    assert _same(decode(encode(start)), start)
+    plan.approvers = ["ann"]
+    assert not driver._group_start(plan, "g", "d", ["w0", "w1"], settings_, ledger)[1]
+
+
+def seen_types(x):
+    return type(x).__name__
+
+
+@pytest.mark.parametrize("bus", ["zmq", "memory"])
+def test_a_branch_gets_its_item_as_decoding_gives_it_on_the_lane(bus):
+    items = [collections.OrderedDict(a=1), Color.RED, 2.0]
+    got = parallel(seen_types, items, max_concurrency=3, max_items=3, bus=bus, returns=str)
+    assert got == ["dict", "int", "float"]
+
+
+@pytest.mark.parametrize("bus", ["zmq", "memory"])
+def test_what_the_collector_was_handed_is_what_the_log_holds_and_replays(bus, tmp_path,
+                                                                          monkeypatch):
+    """A warm group with a log: every message its Collector was handed (some as they
+    were sent) is, type for type, what its log record decodes to, and a fresh Collector
+    fed the log's inputs answers what the log recorded."""
+    handed: list = []
+    handle = Collector.handle
+    monkeypatch.setattr(Collector, "handle",
+                        lambda self, msg: handed.append(msg) or handle(self, msg))
+    path = tmp_path / "run.evolog"
+    with Runtime(bus=bus, log_path=str(path)) as rt:
+        for _ in range(3):   # warm: the pool's threads bound again
+            out = run_group(item_only, [0, 1, 2.5, "x"], max_concurrency=4, max_items=4,
+                            runtime=rt, returns=object)
+            assert out.results == [0, 1, 2.5, "x"]
+    records = read_log(path).records
+    last = out.group_id
+    name = f"collector.{last}"
+    inputs = [decode(r.body) for r in records if r.receiver == name]
+    recorded = [(r.receiver, decode(r.body)) for r in records if r.sender == name]
+    live = [m for m in handed if getattr(m, "group_id", last) == last]
+    assert len(inputs) == len(live) == 5 and all(_same(a, b) for a, b in zip(live, inputs))
+    machine = Collector(name)
+    assert [o for msg in inputs for o in machine.handle(msg)] == recorded
+
+
+def test_standalone_group_ids_are_distinct():
+    ids = {api._new_group_id() for _ in range(1000)}
+    assert len(ids) == 1000
