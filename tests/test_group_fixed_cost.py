@@ -145,3 +145,29 @@ def test_what_the_collector_was_handed_is_what_the_log_holds_and_replays(bus, tm
 def test_standalone_group_ids_are_distinct():
     ids = {api._new_group_id() for _ in range(1000)}
     assert len(ids) == 1000
+
+
+@pytest.mark.parametrize("bus", ["zmq", "memory"])
+def test_a_warm_call_leaves_none_of_its_drivers_objects_in_reference_cycles(bus):
+    """The driver's side of a group (its actors, lanes, lease boxes, ledger) is freed
+    when the call returns, not later by the garbage collector."""
+    import gc
+
+    for _ in range(3):
+        parallel(item_only, [0, 1, 2, 3], max_concurrency=4, max_items=4, bus=bus)
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(5):
+            parallel(item_only, [0, 1, 2, 3], max_concurrency=4, max_items=4, bus=bus)
+        gc.collect()
+        kinds = {type(o).__name__ for o in gc.garbage}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if enabled:
+            gc.enable()
+    assert not kinds & {"_Actors", "_CollectorShell", "_Lane", "_LeaseBox", "_Ledger",
+                        "_Names", "Collector", "GroupStart", "_Host"}, kinds

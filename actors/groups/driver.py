@@ -606,6 +606,10 @@ class _Names:
         self.workers = self.remote + self.local
 
 
+def _report_crash(put: Callable[[Any], None], name: str, exc: BaseException) -> None:
+    put(_Crash(name, exc))
+
+
 class _Actors:
     """The Collector and branch workers of one group: started together, stopped
     together, and the first crash among them."""
@@ -624,13 +628,15 @@ class _Actors:
         self.attached: list[str] = []
         self.phases: dict[str, float] = {}
         self.crash: _Crash | None = None
+        #: A crash of the Collector or a worker, reported to the driver (a function of the
+        #: inbox alone: nothing it is handed to holds the group's actors in a cycle, so
+        #: they are freed when the group ends, not by the garbage collector).
+        self.on_crash = functools.partial(_report_crash, self.inbox.put)
         self.pool = pool_of(runtime)   # the runtime's warm worker threads
         self.collector = _CollectorShell(
-            self.lane.as_is if isinstance(self.lane, _Lane) else self.lane,
+            (self.lane.as_is or self.lane) if isinstance(self.lane, _Lane) else self.lane,
             names.collector, self.on_crash)
 
-    def on_crash(self, name: str, exc: BaseException) -> None:
-        self.inbox.put(_Crash(name, exc))
 
     def start(self, host: _Host, start: GroupStart, inputs: UserInputs | None,
               as_is: bool = False) -> list[_LeaseBox]:
@@ -751,17 +757,17 @@ class _Lane:
         inline = getattr(bus, "send_inline", None)
         if inline is None:
             self.send = self.send_as_is = bus.send
-            self.as_is = self
+            self.as_is = None
             return
         #: For a message its sender vouches would decode back as it is, within the frame
         #: limit (``send_inline(copy=False)``): handed over as it is, encoded only for
         #: the log.
         self.send_as_is = functools.partial(inline, copy=False)
         self.send = inline if copy else self.send_as_is
-        #: The lane for the Collector's messages: a pure machine's output made only of
-        #: what crossed the bus to it, so nothing in it would change on the way; handed
-        #: over as it is (``copy=False``), encoded only for the log.
-        self.as_is = self if not copy else _Lane(bus, copy=False)
+        #: The lane for the Collector's messages (None: this one): a pure machine's
+        #: output made only of what crossed the bus to it, so nothing in it would change
+        #: on the way; handed over as it is (``copy=False``), encoded only for the log.
+        self.as_is = _Lane(bus, copy=False) if copy else None
 
     def send_many(self, sender: str, out: list) -> None:
         send = self.send

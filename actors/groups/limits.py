@@ -119,19 +119,22 @@ class _Ledger:
         #: The usage meter of the call that started the group (actors.usage): its branches'
         #: model calls report into it, so they count in the run's token and cost budgets.
         self.meter = usage.current()
+        #: The ledgers above this one, root first (not this one: a ledger that held
+        #: itself would live on in a reference cycle until the garbage collector ran).
+        self.above: list[_Ledger] = [*parent.above, parent] if parent is not None else []
         if parent is None:   # a top-level group's (most of them): no chain to walk
-            self.chain = [self]
             self.limited = budgets.calls is not None or budgets.cost is not None \
                 or budgets.seconds is not None or (run is not None and run.limited)
             return
-        chain, ledger = [], self
-        while ledger is not None:
-            chain.append(ledger)
-            ledger = ledger.parent
-        self.chain = chain[::-1]     # root first: locks are always taken in this order
         self.limited = any(lg.budgets.calls is not None or lg.budgets.cost is not None
                            or lg.budgets.seconds is not None for lg in self.chain) or (
             self.run is not None and self.run.limited)
+
+    @property
+    def chain(self) -> "list[_Ledger]":
+        """This ledger and those above it, root first: locks are always taken in this
+        order."""
+        return [*self.above, self]
 
     def seconds(self) -> float:
         return self.seconds_before + (time.monotonic() - self.t0)
