@@ -23,7 +23,7 @@ import logging
 import struct
 import threading
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 import msgspec
 import zmq

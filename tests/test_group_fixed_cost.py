@@ -9,7 +9,8 @@ import enum
 
 import msgspec
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from actors import parallel, run_group
 from actors.groups import api, driver

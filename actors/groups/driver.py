@@ -637,7 +637,6 @@ class _Actors:
             (self.lane.as_is or self.lane) if isinstance(self.lane, _Lane) else self.lane,
             names.collector, self.on_crash)
 
-
     def start(self, host: _Host, start: GroupStart, inputs: UserInputs | None,
               as_is: bool = False) -> list[_LeaseBox]:
         # The driver attaches every name itself, one after the other from one socket (a
@@ -773,7 +772,6 @@ class _Lane:
         send = self.send
         for receiver, msg in out:
             send(sender, receiver, msg)
-
 
 
 class _CollectorShell:

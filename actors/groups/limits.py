@@ -131,7 +131,7 @@ class _Ledger:
             self.run is not None and self.run.limited)
 
     @property
-    def chain(self) -> "list[_Ledger]":
+    def chain(self) -> list[_Ledger]:
         """This ledger and those above it, root first: locks are always taken in this
         order."""
         return [*self.above, self]

@@ -78,7 +78,7 @@ class PooledWorker(GroupWorker):
         self.send_as_is = None
 
     def on_start(self) -> None:
-        # Kept: each bind and unbind names the thread after its group's worker.
+        # Its thread and ref, kept: each bind and unbind renames the thread.
         self._thread = threading.current_thread()
         self._ref = self.actor_ref
         self._thread.name = "evobus-branch-worker.idle"
