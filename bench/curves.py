@@ -43,6 +43,8 @@ BUDGETS = (500, 1_500, 5_000, 15_000)
 #: A run that takes longer than this is stopped by its library's own clock.
 MAX_SECONDS = 300.0
 SPENT = "(budget spent)"
+#: ``evobus[gate=full]``: more held-out tasks than any split has (the whole split).
+WHOLE_SPLIT = 10**9
 
 
 class Calls:
@@ -155,7 +157,9 @@ def evobus_variant(spec: str):
     (``pw=shard``: DataParallel(), the whole shard a round)
     and the Merger's optional rules switched on (docs/concepts.md); ``w=16``: 16
     workers; ``async``: asynchronous, ``lease=4`` tasks per lease; ``first``:
-    ``conflicts="first"`` (``scored``: ``conflicts="score"``); ``chain=off``: every
+    ``conflicts="first"`` (``scored``: ``conflicts="score"``); ``gate=48``: a gate scores
+    48 held-out tasks (``gate=full``: the whole split; by default sized to the budget,
+    actors/machines/gatesize.py); ``chain=off``: every
     proposal made on the head (``evolve(chain=False)``); ``cp``:
     ClusterParallel over the domain's task types (:func:`cluster_of`), ``cp=k`` with
     ``per_worker=k``; ``tp``: TensorParallel routed over a keyed domain's settings
@@ -185,6 +189,8 @@ def evobus_variant(spec: str):
             kw["conflicts"] = "score"
         elif name == "chain":
             kw["chain"] = value != "off"
+        elif name == "gate":   # held-out tasks a gate scores (full: the whole split)
+            kw["gate_tasks"] = WHOLE_SPLIT if value == "full" else int(value)
         else:   # a rule switched on, or given a number (noise_z=1)
             kw[name] = float(value) if value else True
 

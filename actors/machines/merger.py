@@ -69,6 +69,7 @@ from actors.machines.candidates import Merge, apply, changes, conflict_groups, s
 from actors.machines.probing import PROBE_EVALS, PROBE_TASKS, Probing
 from actors.machines.reuse import PairScores
 from actors.machines.scoring import SCORE_CACHE_STATES, NoiseMeter, ScoreTables
+from actors.machines.gatesize import gate_tasks as sized_gate
 from actors.machines.screening import SEQUENTIAL_FIRST, SEQUENTIAL_SLACK, Screening
 from actors.machines.staleness import KeyHistory, merge_ready
 from protocol import (
@@ -123,7 +124,7 @@ class Merger(ScoreTables, Screening, Probing):
                  sequential_slack: float = SEQUENTIAL_SLACK,
                  conflicts: str = "score", rebase: bool = False, waves: bool = False,
                  backlog: int | None = None, reuse: bool = False,
-                 noise_z: float = 0.0) -> None:
+                 noise_z: float = 0.0, gate_tasks: int | None = None) -> None:
         if conflicts not in CONFLICTS:
             raise ValueError(f"conflicts={conflicts!r}: choose one of {', '.join(CONFLICTS)}")
         self.conflicts = conflicts
@@ -156,6 +157,8 @@ class Merger(ScoreTables, Screening, Probing):
         self.retire = retire
         self.recheck = recheck
         self.sequential = sequential
+        # Held-out tasks a gate scores (None: the whole split; gatesize.py).
+        self.gate_size = gate_tasks
         self.sequential_first = sequential_first
         self.sequential_slack = sequential_slack
         self.gates_opened = 0
@@ -209,7 +212,7 @@ class Merger(ScoreTables, Screening, Probing):
     def handle(self, msg: Message) -> list[Out]:
         match msg:
             case Open():
-                self.heldout = list(msg.heldout_ids)
+                self.heldout = sized_gate(list(msg.heldout_ids), self.gate_size)
                 self.state = dict(msg.initial_state)
                 self.sections = dict(msg.sections) if msg.sections is not None else None
                 self.lease_key = msg.lease_key

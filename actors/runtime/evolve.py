@@ -23,6 +23,7 @@ from actors.addresses import MERGER, PLANNER, SCHEDULER, worker_name
 from actors.artifacts import AppendRules, declared_keys, normaliser
 from actors.version import PACKAGE_VERSION
 from actors.errors import BackendFailing, ConfigError
+from actors.machines.gatesize import gate_size
 from actors.machines.merger import CONFLICTS, STALENESS, Merger
 from actors.policies.parallelism import async_pacing, default_parallel
 from actors.policies.pipeline import PipelineParallel
@@ -159,7 +160,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            attribute: bool = True, retire: bool = True,
            recheck: bool = False, sequential: bool = False,
            conflicts: str = "first", chain: bool = True,
-           deterministic: bool = False, noise_z: float = 0.0) -> EvolveResult:
+           deterministic: bool = False, noise_z: float = 0.0,
+           gate_tasks: int | None = None) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
@@ -190,6 +192,10 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     once and reused (actors/machines/reuse.py, docs/concepts.md). ``noise_z``: the noise
     test (0: off): a candidate must beat the head by that many standard errors, the
     reward noise measured from repeated rollouts of the same (state, task).
+    ``gate_tasks``: how many held-out tasks a gate scores (a fixed sample of the split);
+    by default sized to ``max_calls`` (a tenth of it, at least 48: a small budget makes
+    more decisions on fewer tasks each; actors/machines/gatesize.py), the whole split
+    without a call budget or from ten times the split's size on.
 
     ``parallel`` (default ``DataParallel(per_worker=4)`` with up to 4 workers, a round
     of 16 tasks shared by more, chosen by the benchmarks in docs/parallelism.md, or the
@@ -216,8 +222,10 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     _check_numbers(solved_threshold, lease_size)
     tasks = _validate(tasks, reward, agent, run, propose, n_workers, modes.rounds,
                       held_out_frac, max_concurrency)
+    n_heldout = len(split_tasks([t.id for t in tasks], held_out_frac, seed)[1])
     prices = _check_budgets(max_calls, max_tokens, max_cost, prices, agent, run, propose,
-                            len(split_tasks([t.id for t in tasks], held_out_frac, seed)[1]))
+                            n_heldout)
+    modes.gate["gate_tasks"] = _gate_tasks(gate_tasks, n_heldout, max_calls)
     _warn_if_inside_a_loop("evolve", "evolve_async")
     # The default is the scenario files' default (protocol.scenario.Scenario.strategy).
     strategy = strategy if strategy is not None else AppendRules()
@@ -504,6 +512,17 @@ def _gate(screen: bool, attribute: bool, retire: bool, recheck: bool,
     return {"screen": bool(screen), "attribute": bool(attribute), "retire": bool(retire),
             "recheck": bool(recheck), "sequential": bool(sequential),
             "conflicts": conflicts, "noise_z": float(noise_z)}
+
+
+def _gate_tasks(gate_tasks: int | None, n_heldout: int, max_calls: int | None) -> int | None:
+    """The held-out tasks a gate scores, as the Merger takes it (None: the whole split)."""
+    if gate_tasks is None:
+        return gate_size(n_heldout, max_calls)
+    if isinstance(gate_tasks, bool) or not isinstance(gate_tasks, int) or gate_tasks < 1:
+        raise ConfigError(f"evolve(gate_tasks={gate_tasks!r}): give a number of held-out "
+                          "tasks >= 1 for each gate to score, or leave it out (sized to "
+                          "max_calls)")
+    return None if gate_tasks >= n_heldout else gate_tasks
 
 
 def _start_tracker(tracking, params: dict[str, Any], plan_with, strategy,
