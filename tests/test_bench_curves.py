@@ -19,6 +19,17 @@ def test_to_quality_names_the_first_budget_whose_mean_reaches_the_goal():
     assert rows[0][1] == "0.95 at 500 (490 calls) in 1.0 s" and rows[0][2].startswith("0.90 at 1,500")
 
 
+def test_a_mean_that_reaches_the_goal_and_falls_back_does_not_count():
+    points = [point("evobus", 500, 0.96, 2.0), point("evobus", 1000, 0.97, 4.0),
+              point("agentdescent", 500, 0.96), point("agentdescent", 1000, 0.9),
+              point("agentdescent", 1500, 1.0, 8.0), point("gepa", 1500, 0.5)]
+    assert curves.held_from([p for p in points if p["system"] == "agentdescent"],
+                            0.95) == 1500
+    (row,) = curves.to_quality(points, ["evobus", "agentdescent", "gepa"], 0.95)
+    assert row[1] == "0.96 at 500 (490 calls) in 2.0 s = 0.25x the faster anchor"
+    assert row[2] == "1.00 at 1,500 (1,490 calls) in 8.0 s" and row[3] == "-"
+
+
 def test_the_matrix_is_twelve_configurations_with_their_default_rounds():
     systems = curves.MATRIX.split(";")
     assert len(systems) == 12 and "evobus[cp=auto,async,w=16]" in systems
