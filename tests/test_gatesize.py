@@ -46,6 +46,8 @@ def test_the_sample_is_part_of_the_split_in_its_order_and_independent_of_that_or
 def test_a_size_that_is_not_a_positive_count_is_refused(bad):
     with pytest.raises(ValueError, match="gate_tasks"):
         gate_tasks(HELD, bad)
+    with pytest.raises(ValueError, match="gate_tasks"):
+        gate_tasks(HELD[:1], bad)   # refused even where any size takes the whole split
 
 
 def test_the_merger_scores_its_gates_on_the_sample_only():

@@ -36,11 +36,13 @@ def gate_size(n_heldout: int, max_calls: int | None) -> int | None:
 def gate_tasks(heldout: list[str], size: int | None) -> list[str]:
     """The ``size`` held-out tasks the gates score (all of ``heldout`` for None or a
     size of the split or more), in the split's order."""
-    if size is None or size >= len(heldout):
+    if size is None:
         return list(heldout)
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"gate_tasks={size!r}: give a number of held-out tasks >= 1, or "
                          "None for the whole split")
+    if size >= len(heldout):
+        return list(heldout)
     chosen = set(sorted(heldout, key=_rank)[:size])
     return [t for t in heldout if t in chosen]
 
