@@ -138,7 +138,8 @@ class Lease(Msg, frozen=True):
 
     A lease keeps its id when it is re-dispatched. ``unit`` is the logical worker of the
     plan (``WorkUnit.worker``); ``section`` the artifact section it may edit (TP).
-    ``state`` is set on eval leases: the candidate artifact to score. ``chain``: the
+    ``state`` is set on eval leases: the candidate artifact to score; on a rollout lease,
+    the state to roll out on instead of the head (a branch, RoundClosed.bases). ``chain``: the
     worker applies each proposal to its own copy and rolls the lease's next tasks out
     on the edited state (actors/workers/chain.py)."""
 
@@ -252,6 +253,9 @@ class RoundClosed(Msg, frozen=True):
     proposals: int = 0
     outcomes: dict[str, int] = {}
     final: bool = False
+    #: Plan unit -> the state its next rollout lease rolls out on, when not the head
+    #: (its branch: the Merger's ``branches``, actors/machines/branches.py).
+    bases: dict[int, dict[str, str]] = {}
 
 
 class RoundRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -377,6 +381,15 @@ class WaveSettled(Msg, frozen=True):
     settled, so merge what it proposed now (a merge of nothing closes at once)."""
 
     wave: int
+
+
+class Branched(Msg, frozen=True):
+    """Planner -> Merger: the rollout leases of ``round`` roll out on the bases that
+    ``RoundClosed(round=merge).bases`` gave (their units' branches,
+    actors/machines/branches.py). Sent only when some lease carries one."""
+
+    round: int
+    merge: int
 
 
 class Merged(Msg, frozen=True):
@@ -748,7 +761,7 @@ Message = (
     | Settled | SettledBatch | Barrier | EvalRequest | EvalDone | Commit | RoundClosed
     | Progress | RunDone
     | Hello | Heartbeat | Lost | CallsAsk | CallsGranted | Cancel | Stop | NeedWork | Merged | Refresh | Drain | Flush
-    | WaveSettled
+    | WaveSettled | Branched
     | GroupStart | Branch | BranchDone | BranchFailed | Interaction | Hold | UserInputs
     | GroupCancel | GroupResult | GroupSuspended | Revoke
     | Join | Spec | Refused  # workers in other processes
@@ -759,7 +772,7 @@ __all__ = [
     "Msg", "Message", "Start", "Budget", "Open", "Baseline", "Tick", "Finish", "Halted", "Unhalt", "Shutdown", "Lease",
     "LeaseBatch", "LeaseDone", "Settled", "SettledBatch", "Barrier", "EvalRequest", "EvalDone", "Commit",
     "RoundClosed", "RoundRecord", "Progress", "RunDone", "Hello", "Heartbeat", "Lost", "CallsAsk", "CallsGranted", "Cancel", "Stop", "NeedWork", "Merged", "Refresh", "Drain", "Flush",
-    "WaveSettled",
+    "WaveSettled", "Branched",
     "Diff", "RolloutResult", "Usage",
     "JournalEntry", "PendingInteraction", "Suspension", "GroupStart", "Branch", "BranchDone",
     "BranchFailed", "Interaction", "Hold", "UserInputs", "GroupCancel", "GroupResult",

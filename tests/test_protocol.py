@@ -54,6 +54,7 @@ EXAMPLES = {
     "NeedWork": protocol.NeedWork(wave=2),
     "Merged": protocol.Merged(consumed=3, version=1),
     "WaveSettled": protocol.WaveSettled(wave=2),
+    "Branched": protocol.Branched(round=3, merge=2),
     "Refresh": protocol.Refresh(reason="stall"),
     "Drain": protocol.Drain(reason="max_rollouts"),
     "Flush": protocol.Flush(cancelled=1),

@@ -146,5 +146,6 @@ class Merge:
     gates: dict = field(default_factory=dict)
     stopped: set = field(default_factory=set)
     unscored: bool = False   # a budget refused some of its scoring (see _unscored)
+    lost: list[Diff] = field(default_factory=list)   # conflict losers, unscored ("first")
 
 

@@ -65,6 +65,7 @@ import logging
 import operator
 
 from actors.addresses import DRIVER, PLANNER, SCHEDULER, Out
+from actors.machines.branches import Branches
 from actors.machines.candidates import Merge, apply, changes, conflict_groups, state_key
 from actors.machines.probing import PROBE_EVALS, PROBE_TASKS, Probing
 from actors.machines.reuse import PairScores
@@ -75,6 +76,7 @@ from actors.machines.staleness import KeyHistory, merge_ready
 from protocol import (
     Barrier,
     Baseline,
+    Branched,
     Commit,
     Diff,
     EvalDone,
@@ -124,7 +126,8 @@ class Merger(ScoreTables, Screening, Probing):
                  sequential_slack: float = SEQUENTIAL_SLACK,
                  conflicts: str = "score", rebase: bool = False, waves: bool = False,
                  backlog: int | None = None, reuse: bool = False,
-                 noise_z: float = 0.0, gate_tasks: int | None = None) -> None:
+                 noise_z: float = 0.0, gate_tasks: int | None = None,
+                 branches: bool = False) -> None:
         if conflicts not in CONFLICTS:
             raise ValueError(f"conflicts={conflicts!r}: choose one of {', '.join(CONFLICTS)}")
         self.conflicts = conflicts
@@ -140,6 +143,9 @@ class Merger(ScoreTables, Screening, Probing):
         self.waves = waves
         self.backlog = backlog
         self._keys = KeyHistory()
+        # The chains that lost a conflict, carried on as their units' branches
+        # (actors/machines/branches.py).
+        self.branches = Branches() if branches else None
         self._due = False
         # A model declared deterministic: (state, task) scores are reused (reuse.py).
         self.pairs = PairScores() if reuse else None
@@ -229,6 +235,10 @@ class Merger(ScoreTables, Screening, Probing):
                 if self.merge is None:
                     return self._start_async()
                 return []
+            case Branched(round=r, merge=merge):
+                if self.branches is not None:
+                    self.branches.branched(r, merge)
+                return []
             case WaveSettled():
                 self._due = True   # a wave settled: merge what it proposed (even nothing)
                 return self._start_async() if self.merge is None else []
@@ -251,6 +261,8 @@ class Merger(ScoreTables, Screening, Probing):
             self.outcomes[what] = self.outcomes.get(what, 0) + n
 
     def _on_proposals(self, msg: LeaseDone) -> None:
+        if self.branches is not None and msg.kind == "rollout":
+            msg = self.branches.lease(msg, self.state)
         bucket = _ASYNC if self.asynchronous else msg.round
         early = self.early.setdefault(bucket, {})
         sections = self.sections if msg.section is not None else None
@@ -278,6 +290,8 @@ class Merger(ScoreTables, Screening, Probing):
                 held = self.pending.setdefault(bucket, [])
             held.append((unit, position, diff, result.task_id))
             self._evidence[id(diff)] = (result.task_id, result.score)
+            if self.branches is not None and id(diff) in self.branches.unscreened:
+                self._evidence[id(diff)] = (result.task_id, None)
 
 
 
@@ -430,9 +444,13 @@ class Merger(ScoreTables, Screening, Probing):
         m.stage = "variants"
         if m.groups and self.conflicts == "first":
             # One gate a merge: the first proposer of each group (plan order) goes on
-            # to the fused candidate unscored, the others are ``conflict``.
+            # to the fused candidate unscored, the others are ``conflict`` (with
+            # branches, the one with the best train evidence: branches.py).
             self._count(m.outcomes, "conflict", sum(len(g) - 1 for g in m.groups))
-            m.free = m.free + [g[0] for g in m.groups]
+            picked = [g[0] if self.branches is None else self.branches.pick(g, self.score)
+                      for g in m.groups]
+            m.lost = [d for g, p in zip(m.groups, picked) for d in g if d is not p]
+            m.free = m.free + picked
             return self._to_fused()
         if m.groups:
             return self._score_each([d for g in m.groups for d in g])
@@ -579,10 +597,12 @@ class Merger(ScoreTables, Screening, Probing):
         if self._evidence:   # only the diffs still held keep theirs (stale ones go)
             held = {id(p[2]) for bucket in self.pending.values() for p in bucket}
             self._evidence = {k: v for k, v in self._evidence.items() if k in held}
+        bases = {} if self.branches is None else self._settle_branches(m)
         if not self.asynchronous:
             out: list[Out] = [(PLANNER, RoundClosed(
                 round=m.round, version=self.version, committed=committed,
-                heldout_reward=self.score, proposals=m.proposals, outcomes=m.outcomes))]
+                heldout_reward=self.score, proposals=m.proposals, outcomes=m.outcomes,
+                bases=bases))]
             if self.queued_barriers:
                 out += self._start(self.queued_barriers.pop(0))
             return out
@@ -600,10 +620,15 @@ class Merger(ScoreTables, Screening, Probing):
         final = self.flushing and not more
         out.append((PLANNER, RoundClosed(round=m.round, version=self.version, committed=committed,
                                          heldout_reward=self.score, proposals=m.proposals,
-                                         outcomes=m.outcomes, final=final)))
+                                         outcomes=m.outcomes, final=final, bases=bases)))
         if (self._due and not final) or (more and self._ready()):
             out += self._start_async()
         return out
+
+    def _settle_branches(self, m: Merge) -> dict[int, dict[str, str]]:
+        bases = self.branches.settle(m.round, m.lost, self.state)
+        self.branches.prune({id(p[2]) for bucket in self.pending.values() for p in bucket})
+        return bases
 
     def _finish(self, msg: Finish) -> list[Out]:
         outcomes = dict(self.outcomes)

@@ -16,7 +16,7 @@ import random
 
 from actors.addresses import DRIVER, MERGER, SCHEDULER, Out
 from actors.machines.ids import tagged
-from protocol import (Baseline, Budget, Drain, Finish, Halted, Lease, LeaseBatch, Message,
+from protocol import (Baseline, Branched, Budget, Drain, Finish, Halted, Lease, LeaseBatch, Message,
                       NeedWork, Open, Progress, RoundClosed, RoundRecord, Settled,
                       SettledBatch, Shutdown, Start, Tick, Unhalt, WaveSettled, WorkUnit)
 
@@ -61,6 +61,10 @@ class Planner:
         self.heldout: list[str] = []
         self.round = -1
         self.units: dict[str, WorkUnit] = {}
+        # Plan unit -> the state its next rollout lease rolls out on (RoundClosed.bases),
+        # and the merge that gave them (told to the Merger: Branched).
+        self.bases: dict[int, dict[str, str]] = {}
+        self.bases_of = -1
         self.planned = 0
         self.rollouts = 0
         self.calls = 0
@@ -162,7 +166,8 @@ class Planner:
                                   + (f".{c}" if size < len(keys) else ""))
                 lease = Lease(lease_id=lease_id, round=r, unit=unit.worker,
                               task_ids=keys[first:first + size], section=unit.section,
-                              stage=unit.stage, chain=self.start.chain)
+                              stage=unit.stage, chain=self.start.chain,
+                              state=self.bases.get(unit.worker))
                 self.units[lease.lease_id] = unit
                 leases.append(lease)
             self.planned += len(keys)
@@ -171,7 +176,11 @@ class Planner:
         report_each = self.asynchronous and self.start.max_calls is not None
         if self._paced() and leases:
             self._open[r] = sum(len(lease.task_ids) for lease in leases)
-        return [(SCHEDULER, LeaseBatch(round=r, leases=leases, report_each=report_each))]
+        # Before the leases: the Merger hears which bases they carry before any result.
+        branched: list[Out] = [(MERGER, Branched(round=r, merge=self.bases_of))] \
+            if any(lease.state is not None for lease in leases) else []
+        return branched + [(SCHEDULER, LeaseBatch(round=r, leases=leases,
+                                                  report_each=report_each))]
 
     def _paced(self) -> bool:
         return self.waves is not None and self.asynchronous
@@ -281,6 +290,7 @@ class Planner:
         if self.finished or self.halted:
             return []
         self._learn()
+        self.bases, self.bases_of = dict(msg.bases), msg.round
         out: list[Out] = []
         if msg.proposals or msg.committed or not self.asynchronous:
             record = RoundRecord(round=msg.round, version=msg.version, committed=msg.committed,

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
-from actors.artifacts import round_tasks
+from actors.artifacts import declared_keys, round_tasks
 from actors.errors import ParallelConfigError, SectionViolation
 from protocol.domain import REMOVE, Diff, WorkUnit
 from .sampling import PASS_THRESHOLD, check_score, difficulty_weight
@@ -239,6 +239,10 @@ DEFAULT_PER_WORKER = 4
 #: Rollouts a default round holds, whatever the worker count: more workers share it
 #: (one gate per this many rollouts; a round of 64 fused more wrong edits per gate).
 DEFAULT_ROUND = 16
+#: A strategy's own round (``round_tasks``) gives each worker at least this many tasks:
+#: a lease is one chain's growth a round, and a chain of four (64 over 16 workers)
+#: carries little into its gate (docs/performance.md, the wide worker counts).
+ROUND_TASKS_MIN_PER_WORKER = 8
 
 
 def round_per_worker(n_workers: int, units: int | None = None) -> int:
@@ -251,12 +255,27 @@ def round_per_worker(n_workers: int, units: int | None = None) -> int:
 def default_parallel(n_workers: int = 4, strategy: object = None) -> DataParallel:
     """The parallelism strategy of a run that names none (or names DataParallel without
     ``per_worker``): the strategy's own round when it declares ``round_tasks`` (tasks a
-    round over all workers: a single slot's), else a minibatch round of
-    :func:`round_per_worker` tasks per worker."""
+    round over all workers: a single slot's; at least ``ROUND_TASKS_MIN_PER_WORKER`` a
+    worker), else a minibatch round of :func:`round_per_worker` tasks per worker."""
     total = round_tasks(strategy)
     if total is not None:
-        return DataParallel(per_worker=max(1, -(-total // max(1, n_workers))))
+        return DataParallel(per_worker=max(ROUND_TASKS_MIN_PER_WORKER,
+                                           -(-total // max(1, n_workers))))
     return DataParallel(per_worker=round_per_worker(n_workers))
+
+
+def uses_branches(branches: bool | None, strategy: object, *, chain: bool,
+                  conflicts: str) -> bool:
+    """Whether the Merger carries a chain that lost a conflict on as its unit's branch
+    (actors/machines/branches.py): as asked, else (``None``) for a strategy of one
+    declared key (a single slot: every diff conflicts, so all but one chain a round
+    would be lost); only with chained leases and ``conflicts="first"``."""
+    if not chain or conflicts != "first":
+        return False
+    if branches is not None:
+        return bool(branches)
+    keys = declared_keys(strategy)
+    return keys is not None and len(keys) == 1
 
 
 #: Asynchronous waves planned and not yet merged, at most (1: a wave once the last

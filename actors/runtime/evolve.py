@@ -25,7 +25,7 @@ from actors.version import PACKAGE_VERSION
 from actors.errors import BackendFailing, ConfigError
 from actors.machines.gatesize import gate_size
 from actors.machines.merger import CONFLICTS, STALENESS, Merger
-from actors.policies.parallelism import async_pacing, default_parallel
+from actors.policies.parallelism import async_pacing, default_parallel, uses_branches
 from actors.policies.pipeline import PipelineParallel
 from actors.machines.planner import Planner, split_tasks
 from actors.machines.scheduler import Scheduler
@@ -161,7 +161,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            recheck: bool = False, sequential: bool = False,
            conflicts: str = "first", chain: bool = True,
            deterministic: bool = False, noise_z: float = 0.0,
-           gate_tasks: int | None = None) -> EvolveResult:
+           gate_tasks: int | None = None,
+           branches: bool | None = None) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
@@ -187,7 +188,12 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     a lease to its own copy and rolls the lease's next tasks out on the edited state,
     proposing on top, so one candidate can hold several edits that need each other
     (docs/concepts.md, actors/workers/chain.py); off, every proposal of a lease is made
-    on the head. ``deterministic=True`` declares that the model gives the same output
+    on the head. ``branches`` (with ``conflicts="first"`` and ``chain``; by default on
+    for a strategy of one declared key, a single slot, where every diff conflicts): a
+    chained lease whose edits lost a conflict is carried on as its plan unit's branch
+    (the unit's next lease rolls out on it and chains on top), and of conflicting
+    chains the one with the best train evidence is gated (actors/machines/branches.py,
+    docs/concepts.md). ``deterministic=True`` declares that the model gives the same output
     for the same rendered artifact and task: a (state, task) score is then asked for
     once and reused (actors/machines/reuse.py, docs/concepts.md). ``noise_z``: the noise
     test (0: off): a candidate must beat the head by that many standard errors, the
@@ -229,6 +235,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     _warn_if_inside_a_loop("evolve", "evolve_async")
     # The default is the scenario files' default (protocol.scenario.Scenario.strategy).
     strategy = strategy if strategy is not None else AppendRules()
+    if uses_branches(branches, strategy, chain=chain, conflicts=conflicts):
+        modes.gate["branches"] = True   # recorded only when on: older headers replay without
     task_ids = [t.id for t in tasks]
     plan_with, sections = prepare_parallel(parallel, strategy, task_ids, n_workers)
     if asynchronous:   # waves paced by merges, rebasing (actors/machines/staleness.py)

@@ -111,8 +111,10 @@ class WorkerCore:
         if lease.kind == "eval":
             rendered = self.strategy.render(lease.state or {})
             state, version, may_propose = lease.state or {}, lease.version, False
-        else:
+        else:   # a lease given a state rolls out on it (a branch: RoundClosed.bases)
             rendered, state, version = self.rendered, self.state, self.version
+            if lease.state is not None:
+                state, rendered = lease.state, self.strategy.render(lease.state)
             may_propose = self.propose is not None
         results: list[RolloutResult] = []
         fatal = None
