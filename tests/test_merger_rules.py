@@ -8,7 +8,7 @@ from actors.addresses import PLANNER, SCHEDULER
 from actors.machines.attribution import Probe, without
 from actors.machines.merger import Merger
 from actors.machines.scoring import NOISE_MIN_DF, NoiseMeter
-from protocol import Barrier, Commit, Diff, EvalDone, EvalRequest, LeaseDone, Open, \
+from protocol import Barrier, Commit, Diff, EvalDone, EvalRequest, Finish, LeaseDone, Open, \
     RolloutResult, RoundClosed
 
 HELD = [f"h{i}" for i in range(8)]
@@ -574,8 +574,53 @@ def test_once_the_model_is_noisy_the_screen_looks_at_the_head_again_first():
 
 def test_the_screen_turns_down_to_sampling_once_it_screens_nothing_out():
     m = Merger(screen=True)
-    looked = [m._screen_this() for _ in range(12)]
-    # Its first four diffs, then one in four while none was screened out.
-    assert looked == [True] * 4 + [False, False, False, True] * 2
-    m.screen_out = 1   # one of the six it looked at: at least one in ten, every diff
+    # Nothing decided yet: every diff of a first merge is looked at, however many.
+    assert all(m._screen_this() for _ in range(12))
+    m.screen_seen, m.screen_looked = 0, 4   # four decided, none screened out
+    looked = [m._screen_this() for _ in range(8)]
+    assert looked == [False, False, False, True] * 2   # one in four
+    m.screen_out = 1   # one of the four it decided: at least one in ten, every diff
     assert all(m._screen_this() for _ in range(4))
+
+
+def test_the_screen_judges_a_merge_on_earlier_merges_only():
+    """A first merge of eight diffs is screened whole: the record counts decided diffs,
+    and none was decided when the merge began (judging on diffs merely looked at, it
+    looked at four and one in four after, since none was screened out yet)."""
+    m = opened(screen=True)
+    log: list = []
+    _, closed = merge_round(m, 0, [d("g0")] + [d(f"u{i}") for i in range(7)],
+                            evidence="h0", log=log)
+    assert [r.task_ids for r in log[:8]] == [["h0"]] * 8
+    assert closed.outcomes == {"screened-out": 7, "committed": 1}
+    assert (m.screen_looked, m.screen_out) == (8, 7)
+
+
+def test_a_merge_too_small_for_a_gate_holds_its_diff_for_the_next():
+    """With ``hold``, a merge left with one diff pays no held-out gate: the diff waits,
+    and the next merge gates it with its own in one candidate (one gate for two)."""
+    m = opened(hold=True)
+    log: list = []
+    _, first = merge_round(m, 0, [d("g0")], log=log)
+    assert not first.committed and log == [] and m.stats["held"] == 1
+    _, second = merge_round(m, 1, [d("g1"), d("g0")], log=log)
+    assert second.committed and m.state == {"g0": "on", "g1": "on"}
+    assert second.outcomes == {"duplicate": 1, "committed": 2}
+    assert [r.task_ids for r in log] == [HELD]
+
+
+def test_a_held_diff_is_gated_alone_by_the_next_merge():
+    """A diff is held by one merge at most: the next one gates it even alone."""
+    m = opened(hold=True)
+    log: list = []
+    merge_round(m, 0, [d("g0")], log=log)
+    _, second = merge_round(m, 1, [], log=log)       # nothing new: gated alone
+    assert second.committed and m.state == {"g0": "on"} and [r.task_ids for r in log] == [HELD]
+    assert second.outcomes == {"committed": 1} and m.stats["held"] == 1
+
+
+def test_a_diff_still_held_when_the_run_stops_is_counted():
+    m = opened(hold=True)
+    merge_round(m, 0, [d("g0")])
+    (_, done), = m.handle(Finish(stop_reason="max_calls"))
+    assert done.outcomes == {"held-at-stop": 1} and done.state == {}

@@ -92,9 +92,9 @@ def test_a_log_written_now_records_the_round_and_every_rule_on_or_off(tmp_path):
     assert meta["parallel"] == "DataParallel(per_worker=4)"
     merger = msgspec.json.decode(meta["machine_args"])["merger"]
     assert {k: merger[k] for k in ("screen", "attribute", "retire", "recheck", "sequential",
-                                   "conflicts", "noise_z")} == {
+                                   "conflicts", "noise_z", "hold")} == {
         "screen": True, "attribute": False, "retire": True, "recheck": False,
-        "sequential": False, "conflicts": "first", "noise_z": 0.0}
+        "sequential": True, "conflicts": "first", "noise_z": 0.0, "hold": True}
     assert replay_log(log).divergence is None
 
 

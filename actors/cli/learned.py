@@ -106,8 +106,9 @@ def learned_from(chain: Iterable[LogContents]) -> Learned:
     """Fold the messages of a log chain into a :class:`Learned`."""
     out = Learned()
     proposals: dict[tuple[str, str], Edit] = {}
-    evals: dict[str, frozenset] = {}           # eval id -> state key (held-out evals only)
+    evals: dict[str, tuple] = {}   # eval id -> (state key, whole split?), held-out evals
     scored: dict[frozenset, tuple[float, dict[str, float]]] = {}
+    parts: dict[frozenset, dict[str, float]] = {}   # held-out scores met in parts
     heldout: frozenset = frozenset()
     offset = 0.0
     for contents in chain:
@@ -125,11 +126,11 @@ def learned_from(chain: Iterable[LogContents]) -> Learned:
                 case Open(heldout_ids=ids):
                     out.heldout_ids, heldout = list(ids), frozenset(ids)
                 case EvalRequest(eval_id=eid, state=state, task_ids=ids) \
-                        if rec.sender == "merger" and frozenset(ids) == heldout:
-                    evals[eid] = frozenset(state.items())
+                        if rec.sender == "merger" and heldout and frozenset(ids) <= heldout:
+                    evals[eid] = (frozenset(state.items()), frozenset(ids) == heldout)
                 case EvalDone(eval_id=eid, score=score, scores=scores) \
                         if rec.receiver == "merger" and eid in evals:
-                    scored[evals.pop(eid)] = (score, dict(scores))
+                    _scored(scored, parts, *evals.pop(eid), score, scores, heldout)
                 case Baseline(heldout_reward=score) if out.versions:
                     out.versions[0].heldout = score
                     out.versions[0].scores = scored.get(_key(out.versions[0].state),
@@ -151,6 +152,19 @@ def learned_from(chain: Iterable[LogContents]) -> Learned:
                     pass
         offset = t if contents.records else offset
     return out
+
+
+def _scored(scored: dict, parts: dict, key: frozenset, whole: bool, score: float,
+            scores: dict[str, float], heldout: frozenset) -> None:
+    """A state's held-out score: one eval of the whole split, or the parts that cover it
+    (a sequential gate scores a minibatch first, then the rest)."""
+    if whole:
+        scored[key] = (score, dict(scores))
+        return
+    mine = parts.setdefault(key, {})
+    mine.update(scores)
+    if frozenset(mine) == heldout:
+        scored[key] = (sum(mine.values()) / len(mine), dict(mine))
 
 
 def _key(state: dict[str, str]) -> frozenset:

@@ -111,6 +111,12 @@ _PLAN_ORDER = operator.itemgetter(0, 1)
 #: (2 evals a level): a bounded search for the part of a round worth keeping.
 MAX_BISECT_DEPTH = 4
 
+#: With ``hold`` (sync), a merge left with fewer than ``HOLD_MIN`` diffs after the
+#: screen pays no gate: its diffs join the next merge's, ``HOLD_MERGES`` merges in a
+#: row at most (a held-out gate costs a call per held-out task, whatever it holds).
+HOLD_MIN = 2
+HOLD_MERGES = 1
+
 
 
 class Merger(ScoreTables, Screening, Probing):
@@ -127,7 +133,7 @@ class Merger(ScoreTables, Screening, Probing):
                  conflicts: str = "score", rebase: bool = False, waves: bool = False,
                  backlog: int | None = None, reuse: bool = False,
                  noise_z: float = 0.0, gate_tasks: int | None = None,
-                 branches: bool = False) -> None:
+                 branches: bool = False, hold: bool = False) -> None:
         if conflicts not in CONFLICTS:
             raise ValueError(f"conflicts={conflicts!r}: choose one of {', '.join(CONFLICTS)}")
         self.conflicts = conflicts
@@ -160,6 +166,10 @@ class Merger(ScoreTables, Screening, Probing):
         # The screen's own record (screening.py): diffs met, looked at, screened out.
         self.screen_seen = self.screen_looked = self.screen_out = 0
         self.attribute = attribute
+        # ``hold``: the diffs of a merge too small for a gate, kept for the next one.
+        self.hold = hold
+        self._held: list[Diff] = []
+        self._held_merges = 0
         self.retire = retire
         self.recheck = recheck
         self.sequential = sequential
@@ -405,7 +415,7 @@ class Merger(ScoreTables, Screening, Probing):
 
     def _merge(self, r: int, raw: list[Diff], outcomes: dict[str, int],
                proposals: int) -> list[Out]:
-        seen: set[frozenset] = set()
+        seen = {frozenset(h.ops.items()) for h in self._held}   # held: not again
         diffs: list[Diff] = []
         opkeys: dict[int, frozenset] = {}
         state = self.state
@@ -432,7 +442,7 @@ class Merger(ScoreTables, Screening, Probing):
         evidence = {id(d): self._evidence.pop(id(d), None) for d in raw}
         self.merge = Merge(round=r, stage="screen", proposals=proposals, free=[],
                             groups=[], outcomes=outcomes, opkeys=opkeys)
-        if not diffs:
+        if not diffs and not self._held:
             return self._no_commit()
         if self.screen:
             return self._screen(diffs, evidence)
@@ -440,6 +450,16 @@ class Merger(ScoreTables, Screening, Probing):
 
     def _variants(self, diffs: list[Diff]) -> list[Out]:
         m = self.merge
+        if self.hold and not self.asynchronous:
+            diffs = self._with_held(diffs)
+            if len(diffs) < HOLD_MIN and self._held_merges < HOLD_MERGES:
+                # Too few to pay a held-out gate for: held for the next merge.
+                self._held, self._held_merges = diffs, self._held_merges + 1
+                self.stats["held"] = self.stats.get("held", 0) + len(diffs)
+                return self._no_commit()
+            self._held, self._held_merges = [], 0
+            if not diffs:
+                return self._no_commit()
         m.free, m.groups = conflict_groups(diffs)
         m.stage = "variants"
         if m.groups and self.conflicts == "first":
@@ -460,6 +480,14 @@ class Merger(ScoreTables, Screening, Probing):
 
 
 
+
+    def _with_held(self, diffs: list[Diff]) -> list[Diff]:
+        """The diffs held by earlier merges (those that still change the head; not
+        screened again: a diff met again is a ``duplicate`` in _merge), then this
+        merge's."""
+        held = [h for h in self._held if changes(self.state, h.ops)]
+        self._count(self.merge.outcomes, "unchanged", len(self._held) - len(held))
+        return held + diffs
 
     def _advance(self) -> list[Out]:
         m = self.merge
@@ -632,6 +660,8 @@ class Merger(ScoreTables, Screening, Probing):
 
     def _finish(self, msg: Finish) -> list[Out]:
         outcomes = dict(self.outcomes)
+        if self._held:
+            outcomes["held-at-stop"] = len(self._held)
         if msg.backend_errors:
             outcomes["rollout-error"] = msg.backend_errors
         return [(DRIVER, RunDone(stop_reason=msg.stop_reason, version=self.version,

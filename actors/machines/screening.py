@@ -16,9 +16,11 @@ MINIBATCH = 16
 #: and stops there when it is behind the head by more than ``SEQUENTIAL_SLACK`` tasks.
 SEQUENTIAL_FIRST = 24
 SEQUENTIAL_SLACK = 1.0
-#: The screen looks at every diff while it earns its keep: its first ``SCREEN_TRIAL``
-#: diffs, then every diff while at least ``SCREEN_KEEP`` of those it looked at were
-#: screened out, else one diff in ``SCREEN_SAMPLE`` (to notice proposals going wrong).
+#: The screen looks at every diff while it earns its keep: until it has decided
+#: ``SCREEN_TRIAL`` diffs, then every diff while at least ``SCREEN_KEEP`` of those it
+#: decided were screened out, else one diff in ``SCREEN_SAMPLE`` (to notice proposals
+#: going wrong). Its record counts decided diffs only, so every diff of a merge is
+#: judged on what earlier merges showed (a first merge is screened whole).
 SCREEN_TRIAL = 4
 SCREEN_KEEP = 0.1
 SCREEN_SAMPLE = 4
@@ -54,14 +56,11 @@ class Screening:
 
     def _screen_this(self) -> bool:
         """Whether the screen looks at the next diff (``SCREEN_TRIAL``, ``SCREEN_KEEP``,
-        ``SCREEN_SAMPLE``)."""
+        ``SCREEN_SAMPLE``), on the record of the diffs it decided so far."""
         self.screen_seen += 1
-        looked = self.screen_looked
-        if looked < SCREEN_TRIAL or self.screen_out >= SCREEN_KEEP * looked \
-                or self.screen_seen % SCREEN_SAMPLE == 0:
-            self.screen_looked += 1
-            return True
-        return False
+        decided = self.screen_looked
+        return decided < SCREEN_TRIAL or self.screen_out >= SCREEN_KEEP * decided \
+            or self.screen_seen % SCREEN_SAMPLE == 0
 
     def _screen_head_done(self) -> list[Out]:
         m = self.merge
@@ -71,6 +70,8 @@ class Screening:
             if known is not None and self.cache[known[0]][key] > known[1]:
                 del m.screen_keys[id(d)]
                 m.noise_failed.add(id(d))
+                self.screen_looked += 1   # decided, and screened out: it earns its keep
+                self.screen_out += 1
         return self._screen_diffs()
 
     def _screen_diffs(self) -> list[Out]:
@@ -98,6 +99,7 @@ class Screening:
                 keep.append(d)
                 continue
             task_ids, before = known
+            self.screen_looked += 1
             after = self.cache[task_ids][state_key(apply(self.state, [d]))]
             if after > before:
                 keep.append(d)
@@ -107,7 +109,7 @@ class Screening:
                 if self.retire:   # the head is stuck on this task (probing.py)
                     self._stuck.add(task_ids[0])
                     self._blocked[task_ids[0]] = d
-        if not keep:
+        if not keep and not self._held:
             return self._no_commit()
         return self._variants(keep)
 

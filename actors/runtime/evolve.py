@@ -158,11 +158,11 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            log_overwrite: bool = False, resume_from: Any = None, workers: Any = None, refs: dict[str, Any] | None = None,
            insecure: bool = False, tracking: Any = None, screen: bool = True,
            attribute: bool = True, retire: bool = True,
-           recheck: bool = False, sequential: bool = False,
+           recheck: bool = False, sequential: bool = True,
            conflicts: str = "first", chain: bool = True,
            deterministic: bool = False, noise_z: float = 0.0,
            gate_tasks: int | None = None,
-           branches: bool | None = None) -> EvolveResult:
+           branches: bool | None = None, hold: bool = True) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
@@ -202,6 +202,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     by default sized to ``max_calls`` (a tenth of it, at least 48: a small budget makes
     more decisions on fewer tasks each; actors/machines/gatesize.py), the whole split
     without a call budget or from ten times the split's size on.
+    ``hold`` (default on; synchronous runs): a merge left with fewer than two diffs
+    after the screen pays no held-out gate, its diffs join the next merge's (one merge at most).
 
     ``parallel`` (default ``DataParallel(per_worker=4)`` with up to 4 workers, a round
     of 16 tasks shared by more, chosen by the benchmarks in docs/parallelism.md, or the
@@ -222,7 +224,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                          (max_rollouts, max_calls, max_seconds, target_reward, patience,
                           max_tokens, max_cost))
     modes = dataclasses.replace(modes, gate=_gate(screen, attribute, retire, recheck,
-                                                      sequential, conflicts, noise_z))
+                                                      sequential, conflicts, noise_z,
+                                                      hold))
     if deterministic:   # recorded only when declared: older headers replay without it
         modes.gate["reuse"] = True
     _check_numbers(solved_threshold, lease_size)
@@ -507,7 +510,7 @@ def _check_budgets(max_calls, max_tokens, max_cost, prices, agent, run, propose,
 
 def _gate(screen: bool, attribute: bool, retire: bool, recheck: bool,
           sequential: bool = False, conflicts: str = "score",
-          noise_z: float = 0.0) -> dict[str, Any]:
+          noise_z: float = 0.0, hold: bool = False) -> dict[str, Any]:
     """The Merger's optional acceptance rules (docs/concepts.md), each on or off: the
     log header records them all, and a header that lacks one was written before it
     existed (replay takes it as off)."""
@@ -519,7 +522,7 @@ def _gate(screen: bool, attribute: bool, retire: bool, recheck: bool,
                           "standard errors >= 0 (0 turns it off), e.g. noise_z=1.0")
     return {"screen": bool(screen), "attribute": bool(attribute), "retire": bool(retire),
             "recheck": bool(recheck), "sequential": bool(sequential),
-            "conflicts": conflicts, "noise_z": float(noise_z)}
+            "conflicts": conflicts, "noise_z": float(noise_z), "hold": bool(hold)}
 
 
 def _gate_tasks(gate_tasks: int | None, n_heldout: int, max_calls: int | None) -> int | None:
