@@ -244,6 +244,95 @@ def test_probe_narrows_groups_down_to_the_harmful_units_within_its_budget():
     assert without(base, [units[7]]) == {k: v for k, v in base.items() if k != "k7"}
 
 
+def run_probe(probe: Probe, repaired) -> Probe:
+    """Drive a probe to its end, each eval scored 1.0 when ``repaired(removed units)``."""
+    while True:
+        batch = probe.batch()
+        if not batch:
+            return probe
+        for i, state in batch:
+            probe.scored(i, 1.0 if repaired({k for k in probe.base if k not in state})
+                         else 0.0)
+        probe.step()
+
+
+def test_probe_flags_two_units_that_repair_only_together():
+    """k3 and k4 each shadow the task (two one-word rules that both sort before the right
+    one): removing either alone repairs nothing, removing both does. Their group of
+    three repairs, so does its half [k3, k4], and neither single does: both are flagged
+    together, with no eval more."""
+    base = {f"k{i:02d}": "on" for i in range(12)}
+    units = [{k: None} for k in sorted(base)]
+    probe = run_probe(Probe(base=base, units=units, tasks=["a"], base_score=0.0,
+                            margin=0.5, max_evals=8),
+                      lambda gone: {"k03", "k04"} <= gone)
+    assert probe.group == 3 and sorted(probe.flagged) == [3, 4] and probe.evals == 4 + 2 + 2
+
+
+def test_probe_flags_no_pair_on_one_repair_alone():
+    """A group of two repaired once and neither of its units does: with nothing else to
+    repeat that repair (it may have been the model's noise), nothing is flagged."""
+    base = {"k0": "on", "k1": "on"}
+    probe = run_probe(Probe(base=base, units=[{"k0": None}, {"k1": None}], tasks=["a"],
+                            base_score=0.0, margin=0.5, max_evals=24, group=2),
+                      lambda gone: gone == {"k0", "k1"})
+    assert probe.flagged == [] and probe.evals == 3
+
+
+def test_probe_keeps_each_unit_in_alone_to_find_a_pair_inside_a_larger_group():
+    """A group of four whose halves split the pair (k0 with k2): each unit is kept in
+    alone; keeping k0 or k2 in stops the repair, so those two are flagged, not k1, k3."""
+    base = {f"k{i}": "on" for i in range(4)}
+    units = [{f"k{i}": None} for i in range(4)]
+    probe = run_probe(Probe(base=base, units=units, tasks=["a"], base_score=0.0,
+                            margin=0.5, max_evals=24, group=4),
+                      lambda gone: {"k0", "k2"} <= gone)
+    assert sorted(probe.flagged) == [0, 2]
+    assert probe.evals == 1 + 2 + 4   # the group, its halves, one keep-in per unit
+
+
+def test_an_accepted_pair_that_shadows_a_blocked_edit_together_is_retired():
+    """The head holds p and q (each solves a held-out task of its own) among 25 keys;
+    together they break train task x0, whose right edit g0 the screen then drops (either
+    one still shadows it). Retiring probes the head with g0 in, in groups of three:
+    [p, q, z00] repairs x0, so does [p, q], neither p nor q alone: both are flagged,
+    and the head without them, with g0 (3 held-out tasks for 2), is committed."""
+    held = [f"h{i}" for i in range(6)]
+    head = {"p": "on", "q": "on", **{f"z{i:02d}": "on" for i in range(23)}}
+
+    def solves_pair(state, task):
+        if task in ("x0", "h0", "h1", "h2"):   # g0's tasks: shadowed while p or q is in
+            return 1.0 if "g0" in state and not ({"p", "q"} & state.keys()) else 0.0
+        return 1.0 if {"h3": "p", "h4": "q"}.get(task) in state else 0.0
+
+    m = Merger(screen=True, retire=True)
+    log: list = []
+
+    def ask(out):
+        result, pending = [], list(out)
+        while pending:
+            to, msg = pending.pop(0)
+            if isinstance(msg, EvalRequest):
+                log.append(msg)
+                scores = {t: solves_pair(msg.state, t) for t in msg.task_ids}
+                pending += m.handle(EvalDone(eval_id=msg.eval_id, scores=scores,
+                                             score=sum(scores.values()) / len(scores)))
+            else:
+                result.append((to, msg))
+        return result
+
+    ask(m.handle(Open(heldout_ids=held, initial_state=head)))
+    assert m.score == 2 / 6
+    m.handle(LeaseDone(lease_id="r0.u0", worker="w", round=0, version=0, results=[
+        RolloutResult(task_id="x0", score=0.0, diff=d("g0")),
+        RolloutResult(task_id="x0b", score=0.0)]))
+    out = ask(m.handle(Barrier(round=0)))
+    closed = [msg for _, msg in out if isinstance(msg, RoundClosed)][-1]
+    assert "p" not in m.state and "q" not in m.state and "g0" in m.state
+    assert len(m.state) == 24 and m.score == 3 / 6
+    assert closed.outcomes == {"screened-out": 1, "retired": 2, "committed": 1}
+
+
 # -- a diff that deletes a key (protocol.REMOVE) ------------------------------------------
 
 

@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 
 #: Removing a key: the unit's value for a key the state should not hold.
 DELETE = None
+#: A repairing group of at most this many units whose halves both repair nothing is
+#: looked into for units that repair only together.
+JOINT_MAX = 4
 
 
 def without(base: dict[str, str], removals: list[dict[str, str | None]]) -> dict[str, str]:
@@ -52,6 +55,10 @@ class Probe:
     evals: int = 0
     flagged: list[int] = field(default_factory=list)
     frontier: list[list[int]] = field(default_factory=list)
+    # Per frontier entry: None, ("half", parent) or ("keep", parent, unit kept in).
+    roles: list[tuple | None] = field(default_factory=list)
+    parents: list[tuple[list[int], bool]] = field(default_factory=list)
+    level: int = 0
     scores: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -70,6 +77,7 @@ class Probe:
         if room <= 0:
             self.frontier = []
         self.frontier = self.frontier[:max(0, room)]
+        self.roles = self.roles[:len(self.frontier)]
         self.scores = {}
         return [(i, without(self.base, [self.units[u] for u in g]))
                 for i, g in enumerate(self.frontier)]
@@ -79,14 +87,49 @@ class Probe:
         self.evals += 1
 
     def step(self) -> None:
-        """Every eval of the frontier is in: keep the repairing groups, split them."""
+        """Every eval of the frontier is in: keep the repairing groups, split them. A
+        repairing group (of at most ``JOINT_MAX`` units) whose halves both repair
+        nothing holds units that repair only together (two edits that each shadow the
+        same task): two units are flagged together when a larger group holding both
+        repaired as well; of more, each is kept in alone (the rest of the group
+        removed), and when some of those removals still repair, the units without which
+        they do not are flagged (a repair that none of them repeats was the noise)."""
         nxt: list[list[int]] = []
+        roles: list[tuple | None] = []
+        halves: dict[int, list[bool]] = {}
+        kept: dict[int, dict[int, bool]] = {}
         for i, g in enumerate(self.frontier):
-            if self.scores.get(i, self.base_score) <= self.base_score + self.margin:
+            repairs = self.scores.get(i, self.base_score) > self.base_score + self.margin
+            role = self.roles[i] if i < len(self.roles) else None
+            if role is not None and role[0] == "keep":
+                kept.setdefault(role[1], {})[role[2]] = repairs
+                continue
+            if role is not None:
+                halves.setdefault(role[1], []).append(repairs)
+            if not repairs:
                 continue
             if len(g) == 1:
                 self.flagged.append(g[0])
-            else:
-                mid = (len(g) + 1) // 2
-                nxt += [g[:mid], g[mid:]]
-        self.frontier = nxt
+                continue
+            mid = (len(g) + 1) // 2
+            parent = None
+            if len(g) <= JOINT_MAX:
+                parent = len(self.parents)
+                self.parents.append((g, self.level > 0))
+            nxt += [g[:mid], g[mid:]]
+            roles += [None, None] if parent is None else [("half", parent), ("half", parent)]
+        for parent, got in halves.items():
+            if len(got) == 2 and not any(got):
+                g, confirmed = self.parents[parent]
+                if len(g) == 2:
+                    if confirmed:   # a larger group holding both repaired too
+                        self.flagged += g
+                    continue
+                for u in g:
+                    nxt.append([v for v in g if v != u])
+                    roles.append(("keep", parent, u))
+        for parent, got in kept.items():
+            if any(got.values()):   # the repair holds without some unit: not the noise
+                self.flagged += [u for u, repairs in got.items() if not repairs]
+        self.frontier, self.roles = nxt, roles
+        self.level += 1
