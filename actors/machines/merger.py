@@ -482,12 +482,13 @@ class Merger(ScoreTables, Screening, Probing):
 
 
     def _with_held(self, diffs: list[Diff]) -> list[Diff]:
-        """The diffs held by earlier merges (those that still change the head; not
-        screened again: a diff met again is a ``duplicate`` in _merge), then this
-        merge's."""
+        """This merge's diffs, then those held by the one before (those that still
+        change the head; not screened again: a diff met again is a ``duplicate`` in
+        _merge). Behind this merge's, a held diff loses a conflict to a fresh one (the
+        first proposer's is kept)."""
         held = [h for h in self._held if changes(self.state, h.ops)]
         self._count(self.merge.outcomes, "unchanged", len(self._held) - len(held))
-        return held + diffs
+        return diffs + held
 
     def _advance(self) -> list[Out]:
         m = self.merge

@@ -203,7 +203,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     more decisions on fewer tasks each; actors/machines/gatesize.py), the whole split
     without a call budget or from ten times the split's size on.
     ``hold`` (default on; synchronous runs): a merge left with fewer than two diffs
-    after the screen pays no held-out gate, its diffs join the next merge's (one merge at most).
+    after the screen pays no held-out gate, its diffs join the next merge's (one merge at most;
+    off for a strategy of one declared key, whose diffs all conflict).
 
     ``parallel`` (default ``DataParallel(per_worker=4)`` with up to 4 workers, a round
     of 16 tasks shared by more, chosen by the benchmarks in docs/parallelism.md, or the
@@ -240,6 +241,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     strategy = strategy if strategy is not None else AppendRules()
     if uses_branches(branches, strategy, chain=chain, conflicts=conflicts):
         modes.gate["branches"] = True   # recorded only when on: older headers replay without
+    if modes.gate["hold"] and len(declared_keys(strategy) or "several") == 1:
+        # One key: every two diffs conflict, so a held diff never shares a gate.
+        modes = dataclasses.replace(modes, gate={**modes.gate, "hold": False})
     task_ids = [t.id for t in tasks]
     plan_with, sections = prepare_parallel(parallel, strategy, task_ids, n_workers)
     if asynchronous:   # waves paced by merges, rebasing (actors/machines/staleness.py)
