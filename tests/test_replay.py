@@ -98,6 +98,18 @@ def test_a_log_written_now_records_the_round_and_every_rule_on_or_off(tmp_path):
     assert replay_log(log).divergence is None
 
 
+def test_hold_is_off_for_a_strategy_of_one_declared_key(tmp_path):
+    """SingleSlot's diffs all write its one key: a held one would never share a gate, so
+    evolve() records hold off for it (on for AppendRules and KeyedRules)."""
+    from actors.artifacts import SingleSlot
+    log = tmp_path / "slot.evolog"
+    evolve(tasks=router.tasks(), reward=router.reward, run=router.run,
+           propose=router.propose, strategy=SingleSlot(), rounds=1, seed=0, bus="memory",
+           log=str(log))
+    merger = msgspec.json.decode(read_log(log).header.meta["machine_args"])["merger"]
+    assert merger["hold"] is False
+
+
 @pytest.mark.parametrize("bus", ["zmq", "memory"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_finished_run_s_log_ends_with_every_stop_delivered(tmp_path, bus, seed):
