@@ -9,11 +9,12 @@ Each round runs one process per checkout (the order alternates round by round, s
 burst of load on the machine hits both alike); each process makes one warm-up call,
 then ``--calls`` calls of ``parallel()`` over 2,000 items that sleep 5 ms at
 ``max_concurrency=32`` (bench/group.py's latency-bound workload) on ``--bus`` (default
-zmq, parallel()'s), each next to a ``ThreadPoolExecutor(32).map`` of the same items in
-the same process (which goes first alternates), and reports each call's efficiency,
-``ideal / elapsed``. Printed: per checkout, the median, mean and range over every call,
-the thread pool's median, the median of the per-call ratios to the thread pool, and the
-difference of the medians. The load average is printed too: above ~2 on 2 cores the
+zmq, parallel()'s), each next to a ``ThreadPoolExecutor(32).map`` of the same items and
+32 bare threads taking the next item under a lock, in the same process (the order
+alternates call by call), and reports each call's efficiency, ``ideal / elapsed``, and
+the process's CPU per item. Printed: per checkout, the median, mean and range over every
+call, the thread pool's and the bare threads' medians, the medians of the per-call
+ratios to each, the CPU per item of each runner, and the difference of the medians. The load average is printed too: above ~2 on 2 cores the
 machine, not the runner, sets most of the figure (time.sleep itself oversleeps).
 """
 
@@ -27,7 +28,7 @@ import subprocess
 import sys
 
 _CHILD = r"""
-import json, sys, time
+import json, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 from actors import parallel
 from bench.group import N_SLEEP, SLEEP_BOUND, SLEEP_S, nap, run_threads
@@ -45,23 +46,48 @@ def threads():
     run_threads(nap, items, SLEEP_BOUND)
 
 
-effs, pool = [], []
+def bare():
+    # 32 plain threads taking the next item under one lock: no pool, no futures.
+    it, lock = iter(items), threading.Lock()
+
+    def loop():
+        while True:
+            with lock:
+                x = next(it, None)
+            if x is None:
+                return
+            nap(x)
+
+    ts = [threading.Thread(target=loop) for _ in range(SLEEP_BOUND)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+runs = {"group": group, "threads": threads, "bare": bare}
+effs = {name: [] for name in runs}
+cpu = {name: [] for name in runs}
 for k in range(int(sys.argv[2])):
-    for fn, into in ((group, effs), (threads, pool))[::1 if k % 2 == 0 else -1]:
-        t = time.perf_counter()
+    for name, fn in list(runs.items())[::1 if k % 2 == 0 else -1]:
+        c, t = time.process_time(), time.perf_counter()
         fn()
-        into.append(ideal / (time.perf_counter() - t))
-print(json.dumps([effs, pool]))
+        effs[name].append(ideal / (time.perf_counter() - t))
+        cpu[name].append((time.process_time() - c) / N_SLEEP)
+print(json.dumps([effs, cpu]))
 """
 
 
-def run_one(root: str, calls: int, bus: str = "zmq") -> tuple[list[float], list[float]]:
-    """(parallel()'s efficiency, the thread pool's) for each of ``calls`` calls."""
+def run_one(root: str, calls: int, bus: str = "zmq") -> tuple[dict, dict]:
+    """Per runner (``group``: parallel(), ``threads``: the thread pool, ``bare``: 32 plain
+    threads), the efficiency of each of ``calls`` calls and the process's CPU seconds per
+    item."""
     out = subprocess.run([sys.executable, "-c", _CHILD, root, str(calls), bus], cwd=root,
                          capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise SystemExit(f"{root}: the child failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    effs, cpu = json.loads(out.stdout.strip().splitlines()[-1])
+    return effs, cpu
 
 
 def main(argv=None) -> dict[str, list[float]]:
@@ -77,27 +103,31 @@ def main(argv=None) -> dict[str, list[float]]:
         if not (os.path.isfile(os.path.join(root, "actors", "groups.py"))
                 or os.path.isdir(os.path.join(root, "actors", "groups"))):
             raise SystemExit(f"{root}: not a checkout of evobus (no actors/groups)")
-    effs: dict[str, list[float]] = {root: [] for root in roots}
-    pool: dict[str, list[float]] = {root: [] for root in roots}
+    effs = {root: {"group": [], "threads": [], "bare": []} for root in roots}
+    cpu = {root: {"group": [], "threads": [], "bare": []} for root in roots}
     loads = [os.getloadavg()[0]]
     for r in range(args.rounds):
         for root in roots if r % 2 == 0 else roots[::-1]:
-            group, threads = run_one(root, args.calls, args.bus)
-            effs[root] += group
-            pool[root] += threads
+            e, c = run_one(root, args.calls, args.bus)
+            for name in effs[root]:
+                effs[root][name] += e[name]
+                cpu[root][name] += c[name]
         loads.append(os.getloadavg()[0])
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     print(f"bus {args.bus}; load average (1 min) {min(loads):.1f}-{max(loads):.1f} over the run")
+    med = statistics.median
     for root in roots:
-        v, t = effs[root], pool[root]
-        ratio = statistics.median(g / p for g, p in zip(v, t))
-        print(f"{root}: efficiency median {statistics.median(v):.4f}, mean "
-              f"{statistics.mean(v):.4f}, {min(v):.3f}-{max(v):.3f} over {len(v)} calls; "
-              f"ThreadPoolExecutor(32) beside it {statistics.median(t):.4f}; median ratio "
-              f"{ratio:.3f}x it")
-    diff = statistics.median(effs[roots[1]]) - statistics.median(effs[roots[0]])
+        v, t, b = (effs[root][name] for name in ("group", "threads", "bare"))
+        print(f"{root}: efficiency median {med(v):.4f}, mean {statistics.mean(v):.4f}, "
+              f"{min(v):.3f}-{max(v):.3f} over {len(v)} calls; ThreadPoolExecutor(32) beside it "
+              f"{med(t):.4f}, 32 bare threads {med(b):.4f}; median "
+              f"ratio {med(g / p for g, p in zip(v, t)):.3f}x the thread pool, "
+              f"{med(g / p for g, p in zip(v, b)):.3f}x bare threads; CPU per item "
+              + ", ".join(f"{name} {med(cpu[root][name]) * 1e6:.1f} us"
+                          for name in ("group", "threads", "bare")))
+    diff = med(effs[roots[1]]["group"]) - med(effs[roots[0]]["group"])
     print(f"b - a: {diff:+.4f} (medians)")
-    return effs
+    return {root: effs[root]["group"] for root in roots}
 
 
 if __name__ == "__main__":

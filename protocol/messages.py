@@ -551,6 +551,11 @@ class BranchAnswer(Msg, frozen=True):
     unstarted: list[int] = []
     effects: list[tuple[int, str]] = []
     nbytes: int = 0
+    #: This answer reports only the branches listed: other threads of the same process
+    #: ran (or will run) the lease's others, and answer them under the same lease id (a
+    #: worker waiting for its turn took the lowest branches left of a running lease). The
+    #: lease is settled once every branch of it is reported.
+    part: bool = False
 
 
 class BranchDone(BranchAnswer, frozen=True):

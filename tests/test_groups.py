@@ -601,7 +601,7 @@ def test_a_lease_or_a_stop_that_comes_before_the_workers_thread_waits_in_its_box
     lease = Branch(group_id="g", lease_id="g.0", indices=[0], items=["x"])
     deliver(Delivery(1, "c", "w", lease))
     deliver(Delivery(2, "c", "w", Stop(reason="done")))
-    assert box.next() is lease and box.next() is None and box.stop
+    assert box.next().lease is lease and box.next() is None and box.stop
     assert bus.stats.unroutable == 0           # kept for the worker, not dropped
     ref = GroupWorker.start(bus, "w", None, "c", lambda name, exc: None, box)
     assert ref.actor_stopped.wait(WAIT), "a worker whose Stop came early did not stop"

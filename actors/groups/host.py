@@ -22,9 +22,8 @@ _GO = None
 _NOT_NOW = object()
 
 
-#: How long a worker waits for its turn before it looks for the branch it waits for in
-#: another worker's box (and again between two looks): the branch is most often about to
-#: start where it is, and a steal costs the rest of the stolen lease a round trip.
+#: The longest a worker waiting for its turn sleeps before it looks again for a branch it
+#: may take (it is woken sooner by the start that brings its turn or such a branch's).
 STEAL_AFTER_S = 0.05
 
 
@@ -68,31 +67,39 @@ class _StartOrder:
         return low >= need
 
     def wait(self, j: int, give_up: Callable[[], bool],
-             steal: Callable[[int], bool] | None = None) -> bool:
+             steal: Callable[[int], int | None] | None = None) -> bool:
         """Wait for branch ``j``'s turn; False if ``give_up()`` became true first (the group
         is stopping or pausing: the branches it waits for may never start).
 
-        ``steal(need)`` runs, on this thread, the branches below ``need`` of a lease that
-        waits in another worker's box (queued behind a long branch), and says whether it
-        found one: the branch this worker waits for is then not stuck. It is tried once
-        this worker has waited ``STEAL_AFTER_S``, and again at each such period."""
+        ``steal(need)`` runs, on this thread, a branch of the group whose turn has come and
+        that no worker has taken yet (one queued behind a busy worker's branch), and
+        returns None; finding none, it returns the fewest starts that would bring such a
+        branch's turn. It is tried before each wait, and this worker is woken by the start
+        that brings its own turn or that one, whichever comes first: while it waits, no
+        branch that may start waits for a slot."""
         need = self.need(j)
         if self.low >= need or self.reached(need):
             return True
-        patient = True
         while True:
-            if not patient and steal is not None and steal(need):
-                if self.reached(need):
-                    return True
-                continue
-            patient = False
+            wake = need
+            if steal is not None:
+                soonest = steal(need)
+                if soonest is None:   # it ran one: its own turn may have come meanwhile
+                    if self.reached(need):
+                        return True
+                    if give_up():
+                        return False
+                    continue
+                wake = min(need, soonest)
             event = threading.Event()
             with self.lock:   # counted before looking: mark() sees it or we see the start
                 self.waiting += 1
-                heapq.heappush(self.waiters, (need, next(self.seq), event))
+                heapq.heappush(self.waiters, (wake, next(self.seq), event))
             try:
-                if self.reached(need):
-                    return True
+                if self.reached(wake):
+                    if wake == need:
+                        return True
+                    continue   # a branch it may take can start already: look again
                 if give_up():
                     return False
                 event.wait(STEAL_AFTER_S)  # bounded: steal and give_up are looked at again

@@ -25,6 +25,37 @@ from actors.groups.store import _encoder, _enter_all
 log = logging.getLogger(__name__)
 
 
+class _Run:
+    """A lease being run in this process: its branches are taken one at a time, in lease
+    order (``pos``, under ``lock``), by the worker it went to and by any worker of the group
+    waiting for its own turn, which takes the lowest branch whose turn has come
+    (GroupWorker._steal). Each answers the branches it took (``BranchAnswer.part`` when
+    that is not all of them): no branch waits behind a slot that is busy while another
+    slot idles."""
+
+    __slots__ = ("lease", "pos", "lock")
+
+    def __init__(self, lease: Branch, lock: threading.Lock | None = None) -> None:
+        self.lease = lease
+        self.pos = 0
+        self.lock = lock if lock is not None else threading.Lock()
+
+    def take(self, pos: int) -> bool:
+        """Take the branch at ``pos`` if it is still the next one not taken."""
+        with self.lock:
+            if self.pos != pos or pos >= len(self.lease.indices):
+                return False
+            self.pos = pos + 1
+            return True
+
+    def rest(self) -> list[int]:
+        """Every branch not taken yet, taken now (to be answered unstarted)."""
+        with self.lock:
+            indices = self.lease.indices
+            rest, self.pos = indices[self.pos:], len(indices)
+            return rest
+
+
 class _LeaseBox:
     """The leases a worker holds but has not started, in the order they came: the worker
     runs them from here, one after the other, and ``Revoke`` takes one back on the bus
@@ -36,45 +67,69 @@ class _LeaseBox:
     def __init__(self, owner: str = "") -> None:
         self.owner = owner         # the worker the Collector gave this box's leases to
         self.lock = threading.Lock()
-        self.queued: dict[str, Branch] = {}
+        self.queued: dict[str, _Run] = {}
+        #: The lease its worker runs now (its branches not taken yet may be taken by a
+        #: worker waiting for its turn, see GroupWorker._steal).
+        self.current: _Run | None = None
         self.ref: pykka.ActorRef | None = None
         self.stop = False          # a Stop came before the worker's thread ran
         self.finished = 0          # branches run to a value (written by the worker only)
         #: The worker is running its leases (so a lease still queued waits behind one it
-        #: runs): only then may another worker take one (see GroupWorker._steal).
+        #: runs): only then may another worker take from its queued ones.
         self.running = False
         #: The thread that ran these leases is free again (actors.groups.pool).
         self.returned = False
 
     def put(self, lease: Branch) -> None:
         with self.lock:
-            self.queued[lease.lease_id] = lease
+            self.queued[lease.lease_id] = _Run(lease, self.lock)
 
     def take(self, lease_id: str) -> Branch | None:
-        """The lease if it had not started (it never will now), else None."""
+        """The lease if none of its branches was taken (none ever will be now), else None."""
         with self.lock:
-            return self.queued.pop(lease_id, None)
-
-    def steal(self, need: int) -> Branch | None:
-        """A lease queued behind one this box's worker runs, whose first branch is below
-        ``need``, taken out (a worker not running yet starts its first lease soon:
-        nothing is taken from it). Any lease: a batched one may hold such a branch too
-        (one that came back unstarted and went out again once branches were measured
-        cheap). The thief starts only its branches below ``need`` (GroupWorker._steal)."""
-        with self.lock:
-            if not self.running:
+            run = self.queued.get(lease_id)
+            if run is None or run.pos:
                 return None
-            for lease_id, lease in self.queued.items():
-                if lease.indices[0] < need:
-                    return self.queued.pop(lease_id)
-        return None
+            del self.queued[lease_id]
+            return run.lease
 
-    def next(self) -> Branch | None:
-        """The oldest lease not started, taken out of the box, or None."""
+    def next(self) -> _Run | None:
+        """The oldest lease with branches not taken yet, out of the box, or None (one whose
+        every branch others took is answered by them)."""
         with self.lock:
-            if not self.queued:
-                return None
-            return self.queued.pop(next(iter(self.queued)))
+            queued = self.queued
+            while queued:
+                run = queued.pop(next(iter(queued)))
+                if run.pos < len(run.lease.indices):
+                    return run
+            return None
+
+    def ready(self, order, skip: _Run | None) -> tuple[int, _Run | None, int]:
+        """The lowest branch of this box's leases (the one its worker runs, and the queued
+        ones while it runs) whose turn has come: (index, its lease, its position); or,
+        with no such branch, (the fewest starts that would bring one's turn, None, -1)."""
+        best, run_of, at = -1, None, -1
+        soonest = order.n + 1
+        with self.lock:
+            current = self.current
+            runs = ([current] if current is not None and current is not skip else []) + \
+                (list(self.queued.values()) if self.running else [])
+            for run in runs:
+                pos = run.pos
+                indices = run.lease.indices
+                if pos >= len(indices):
+                    continue
+                index = indices[pos]
+                if best >= 0 and index >= best:
+                    continue
+                need = order.need(index) if run.lease.in_order else 0
+                if order.low >= need or order.reached(need):
+                    best, run_of, at = index, run, pos
+                elif need < soonest:
+                    soonest = need
+        if run_of is None:
+            return soonest, None, -1
+        return best, run_of, at
 
 
 def _worker_deliver(bus, host: _Host, box: _LeaseBox, name: str,
@@ -152,11 +207,12 @@ class GroupWorker(Worker):
         self.box = box
         self.settle = Awaiter()   # async targets: one event loop for this worker's thread
 
-    def _run(self, lease: Branch, owner: str | None = None, below: int | None = None) -> None:
+    def _run(self, lease: "Branch | _Run", owner: str | None = None,
+             taken: int | None = None) -> None:
         # Built per lease: a pooled worker is bound to another group's names and host
         # between two groups (actors.groups.pool).
         BranchRunner(self._send, self.name, self.host, self.box, self.settle,
-                     self._steal).run(lease, owner, below)
+                     self._steal).run(lease, owner, taken)
 
     def _send(self, name: str, msg) -> None:
         self.bus.send(name, self.collector, msg)
@@ -175,11 +231,13 @@ class GroupWorker(Worker):
         box = self.box
         box.running = True
         try:
-            lease = box.next()
-            while lease is not None:   # a revoked lease is not in the box any more
-                self._run(lease)
-                lease = box.next()
+            run = box.next()
+            while run is not None:   # a revoked lease is not in the box any more
+                box.current = run
+                self._run(run)
+                run = box.next()
         finally:
+            box.current = None
             box.running = False
 
     def _stopped(self) -> None:
@@ -191,20 +249,27 @@ class GroupWorker(Worker):
             self.core.close()
         _release(self.bus)
 
-    def _steal(self, need: int) -> bool:
-        """Run, here, the branches below ``need`` of a lease that waits in a worker's box
-        behind a branch that worker runs (perhaps a long one), and answer the rest of it
-        unstarted (the Collector sends them out again at once): see _StartOrder.wait.
-
-        Only those: this thread waits for a branch whose turn comes once every branch
-        below ``need`` has started, so a later branch of the stolen lease could wait for
-        this very thread, which would never come back to it."""
+    def _steal(self, skip: "_Run | None") -> int | None:
+        """Run, here, the lowest branch of this group whose turn has come and that waits in
+        a lease of this process (the one a worker runs, perhaps with a long branch, or one
+        queued in a box behind it), answered as that lease's worker would (a part of it):
+        while this worker waits for its turn, no startable branch waits for a busy slot.
+        ``skip`` is the lease this worker waits in (its next branch is the one it waits
+        for). None once it ran one; else the fewest starts that would bring the turn of a
+        branch it could take (see _StartOrder.wait)."""
+        order = self.host.order
+        best, run, at, owner = -1, None, -1, ""
+        soonest = order.n + 1
         for box in self.host.boxes:   # its own box too: a lease that came back behind
-            lease = box.steal(need)       # the one it runs must not wait on it
-            if lease is not None:
-                self._run(lease, owner=box.owner, below=need)   # answered as its owner would
-                return True
-        return False
+            index, found, pos = box.ready(order, skip)   # the one it runs
+            if found is None:
+                soonest = min(soonest, index)
+            elif run is None or index < best:
+                best, run, at, owner = index, found, pos, box.owner
+        if run is None or not run.take(at):
+            return soonest if run is None else 0   # taken meanwhile: look again
+        self._run(run, owner=owner, taken=at)   # answered as its owner would
+        return None
 
 
 class BranchRunner:
@@ -222,11 +287,16 @@ class BranchRunner:
         self.settle = settle
         self.steal = steal
 
-    def run(self, lease: Branch, owner: str | None = None, below: int | None = None) -> None:
-        """Run a lease's branches and answer it, as ``owner`` when this worker took the
-        lease from another's box (the Collector admits an answer only from the worker
-        the lease went to); with ``below``, only its branches below that index (the
-        others are answered unstarted)."""
+    def run(self, lease: "Branch | _Run", owner: str | None = None,
+            taken: int | None = None) -> None:
+        """Run a lease's branches and answer them, as ``owner`` when they are another
+        worker's (the Collector admits an answer only from the worker the lease went to).
+        With ``taken``, only the branch at that position, already taken from the lease
+        (a worker waiting for its turn, :meth:`GroupWorker._steal`); the worker it went to
+        runs and answers the others. Each branch is taken from the lease once its turn has
+        come, never before, so a waiting worker may take the next one meanwhile."""
+        run = lease if type(lease) is _Run else _Run(lease)
+        lease = run.lease
         host = self.host
         target = host.target
         wants_ctx = host.wants_ctx
@@ -249,30 +319,55 @@ class BranchRunner:
         starts = 0
         order = host.order      # every start is marked in it, whatever the lease
         in_order = order is not None and lease.in_order   # this lease waits for its turn
+        steal = self.steal
         convert = host.convert
         suspend_all = host.suspend_all
         waiting: list[Suspension] = []
+        took = 0                # branches of the lease this part answers
 
         def give_up() -> bool:
             return host.cancelled or host.holding
 
-        def answer(**kw) -> None:
+        def wait_steal(need: int) -> int | None:
+            return steal(run)
+
+        def rest() -> list[int]:
+            nonlocal took
+            left = run.rest()
+            took += len(left)
+            return left
+
+        def answer(unstarted: list[int], **kw) -> None:
+            if not took:
+                return   # every branch was taken by waiting workers, who answer them
             # Counted before the answer leaves: the driver reads the ledger at the end.
             if starts:
                 host.ledger.add_calls(starts)
             self._answer(lease, done, values, cancelled, effects, waiting, t0=t0,
-                         owner=owner, **kw)
+                         owner=owner, unstarted=unstarted, part=took != len(indices), **kw)
 
         try:
-            for pos, index in enumerate(indices):
-                if below is not None and index >= below:
-                    return answer(unstarted=indices[pos:])
-                # Before taking a live-branch slot: a worker waiting for its turn holds none.
-                if in_order and not order.wait(index, give_up, self.steal):
-                    return answer(unstarted=indices[pos:])
+            while True:
+                if taken is not None:   # one branch, taken by this worker's steal
+                    if took:
+                        break
+                    pos = taken
+                else:
+                    pos = run.pos
+                    if pos >= len(indices):
+                        break
+                    # Before taking a live-branch slot: a worker waiting for its turn holds
+                    # none (and has not taken the branch: another may, once it may start).
+                    if in_order and not order.wait(indices[pos], give_up,
+                                                   steal and wait_steal):
+                        return answer(rest())
+                    if not run.take(pos):
+                        continue   # taken meanwhile by a waiting worker
+                took += 1
+                index = indices[pos]
                 if live:
                     if not _enter_all(live, lambda: host.cancelled or host.holding):
-                        return answer(unstarted=indices[pos:])
+                        return answer([index] + rest())
                     _ambient.slots = live
                 try:
                     if fast:
@@ -285,11 +380,10 @@ class BranchRunner:
                     else:
                         verdict = host.begin(index)
                     if verdict is _NOT_NOW:
-                        return answer(unstarted=indices[pos:])
+                        return answer([index] + rest())
                     if verdict is not _GO:
                         after = host.fail(index, verdict)
-                        return answer(unstarted=indices[pos + 1:],
-                                      failed=(index, verdict, after))
+                        return answer(rest(), failed=(index, verdict, after))
                     if order is not None:
                         order.mark(index)
                     ctx = None
@@ -311,8 +405,7 @@ class BranchRunner:
                                                       journal=suspend.journal))
                             continue
                         host.hold(index)
-                        return answer(unstarted=indices[pos + 1:],
-                                      suspended=(index, suspend))
+                        return answer(rest(), suspended=(index, suspend))
                     except BranchCancelled:
                         cancelled.append(index)
                         if ctx is not None:
@@ -322,8 +415,7 @@ class BranchRunner:
                         after = host.fail(index, exc)
                         if ctx is not None:
                             effects += ctx._effects
-                        return answer(unstarted=indices[pos + 1:],
-                                      failed=(index, exc, after))
+                        return answer(rest(), failed=(index, exc, after))
                     if ctx is not None and ctx._effects:
                         effects += ctx._effects
                     done.append(index)
@@ -334,7 +426,7 @@ class BranchRunner:
                         _ambient.slots = ()
                         for gate in live:
                             gate.leave()
-            return answer(unstarted=[])
+            return answer([])
         finally:
             _ambient.host = previous
             usage.swap(outer_meter)
@@ -394,7 +486,8 @@ class BranchRunner:
         return (index, error, self.host.fail(index, error)), waiting[:k] + waiting[k + 1:]
 
     def _answer(self, lease: Branch, done, values, cancelled, effects, waiting, *, unstarted,
-                t0, failed=None, suspended=None, owner: str | None = None) -> None:
+                t0, failed=None, suspended=None, owner: str | None = None,
+                part: bool = False) -> None:
         try:
             nbytes = len(_encoder.encode(values))
         except (TypeError, ValueError, OverflowError):
@@ -411,9 +504,11 @@ class BranchRunner:
             self.box.finished -= 1   # counted when it returned: it failed instead
             if failed is None:
                 failed, suspended = (done[k], error, after), None
+            elif part:   # a part is counted branch by branch: this one is not left out
+                cancelled = cancelled + [done[k]]
             return self._answer(lease, done[:k] + done[k + 1:], values[:k] + values[k + 1:],
                                 cancelled, effects, waiting, unstarted=unstarted, t0=t0,
-                                failed=failed, suspended=suspended, owner=owner)
+                                failed=failed, suspended=suspended, owner=owner, part=part)
         if suspended is not None and failed is None:
             failed, suspended = self._journal_fits(suspended, nbytes)
         if waiting and failed is None:
@@ -421,7 +516,7 @@ class BranchRunner:
         name = owner or self.name
         common = dict(group_id=lease.group_id, lease_id=lease.lease_id, worker=name,
                       indices=done, values=values, cancelled=cancelled, unstarted=unstarted,
-                      effects=effects, nbytes=nbytes)
+                      effects=effects, nbytes=nbytes, part=part)
         if failed is not None:
             index, exc, after = failed
             msg = BranchFailed(index=index, error=describe(exc, limit=500, typed=False),

@@ -20,7 +20,9 @@ interactions waiting for an answer, the first error. What it decides:
   seconds each (then guided leases as above). With ``GroupStart.waves`` too, branches
   measured no cheaper than that go out in *waves*: strided in-order leases cut at once,
   one per worker with room (:meth:`Collector._wave`), and a branch that comes back below
-  one dealt goes out again at once, alone.
+  one dealt goes out again at once, alone. A lease may be answered in parts
+  (``BranchAnswer.part``: threads of one process took turns at its branches); it is
+  settled once every branch of it is reported.
   The workers hold each ``in_order`` start to the order: branch ``j`` starts once every
   branch up to ``j - bound`` has (:class:`actors.groups.host._StartOrder`);
 - on the first error: no new lease, ``Cancel`` to every lease out, then wait for them
@@ -84,6 +86,17 @@ STOPPING = "stopping"
 ENDED = "ended"
 
 _ANSWERS = frozenset((BranchDone, BranchFailed, Interaction))
+
+
+def _reported(msg: BranchDone | BranchFailed | Interaction) -> int:
+    """How many branches of its lease an answer reports (finished, cancelled, unstarted,
+    waiting, and the one a failure or an interaction stopped at)."""
+    n = len(msg.indices) + len(msg.cancelled) + len(msg.unstarted)
+    if type(msg) is not Interaction:
+        n += len(msg.suspended)
+    if type(msg) is not BranchDone:
+        n += 1
+    return n
 _RELEASED = Stop(reason="the group has no more branches for this worker")
 
 
@@ -172,6 +185,7 @@ class Collector:
         self.share_left = 0          # leases left to cut in the current round
         self.share_size = 0          # the size of each lease of the current round
         self.frontier = 0            # one past the highest branch leased so far
+        self.parts: dict[str, int] = {}   # lease id -> branches reported by its parts so far
 
     # -- the table, read -------------------------------------------------------------
 
@@ -246,11 +260,29 @@ class Collector:
             return None
         table = self.table
         lease_id = msg.lease_id
+        if msg.part and not self._last_part(msg):
+            return table.payload[lease_id] if lease_id in table.holder else None
         waiting = lease_id not in table.holder   # taken back: its first holder answers
         lease = table.answer(lease_id)
         if lease is not None and waiting:
             self.again.remove(lease_id)
         return lease
+
+    def _last_part(self, msg: BranchDone | BranchFailed | Interaction) -> bool:
+        """Whether this part of a lease answered in parts (``BranchAnswer.part``) reports
+        its last branches, so the lease is settled now. A part for a lease not held (late,
+        another group's) is dropped by the caller."""
+        lease_id = msg.lease_id
+        lease = self.table.payload.get(lease_id)
+        if lease is None or lease_id not in self.table.holder:
+            self.parts.pop(lease_id, None)
+            return True   # settled or never held: table.answer counts it late
+        n = _reported(msg) + self.parts.get(lease_id, 0)
+        if n < len(lease.indices):
+            self.parts[lease_id] = n
+            return False
+        self.parts.pop(lease_id, None)
+        return True
 
     # -- workers ------------------------------------------------------------------------
 
@@ -452,7 +484,7 @@ class Collector:
         if kind is not BranchDone:
             n_reported += 1
             out += self._stopped_at(msg)
-        if msg.unstarted or n_reported != len(indices):
+        if msg.unstarted or (n_reported != len(indices) and not msg.part):
             self._requeue(msg, indices, n_reported)
         limit = self.start.max_result_bytes
         if limit and msg.indices and self.result_bytes > limit:
@@ -475,7 +507,7 @@ class Collector:
                  n_reported: int) -> None:
         """Branches of the lease that did not start go back to the head of the queue."""
         requeue = list(msg.unstarted)   # in lease order: the worker stops at one point
-        if n_reported != len(indices):
+        if n_reported != len(indices) and not msg.part:
             # A worker that does not account for a branch: never count it as done.
             reported = {*msg.indices, *msg.cancelled, *msg.unstarted}
             if not isinstance(msg, Interaction):
