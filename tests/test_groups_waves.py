@@ -242,10 +242,10 @@ def test_regression_a_waiting_worker_takes_only_the_branch_whose_turn_has_come()
     host.boxes = list(boxes.values())
     thief = GroupWorker(bus, "w1", host, "c", lambda name, exc: None, boxes["w1"])
     boxes["w0"].put(Branch(group_id="g", lease_id="g.0", indices=[0, 5], items=[0, 5],
-                           in_order=True))
+                           in_order=True), order)
     boxes["w0"].running = True      # w0 runs a (long) branch: its box waits behind it
     boxes["w2"].put(Branch(group_id="g", lease_id="g.2", indices=[2, 4], items=[2, 4],
-                           in_order=True))   # w2 has not started: nothing is taken from it
+                           in_order=True), order)   # w2 has not started: nothing is taken from it
     unstick = threading.Timer(WAIT, host.hold)   # a stuck wait gives up: fails, not hangs
     unstick.start()
     try:

@@ -53,6 +53,9 @@ class _StartOrder:
         self.lock = threading.Lock()
         self.waiters: list[tuple[int, int, threading.Event]] = []   # (need, seq, event)
         self.seq = itertools.count()
+        #: branch -> the lease of this process it waits in, not taken yet (the workers'
+        #: _Run, registered when it reaches a box): where a waiting worker finds one.
+        self.runs: dict[int, object] = {}
 
     def need(self, j: int) -> int:
         """How many branches from 0 must have started before ``j`` may."""

@@ -27,33 +27,47 @@ log = logging.getLogger(__name__)
 
 class _Run:
     """A lease being run in this process: its branches are taken one at a time, in lease
-    order (``pos``, under ``lock``), by the worker it went to and by any worker of the group
-    waiting for its own turn, which takes the lowest branch whose turn has come
+    order (``pos``, under its box's lock), by the worker it went to and by any worker of
+    the group waiting for its own turn, which takes the lowest branch whose turn has come
     (GroupWorker._steal). Each answers the branches it took (``BranchAnswer.part`` when
     that is not all of them): no branch waits behind a slot that is busy while another
-    slot idles."""
+    slot idles. ``runs`` (the start order's, when in-order starts are kept) finds the
+    lease of a branch not taken yet by its index."""
 
-    __slots__ = ("lease", "pos", "lock")
+    __slots__ = ("lease", "pos", "box", "runs")
 
-    def __init__(self, lease: Branch, lock: threading.Lock | None = None) -> None:
+    def __init__(self, lease: Branch, box: "_LeaseBox | None" = None,
+                 runs: dict | None = None) -> None:
         self.lease = lease
         self.pos = 0
-        self.lock = lock if lock is not None else threading.Lock()
+        self.box = box if box is not None else _LeaseBox()
+        self.runs = runs
+        if runs is not None:
+            for i in lease.indices:
+                runs[i] = self
 
     def take(self, pos: int) -> bool:
         """Take the branch at ``pos`` if it is still the next one not taken."""
-        with self.lock:
-            if self.pos != pos or pos >= len(self.lease.indices):
+        with self.box.lock:
+            indices = self.lease.indices
+            if self.pos != pos or pos >= len(indices):
                 return False
             self.pos = pos + 1
-            return True
+        if self.runs is not None and self.runs.get(indices[pos]) is self:
+            del self.runs[indices[pos]]
+        return True
 
     def rest(self) -> list[int]:
         """Every branch not taken yet, taken now (to be answered unstarted)."""
-        with self.lock:
+        with self.box.lock:
             indices = self.lease.indices
             rest, self.pos = indices[self.pos:], len(indices)
-            return rest
+        runs = self.runs
+        if runs is not None:
+            for i in rest:
+                if runs.get(i) is self:
+                    del runs[i]
+        return rest
 
 
 class _LeaseBox:
@@ -68,21 +82,21 @@ class _LeaseBox:
         self.owner = owner         # the worker the Collector gave this box's leases to
         self.lock = threading.Lock()
         self.queued: dict[str, _Run] = {}
-        #: The lease its worker runs now (its branches not taken yet may be taken by a
-        #: worker waiting for its turn, see GroupWorker._steal).
-        self.current: _Run | None = None
         self.ref: pykka.ActorRef | None = None
         self.stop = False          # a Stop came before the worker's thread ran
         self.finished = 0          # branches run to a value (written by the worker only)
         #: The worker is running its leases (so a lease still queued waits behind one it
-        #: runs): only then may another worker take from its queued ones.
+        #: runs): only then may another worker take branches of its leases.
         self.running = False
         #: The thread that ran these leases is free again (actors.groups.pool).
         self.returned = False
 
-    def put(self, lease: Branch) -> None:
+    def put(self, lease: Branch, order=None) -> None:
+        """Keep ``lease``; with ``order`` (the group's _StartOrder), its branches may be
+        taken by workers waiting for their turn."""
+        run = _Run(lease, self, order.runs if order is not None else None)
         with self.lock:
-            self.queued[lease.lease_id] = _Run(lease, self.lock)
+            self.queued[lease.lease_id] = run
 
     def take(self, lease_id: str) -> Branch | None:
         """The lease if none of its branches was taken (none ever will be now), else None."""
@@ -91,6 +105,7 @@ class _LeaseBox:
             if run is None or run.pos:
                 return None
             del self.queued[lease_id]
+            run.pos = len(run.lease.indices)   # nobody takes from it any more
             return run.lease
 
     def next(self) -> _Run | None:
@@ -103,33 +118,6 @@ class _LeaseBox:
                 if run.pos < len(run.lease.indices):
                     return run
             return None
-
-    def ready(self, order, skip: _Run | None) -> tuple[int, _Run | None, int]:
-        """The lowest branch of this box's leases (the one its worker runs, and the queued
-        ones while it runs) whose turn has come: (index, its lease, its position); or,
-        with no such branch, (the fewest starts that would bring one's turn, None, -1)."""
-        best, run_of, at = -1, None, -1
-        soonest = order.n + 1
-        with self.lock:
-            current = self.current
-            runs = ([current] if current is not None and current is not skip else []) + \
-                (list(self.queued.values()) if self.running else [])
-            for run in runs:
-                pos = run.pos
-                indices = run.lease.indices
-                if pos >= len(indices):
-                    continue
-                index = indices[pos]
-                if best >= 0 and index >= best:
-                    continue
-                need = order.need(index) if run.lease.in_order else 0
-                if order.low >= need or order.reached(need):
-                    best, run_of, at = index, run, pos
-                elif need < soonest:
-                    soonest = need
-        if run_of is None:
-            return soonest, None, -1
-        return best, run_of, at
 
 
 def _worker_deliver(bus, host: _Host, box: _LeaseBox, name: str,
@@ -151,7 +139,7 @@ def _worker_deliver(bus, host: _Host, box: _LeaseBox, name: str,
     def deliver(delivery: Delivery) -> None:
         match delivery.msg:
             case Branch() as lease:
-                box.put(lease)
+                box.put(lease, host.order if host is not None else None)
                 if box.ref is not None:
                     tell(delivery)
             case Stop():
@@ -233,11 +221,9 @@ class GroupWorker(Worker):
         try:
             run = box.next()
             while run is not None:   # a revoked lease is not in the box any more
-                box.current = run
                 self._run(run)
                 run = box.next()
         finally:
-            box.current = None
             box.running = False
 
     def _stopped(self) -> None:
@@ -250,26 +236,39 @@ class GroupWorker(Worker):
         _release(self.bus)
 
     def _steal(self, skip: "_Run | None") -> int | None:
-        """Run, here, the lowest branch of this group whose turn has come and that waits in
-        a lease of this process (the one a worker runs, perhaps with a long branch, or one
-        queued in a box behind it), answered as that lease's worker would (a part of it):
-        while this worker waits for its turn, no startable branch waits for a busy slot.
-        ``skip`` is the lease this worker waits in (its next branch is the one it waits
-        for). None once it ran one; else the fewest starts that would bring the turn of a
-        branch it could take (see _StartOrder.wait)."""
+        """Run, here, the lowest branch of this group whose turn has come and that waits,
+        not taken yet, in a lease of a worker of this process that runs (the next of the
+        lease it runs, perhaps behind a long branch, or of one queued behind it), answered
+        as that lease's worker would (a part of it): while this worker waits for its turn,
+        no branch that may start waits for a busy slot. ``skip`` is the lease this worker
+        waits in (its next branch is the one it waits for). None once it ran one; else
+        the fewest starts that would bring the turn of a branch it could take
+        (_StartOrder.wait)."""
         order = self.host.order
-        best, run, at, owner = -1, None, -1, ""
-        soonest = order.n + 1
-        for box in self.host.boxes:   # its own box too: a lease that came back behind
-            index, found, pos = box.ready(order, skip)   # the one it runs
-            if found is None:
-                soonest = min(soonest, index)
-            elif run is None or index < best:
-                best, run, at, owner = index, found, pos, box.owner
-        if run is None or not run.take(at):
-            return soonest if run is None else 0   # taken meanwhile: look again
-        self._run(run, owner=owner, taken=at)   # answered as its owner would
-        return None
+        runs, started, bound, n = order.runs, order.started, order.bound, order.n
+        order.reached(n)   # brings ``low`` up to date
+        low = order.low
+        soonest = n + 1
+        # A branch whose turn has come is below low + bound; one more bound's worth tells
+        # when the next may come.
+        for i in range(low, min(n, low + 2 * bound)):
+            run = runs.get(i)
+            if run is None or run is skip or started[i]:
+                continue
+            pos = run.pos
+            indices = run.lease.indices
+            if pos >= len(indices) or indices[pos] != i or not run.box.running:
+                continue   # not the next of its lease, or its worker has not started
+            need = (0 if i < bound else max(i - bound + 1, bound)) if run.lease.in_order \
+                else 0
+            if need > low:
+                soonest = need
+                break
+            if not run.take(pos):
+                return 0   # taken meanwhile: look again
+            self._run(run, owner=run.box.owner, taken=pos)   # answered as its owner would
+            return None
+        return soonest
 
 
 class BranchRunner:
