@@ -140,7 +140,10 @@ def _worker_deliver(bus, host: _Host, box: _LeaseBox, name: str,
         match delivery.msg:
             case Branch() as lease:
                 box.put(lease, host.order if host is not None else None)
-                if box.ref is not None:
+                # A worker running its leases finds it in its box: nothing to wake. (It
+                # marks ``running`` false before it looks again, and the lease is in the
+                # box before ``running`` is read here: one of the two sees the other.)
+                if box.ref is not None and not box.running:
                     tell(delivery)
             case Stop():
                 box.stop = True
@@ -217,14 +220,17 @@ class GroupWorker(Worker):
 
     def _drain(self) -> None:
         box = self.box
-        box.running = True
-        try:
-            run = box.next()
-            while run is not None:   # a revoked lease is not in the box any more
-                self._run(run)
+        while True:
+            box.running = True
+            try:
                 run = box.next()
-        finally:
-            box.running = False
+                while run is not None:   # a revoked lease is not in the box any more
+                    self._run(run)
+                    run = box.next()
+            finally:
+                box.running = False
+            if not box.queued:   # one put from now on is told (see _worker_deliver)
+                return
 
     def _stopped(self) -> None:
         self.stop()   # a tell to itself: no future to make, nobody waits on it
