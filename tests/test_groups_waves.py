@@ -226,18 +226,19 @@ def test_the_model_answers_leases_in_parts_on_some_schedules():
 def test_regression_a_waiting_worker_takes_only_the_branch_whose_turn_has_come():
     """Bound 2. The thief (w1) runs its lease [1, 3]; branch 3 needs 0 and 1 started, and
     0 waits in w0's box, behind the branch w0 runs, in the strided lease [0, 5]. The thief
-    takes branch 0 alone from that lease (its turn has come) and answers it as a part;
-    5 stays in w0's lease for w0 (5 needs 0-3 started, and 3 is the thief's own waiting
+    takes branch 0 alone from that lease (its turn has come) and leaves its value in the
+    lease; 5 stays there for w0 (5 needs 0-3 started, and 3 is the thief's own waiting
     branch: taking it too waited for ever, the hang of the first waves); then it starts
-    3. Nothing is taken from w2, whose worker has not started."""
+    3. Nothing is taken from w2, whose worker has not started. w0 then runs 5 and
+    answers the whole lease, 0 and 5, in one message."""
     order = _StartOrder(6, 2)
     host = _Host(group_id="g", target=lambda i: i * 10, wants_ctx=False, depth=1,
                  limits=HostLimits(), ledger=_Ledger(Budgets()), store=Store(), live=(),
                  external=(), parent=None, trace=True, runtime=None, nested=None,
                  order=order)
     bus = InMemoryBus()
-    answers: dict[str, BranchDone] = {}
-    bus.attach("c", lambda d: answers.__setitem__(d.msg.lease_id, d.msg))
+    answers: dict[str, list[BranchDone]] = {}
+    bus.attach("c", lambda d: answers.setdefault(d.msg.lease_id, []).append(d.msg))
     boxes = {w: _LeaseBox(w) for w in ("w0", "w1", "w2")}
     host.boxes = list(boxes.values())
     thief = GroupWorker(bus, "w1", host, "c", lambda name, exc: None, boxes["w1"])
@@ -245,23 +246,30 @@ def test_regression_a_waiting_worker_takes_only_the_branch_whose_turn_has_come()
                            in_order=True), order)
     boxes["w0"].running = True      # w0 runs a (long) branch: its box waits behind it
     boxes["w2"].put(Branch(group_id="g", lease_id="g.2", indices=[2, 4], items=[2, 4],
-                           in_order=True), order)   # w2 has not started: nothing is taken from it
+                           in_order=True), order)   # w2 has not started: nothing taken
     unstick = threading.Timer(WAIT, host.hold)   # a stuck wait gives up: fails, not hangs
     unstick.start()
     try:
         thief._run(Branch(group_id="g", lease_id="g.1", indices=[1, 3], items=[1, 3],
                           in_order=True))
+        assert [i for kind, i in host.trace if kind == "start"] == [1, 0, 3]
+        assert "g.0" not in answers, "the thief answered its part of g.0 before the rest ran"
+        (own,) = answers["g.1"]
+        assert (own.worker, own.indices, own.values, own.unstarted, own.part) == \
+            ("w1", [1, 3], [10, 30], [], False)
+        assert boxes["w2"].queued["g.2"].pos == 0
+        run = boxes["w0"].next()
+        assert run.lease.indices == [0, 5] and run.pos == 1, \
+            "the thief took more than the branch whose turn had come"
+        # 5 needs 2 and 3 started: w2 runs its lease first.
+        GroupWorker(bus, "w2", host, "c", lambda name, exc: None, boxes["w2"])._drain()
+        GroupWorker(bus, "w0", host, "c", lambda name, exc: None, boxes["w0"])._run(run)
     finally:
         unstick.cancel()
-    stolen, own = answers["g.0"], answers["g.1"]
-    assert (stolen.worker, stolen.indices, stolen.values, stolen.unstarted, stolen.part) == \
-        ("w0", [0], [0], [], True), "the thief took more than the branch whose turn had come"
-    assert (own.worker, own.indices, own.values, own.unstarted, own.part) == \
-        ("w1", [1, 3], [10, 30], [], False)
-    assert [i for kind, i in host.trace if kind == "start"] == [1, 0, 3]
-    assert boxes["w2"].queued["g.2"].pos == 0
-    assert boxes["w0"].next().lease.indices == [0, 5] and boxes["w0"].queued == {}, \
-        "branch 5 did not stay in w0's lease"
+    (whole,) = answers["g.0"]
+    assert (whole.worker, sorted(whole.indices), whole.unstarted, whole.part) == \
+        ("w0", [0, 5], [], False)
+    assert dict(zip(whole.indices, whole.values)) == {0: 0, 5: 50}
 
 
 def test_a_branch_that_comes_back_below_a_wave_goes_out_at_once_on_its_own():

@@ -29,12 +29,18 @@ class _Run:
     """A lease being run in this process: its branches are taken one at a time, in lease
     order (``pos``, under its box's lock), by the worker it went to and by any worker of
     the group waiting for its own turn, which takes the lowest branch whose turn has come
-    (GroupWorker._steal). Each answers the branches it took (``BranchAnswer.part`` when
-    that is not all of them): no branch waits behind a slot that is busy while another
-    slot idles. ``runs`` (the start order's, when in-order starts are kept) finds the
-    lease of a branch not taken yet by its index."""
+    (GroupWorker._steal): no branch waits behind a slot that is busy while another slot
+    idles. ``runs`` (the start order's, when in-order starts are kept) finds the lease of
+    a branch not taken yet by its index.
 
-    __slots__ = ("lease", "pos", "box", "runs")
+    Each taker runs a *part* of the lease. A part that ends with values only leaves them
+    here, unless it is the last one out (every branch taken, no other part running),
+    which answers the whole lease at once; a part that ends otherwise (a failure, a
+    pause, branches unstarted) answers its own branches at once, as a part
+    (``BranchAnswer.part``), so a lease is answered by one message unless a part of it
+    stopped the group."""
+
+    __slots__ = ("lease", "pos", "box", "runs", "active", "left")
 
     def __init__(self, lease: Branch, box: "_LeaseBox | None" = None,
                  runs: dict | None = None) -> None:
@@ -42,32 +48,78 @@ class _Run:
         self.pos = 0
         self.box = box if box is not None else _LeaseBox()
         self.runs = runs
+        self.active = 0            # parts that took branches and have not ended
+        self.left: list[_Part] = []   # ended parts whose values wait for the last one
         if runs is not None:
             for i in lease.indices:
                 runs[i] = self
 
-    def take(self, pos: int) -> bool:
-        """Take the branch at ``pos`` if it is still the next one not taken."""
+    def take(self, pos: int, first: bool) -> bool:
+        """Take the branch at ``pos`` if it is still the next one not taken (``first``:
+        the first one the taking part takes)."""
         with self.box.lock:
             indices = self.lease.indices
             if self.pos != pos or pos >= len(indices):
                 return False
             self.pos = pos + 1
+            self.active += first
         if self.runs is not None and self.runs.get(indices[pos]) is self:
             del self.runs[indices[pos]]
         return True
 
-    def rest(self) -> list[int]:
+    def rest(self, first: bool) -> list[int]:
         """Every branch not taken yet, taken now (to be answered unstarted)."""
         with self.box.lock:
             indices = self.lease.indices
             rest, self.pos = indices[self.pos:], len(indices)
+            self.active += first and bool(rest)
         runs = self.runs
         if runs is not None:
             for i in rest:
                 if runs.get(i) is self:
                     del runs[i]
         return rest
+
+    def end(self, part: "_Part", alone: bool) -> "_Part | None":
+        """``part`` (which took branches) ends: what to answer now, or None (it is left
+        for the last part). ``alone``: it must be answered now (it did not end with values
+        only); with the parts left before it if it is the last."""
+        with self.box.lock:
+            self.active -= 1
+            last = not self.active and self.pos >= len(self.lease.indices)
+            if not last:
+                if alone:
+                    return part
+                self.left.append(part)
+                return None
+            left, self.left = self.left, []
+        for other in left:
+            part.absorb(other)
+        return part
+
+
+class _Part:
+    """What one taker of a lease ran of it: the fields of its answer."""
+
+    __slots__ = ("took", "done", "values", "cancelled", "effects", "waiting", "elapsed")
+
+    def __init__(self) -> None:
+        self.took = 0
+        self.done: list[int] = []
+        self.values: list[Any] = []
+        self.cancelled: list[int] = []
+        self.effects: list[tuple[int, str]] = []
+        self.waiting: list[Suspension] = []
+        self.elapsed = 0.0
+
+    def absorb(self, other: "_Part") -> None:
+        self.took += other.took
+        self.done += other.done
+        self.values += other.values
+        self.cancelled += other.cancelled
+        self.effects += other.effects
+        self.waiting += other.waiting
+        self.elapsed += other.elapsed
 
 
 class _LeaseBox:
@@ -270,7 +322,7 @@ class GroupWorker(Worker):
             if need > low:
                 soonest = need
                 break
-            if not run.take(pos):
+            if not run.take(pos, True):
                 return 0   # taken meanwhile: look again
             self._run(run, owner=run.box.owner, taken=pos)   # answered as its owner would
             return None
@@ -309,10 +361,8 @@ class BranchRunner:
         journals = lease.journals
         indices = lease.indices
         items = lease.items
-        done: list[int] = []
-        values: list[Any] = []
-        cancelled: list[int] = []
-        effects: list[tuple[int, str]] = []
+        part = _Part()
+        done, values, cancelled = part.done, part.values, part.cancelled
         t0 = time.monotonic()
         previous = getattr(_ambient, "host", None)
         _ambient.host = host
@@ -327,8 +377,8 @@ class BranchRunner:
         steal = self.steal
         convert = host.convert
         suspend_all = host.suspend_all
-        waiting: list[Suspension] = []
-        took = 0                # branches of the lease this part answers
+        waiting = part.waiting
+        took = 0 if taken is None else 1   # branches of the lease this part took
 
         def give_up() -> bool:
             return host.cancelled or host.holding
@@ -338,7 +388,7 @@ class BranchRunner:
 
         def rest() -> list[int]:
             nonlocal took
-            left = run.rest()
+            left = run.rest(not took)
             took += len(left)
             return left
 
@@ -348,13 +398,17 @@ class BranchRunner:
             # Counted before the answer leaves: the driver reads the ledger at the end.
             if starts:
                 host.ledger.add_calls(starts)
-            self._answer(lease, done, values, cancelled, effects, waiting, t0=t0,
-                         owner=owner, unstarted=unstarted, part=took != len(indices), **kw)
+            part.took, part.elapsed = took, time.monotonic() - t0
+            whole = run.end(part, bool(unstarted or kw))
+            if whole is not None:
+                self._answer(lease, whole.done, whole.values, whole.cancelled, whole.effects,
+                             whole.waiting, elapsed=whole.elapsed, owner=owner,
+                             unstarted=unstarted, part=whole.took != len(indices), **kw)
 
         try:
             while True:
                 if taken is not None:   # one branch, taken by this worker's steal
-                    if took:
+                    if done or cancelled or waiting:
                         break
                     pos = taken
                 else:
@@ -366,9 +420,9 @@ class BranchRunner:
                     if in_order and not order.wait(indices[pos], give_up,
                                                    steal and wait_steal):
                         return answer(rest())
-                    if not run.take(pos):
+                    if not run.take(pos, not took):
                         continue   # taken meanwhile by a waiting worker
-                took += 1
+                    took += 1
                 index = indices[pos]
                 if live:
                     if not _enter_all(live, lambda: host.cancelled or host.holding):
@@ -404,7 +458,7 @@ class BranchRunner:
                             value = convert(index, value)
                     except _Suspend as suspend:
                         if ctx is not None:
-                            effects += ctx._effects
+                            part.effects += ctx._effects
                         if suspend_all:   # this branch waits; the lease goes on
                             waiting.append(Suspension(index=index, pending=suspend.pending,
                                                       journal=suspend.journal))
@@ -414,15 +468,15 @@ class BranchRunner:
                     except BranchCancelled:
                         cancelled.append(index)
                         if ctx is not None:
-                            effects += ctx._effects
+                            part.effects += ctx._effects
                         continue
                     except Exception as exc:  # the branch's error -> Collector: stops the group
                         after = host.fail(index, exc)
                         if ctx is not None:
-                            effects += ctx._effects
+                            part.effects += ctx._effects
                         return answer(rest(), failed=(index, exc, after))
                     if ctx is not None and ctx._effects:
-                        effects += ctx._effects
+                        part.effects += ctx._effects
                     done.append(index)
                     values.append(value)
                     box.finished += 1
@@ -491,7 +545,7 @@ class BranchRunner:
         return (index, error, self.host.fail(index, error)), waiting[:k] + waiting[k + 1:]
 
     def _answer(self, lease: Branch, done, values, cancelled, effects, waiting, *, unstarted,
-                t0, failed=None, suspended=None, owner: str | None = None,
+                elapsed, failed=None, suspended=None, owner: str | None = None,
                 part: bool = False) -> None:
         try:
             nbytes = len(_encoder.encode(values))
@@ -512,7 +566,8 @@ class BranchRunner:
             elif part:   # a part is counted branch by branch: this one is not left out
                 cancelled = cancelled + [done[k]]
             return self._answer(lease, done[:k] + done[k + 1:], values[:k] + values[k + 1:],
-                                cancelled, effects, waiting, unstarted=unstarted, t0=t0,
+                                cancelled, effects, waiting, unstarted=unstarted,
+                                elapsed=elapsed,
                                 failed=failed, suspended=suspended, owner=owner, part=part)
         if suspended is not None and failed is None:
             failed, suspended = self._journal_fits(suspended, nbytes)
@@ -532,6 +587,6 @@ class BranchRunner:
             msg = Interaction(index=index, pending=suspend.pending, journal=suspend.journal,
                               **common)
         else:
-            msg = BranchDone(elapsed=round(time.monotonic() - t0, 6), suspended=waiting,
+            msg = BranchDone(elapsed=round(elapsed, 6), suspended=waiting,
                              **common)
         self.send(name, msg)
