@@ -12,7 +12,9 @@ then ``--calls`` calls of ``parallel()`` over 2,000 items that sleep 5 ms at
 zmq, parallel()'s), each next to a ``ThreadPoolExecutor(32).map`` of the same items and
 32 bare threads taking the next item under a lock, in the same process (the order
 alternates call by call), and reports each call's efficiency, ``ideal / elapsed``, and
-the process's CPU per item. Printed: per checkout, the median, mean and range over every
+the process's CPU per item (``--slots``: instead, where each slot's time goes in those
+calls, and how many answers, parts, steals and mailbox messages each call made).
+Printed: per checkout, the median, mean and range over every
 call, the thread pool's and the bare threads' medians, the medians of the per-call
 ratios to each, the CPU per item of each runner, and the difference of the medians. The load average is printed too: above ~2 on 2 cores the
 machine, not the runner, sets most of the figure (time.sleep itself oversleeps).
@@ -78,6 +80,135 @@ print(json.dumps([effs, cpu]))
 """
 
 
+_SLOTS = r"""
+import collections, json, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+import pykka
+from actors import parallel
+from actors.groups import host as H, worker as W
+from bench.group import N_SLEEP, SLEEP_BOUND, SLEEP_S
+items = list(range(N_SLEEP))
+ideal = N_SLEEP * SLEEP_S / SLEEP_BOUND
+bus = sys.argv[3]
+acc = collections.defaultdict(lambda: collections.defaultdict(float))
+count = collections.Counter()
+local = threading.local()
+
+
+def enter(what):   # exclusive time per thread: a nested category pauses its parent
+    stack = getattr(local, "stack", None)
+    if stack is None:
+        stack = local.stack = []
+    stack.append([what, time.perf_counter(), 0.0])
+
+
+def leave():
+    what, t, inner = local.stack.pop()
+    dt = time.perf_counter() - t
+    acc[threading.get_ident()][what] += dt - inner
+    if local.stack:
+        local.stack[-1][2] += dt
+    return t, dt
+
+
+def timed(what, fn, counted=None):
+    def wrapper(*a, **k):
+        enter(what)
+        try:
+            return fn(*a, **k)
+        finally:
+            t, dt = leave()
+            if counted:
+                count[counted] += 1
+            if what == "lease" and not local.stack:   # a slot's first and last lease
+                mine = acc[threading.get_ident()]
+                mine.setdefault("first", t)
+                mine["last"] = t + dt
+    return wrapper
+
+
+def nap(x: int) -> int:
+    enter("sleep")
+    time.sleep(SLEEP_S)
+    leave()
+    return x
+
+
+W.BranchRunner.run = timed("lease", W.BranchRunner.run, "parts")
+W.BranchRunner._answer = timed("answer", W.BranchRunner._answer, "answers")
+H._StartOrder.wait = timed("turn", H._StartOrder.wait)
+W.GroupWorker._steal = timed("steal", W.GroupWorker._steal, "steal looks")
+tell = pykka.ActorRef.tell
+
+
+def counted_tell(self, msg):
+    count["mailbox messages"] += 1
+    return tell(self, msg)
+
+
+pykka.ActorRef.tell = counted_tell
+parallel(nap, items[:2 * SLEEP_BOUND], max_concurrency=SLEEP_BOUND, max_items=N_SLEEP, bus=bus)
+rows = []
+for k in range(int(sys.argv[2])):
+    acc.clear()
+    count.clear()
+    t0 = time.perf_counter()
+    parallel(nap, items, max_concurrency=SLEEP_BOUND, max_items=N_SLEEP, bus=bus)
+    wall = time.perf_counter() - t0
+    slots = SLEEP_BOUND * wall
+    total = collections.Counter()
+    for mine in acc.values():
+        for what, v in mine.items():
+            if what not in ("first", "last"):
+                total[what] += v
+    start = sum(m["first"] - t0 for m in acc.values() if "first" in m) \
+        + (SLEEP_BOUND - len(acc)) * wall
+    tail = sum(t0 + wall - m["last"] for m in acc.values() if "last" in m)
+    share = {"sleep (5 ms each)": N_SLEEP * SLEEP_S / slots,
+             "oversleep": (total["sleep"] - N_SLEEP * SLEEP_S) / slots,
+             "turn waits": total["turn"] / slots, "looking for a branch": total["steal"] / slots,
+             "answer path": total["answer"] / slots, "rest of a lease": total["lease"] / slots,
+             "before the first lease": start / slots, "after the last lease": tail / slots}
+    share["between leases"] = 1 - sum(share.values())
+    rows.append({"efficiency": ideal / wall, "share": share, "count": dict(count)})
+print(json.dumps(rows))
+"""
+
+
+def slots(root: str, calls: int, bus: str) -> list[dict]:
+    """Where each slot's time goes in ``calls`` latency-bound calls of ``root``'s
+    parallel(): per call, the efficiency, each category's share of 32 slots x the wall
+    clock (exclusive time per thread), and counts (answers, parts, steals, mailbox
+    messages)."""
+    out = subprocess.run([sys.executable, "-c", _SLOTS, root, str(calls), bus], cwd=root,
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise SystemExit(f"{root}: the child failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def print_slots(roots: list[str], rounds: int, calls: int, bus: str) -> dict:
+    rows: dict[str, list[dict]] = {root: [] for root in roots}
+    loads = [os.getloadavg()[0]]
+    for r in range(rounds):
+        for root in roots if r % 2 == 0 else roots[::-1]:
+            rows[root] += slots(root, calls, bus)
+        loads.append(os.getloadavg()[0])
+    print(f"where each slot's time goes, bus {bus}; load average (1 min) "
+          f"{min(loads):.1f}-{max(loads):.1f}; means over {rounds * calls} calls (shares "
+          "of 32 slots x the wall clock; efficiency: median and mean)")
+    mean = statistics.mean
+    for root in roots:
+        got = rows[root]
+        effs = [r["efficiency"] for r in got]
+        print(f"{root}: efficiency {statistics.median(effs):.3f} (mean {mean(effs):.3f})")
+        for what in got[0]["share"]:
+            print(f"  {what:24s} {mean(r['share'][what] for r in got):7.1%}")
+        for what in sorted({k for r in got for k in r["count"]}):
+            print(f"  {what:24s} {mean(r['count'].get(what, 0) for r in got):7.0f} a call")
+    return rows
+
+
 def run_one(root: str, calls: int, bus: str = "zmq") -> tuple[dict, dict]:
     """Per runner (``group``: parallel(), ``threads``: the thread pool, ``bare``: 32 plain
     threads), the efficiency of each of ``calls`` calls and the process's CPU seconds per
@@ -97,12 +228,18 @@ def main(argv=None) -> dict[str, list[float]]:
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--calls", type=int, default=4)
     p.add_argument("--bus", default="zmq", choices=["zmq", "memory"])
+    p.add_argument("--slots", action="store_true",
+                   help="instead: where each slot's time goes (sleep, oversleep, turn "
+                        "waits, looking for a branch, answers, before the first and after "
+                        "the last lease, between leases) and counts per call")
     args = p.parse_args(argv)
     roots = [os.path.abspath(args.a), os.path.abspath(args.b)]
     for root in roots:
         if not (os.path.isfile(os.path.join(root, "actors", "groups.py"))
                 or os.path.isdir(os.path.join(root, "actors", "groups"))):
             raise SystemExit(f"{root}: not a checkout of evobus (no actors/groups)")
+    if args.slots:
+        return print_slots(roots, args.rounds, args.calls, args.bus)
     effs = {root: {"group": [], "threads": [], "bare": []} for root in roots}
     cpu = {root: {"group": [], "threads": [], "bare": []} for root in roots}
     loads = [os.getloadavg()[0]]

@@ -48,6 +48,12 @@ def test_group_ab_compares_two_checkouts_in_alternating_processes(root, tmp_path
     assert all(0 < e < 1 for e in effs[str(root)])
     out = capsys.readouterr().out
     assert "b - a:" in out and "ThreadPoolExecutor(32) beside it" in out and "load average" in out
+    assert "32 bare threads" in out and "CPU per item" in out
+    rows = group_ab.main([str(root), str(root), "--slots", "--rounds", "1", "--calls", "1"])
+    assert len(rows[str(root)]) == 2   # (the same checkout twice: one key)
+    call = rows[str(root)][0]
+    assert abs(sum(call["share"].values()) - 1) < 1e-9 and 0 < call["share"]["sleep (5 ms each)"] < 1
+    assert call["count"]["answers"] >= 1 and "turn waits" in capsys.readouterr().out
 
 
 @pytest.mark.timeout(300)

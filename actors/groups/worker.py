@@ -336,7 +336,8 @@ class BranchRunner:
     msg)`` carries the answer (to the Collector, or to the relay that forwards it)."""
 
     def __init__(self, send: Callable[[str, Any], None], name: str, host: _Host, box,
-                 settle: Awaiter, steal: Callable[[int], bool] | None = None) -> None:
+                 settle: Awaiter, steal: Callable[["_Run"], int | None] | None = None
+                 ) -> None:
         self.send = send
         self.name = name
         self.host = host
