@@ -49,7 +49,8 @@ class _Run:
         self.box = box if box is not None else _LeaseBox()
         self.runs = runs
         self.active = 0            # parts that took branches and have not ended
-        self.left: list[_Part] = []   # ended parts whose values wait for the last one
+        #: ended parts whose values wait for the last one (see end)
+        self.left: list[tuple] | tuple = ()
         if runs is not None:
             for i in lease.indices:
                 runs[i] = self
@@ -80,46 +81,27 @@ class _Run:
                     del runs[i]
         return rest
 
-    def end(self, part: "_Part", alone: bool) -> "_Part | None":
-        """``part`` (which took branches) ends: what to answer now, or None (it is left
-        for the last part). ``alone``: it must be answered now (it did not end with values
-        only); with the parts left before it if it is the last."""
+    def end(self, part: tuple, alone: bool) -> tuple | None:
+        """A part that took branches ends, ``(took, done, values, cancelled, effects,
+        waiting, elapsed)``: what to answer now, or None (it is left for the last part).
+        ``alone``: it must be answered now (it did not end with values only); with the
+        parts left before it if it is the last."""
         with self.box.lock:
             self.active -= 1
             last = not self.active and self.pos >= len(self.lease.indices)
             if not last:
                 if alone:
                     return part
-                self.left.append(part)
+                if self.left:
+                    self.left.append(part)
+                else:
+                    self.left = [part]
                 return None
-            left, self.left = self.left, []
-        for other in left:
-            part.absorb(other)
+            left, self.left = self.left, ()
+        for other in left:   # the parts that ended before, with values only
+            part = (part[0] + other[0],) + tuple(a + b for a, b in zip(part[1:6], other[1:6])) \
+                + (part[6] + other[6],)
         return part
-
-
-class _Part:
-    """What one taker of a lease ran of it: the fields of its answer."""
-
-    __slots__ = ("took", "done", "values", "cancelled", "effects", "waiting", "elapsed")
-
-    def __init__(self) -> None:
-        self.took = 0
-        self.done: list[int] = []
-        self.values: list[Any] = []
-        self.cancelled: list[int] = []
-        self.effects: list[tuple[int, str]] = []
-        self.waiting: list[Suspension] = []
-        self.elapsed = 0.0
-
-    def absorb(self, other: "_Part") -> None:
-        self.took += other.took
-        self.done += other.done
-        self.values += other.values
-        self.cancelled += other.cancelled
-        self.effects += other.effects
-        self.waiting += other.waiting
-        self.elapsed += other.elapsed
 
 
 class _LeaseBox:
@@ -362,8 +344,10 @@ class BranchRunner:
         journals = lease.journals
         indices = lease.indices
         items = lease.items
-        part = _Part()
-        done, values, cancelled = part.done, part.values, part.cancelled
+        done: list[int] = []
+        values: list[Any] = []
+        cancelled: list[int] = []
+        effects: list[tuple[int, str]] = []
         t0 = time.monotonic()
         previous = getattr(_ambient, "host", None)
         _ambient.host = host
@@ -378,7 +362,7 @@ class BranchRunner:
         steal = self.steal
         convert = host.convert
         suspend_all = host.suspend_all
-        waiting = part.waiting
+        waiting: list[Suspension] = []
         took = 0 if taken is None else 1   # branches of the lease this part took
 
         def give_up() -> bool:
@@ -399,12 +383,12 @@ class BranchRunner:
             # Counted before the answer leaves: the driver reads the ledger at the end.
             if starts:
                 host.ledger.add_calls(starts)
-            part.took, part.elapsed = took, time.monotonic() - t0
-            whole = run.end(part, bool(unstarted or kw))
+            whole = run.end((took, done, values, cancelled, effects, waiting,
+                             time.monotonic() - t0), bool(unstarted or kw))
             if whole is not None:
-                self._answer(lease, whole.done, whole.values, whole.cancelled, whole.effects,
-                             whole.waiting, elapsed=whole.elapsed, owner=owner,
-                             unstarted=unstarted, part=whole.took != len(indices), **kw)
+                n, *fields, elapsed = whole
+                self._answer(lease, *fields, elapsed=elapsed, owner=owner,
+                             unstarted=unstarted, part=n != len(indices), **kw)
 
         try:
             while True:
@@ -459,7 +443,7 @@ class BranchRunner:
                             value = convert(index, value)
                     except _Suspend as suspend:
                         if ctx is not None:
-                            part.effects += ctx._effects
+                            effects += ctx._effects
                         if suspend_all:   # this branch waits; the lease goes on
                             waiting.append(Suspension(index=index, pending=suspend.pending,
                                                       journal=suspend.journal))
@@ -469,15 +453,15 @@ class BranchRunner:
                     except BranchCancelled:
                         cancelled.append(index)
                         if ctx is not None:
-                            part.effects += ctx._effects
+                            effects += ctx._effects
                         continue
                     except Exception as exc:  # the branch's error -> Collector: stops the group
                         after = host.fail(index, exc)
                         if ctx is not None:
-                            part.effects += ctx._effects
+                            effects += ctx._effects
                         return answer(rest(), failed=(index, exc, after))
                     if ctx is not None and ctx._effects:
-                        part.effects += ctx._effects
+                        effects += ctx._effects
                     done.append(index)
                     values.append(value)
                     box.finished += 1
