@@ -106,8 +106,10 @@ class _Run:
 
 class _LeaseBox:
     """The leases a worker holds but has not started, in the order they came: the worker
-    runs them from here, one after the other, and ``Revoke`` takes one back on the bus
-    thread (the worker's own thread may be busy with a long branch).
+    runs them from here, one after the other (a waiting worker may have taken some of
+    their branches meanwhile, see _Run), and ``Revoke`` takes one none of whose branches
+    was taken back on the bus thread (the worker's own thread may be busy with a long
+    branch).
 
     Leases may arrive before the worker's thread runs: the box keeps them, and the
     worker takes them when it starts (``ref`` is set then, by the worker itself)."""
