@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -239,3 +240,27 @@ def test_a_warning_is_one_line_naming_evobus_and_verbose_says_where(root, tmp_pa
         'ignored in sync mode; set mode = "async" to use it']
     verbose = evobus("-v", "validate", "warn.toml", cwd=tmp_path, env=env)
     assert "RuntimeWarning: warn.toml: `async_ratio`" in verbose.stderr
+
+
+_TIMES = re.compile(r"^\s*\d+\.\d+s|\([\d,.]+/s\)|in \d+\.\d+ s|\s+")
+
+
+def _shown(text: str) -> list[str]:
+    """The round and summary lines of a run's output, without what the clock decides
+    (seconds, rates) and with runs of spaces folded."""
+    keep = ("  round ", ": held-out reward ", "outcomes: ", "budget: ")
+    return [_TIMES.sub(" ", line).strip() for line in text.splitlines()
+            if any(k in line for k in keep)]
+
+
+def test_the_quickstarts_sample_run_is_what_the_run_prints(root, tmp_path, env):
+    """docs/quickstart.md shows the output of `evobus run scenarios/router.toml`: its
+    rounds, proposals, outcomes and calls are the run's (seed 0, deterministic), all but
+    the clock's figures. When the run's behaviour changes, paste its new output there."""
+    page = (root / "docs" / "quickstart.md").read_text()
+    start = page.index("$ evobus run scenarios/router.toml\n")
+    block = page[start:page.index("```", start)]
+    out = evobus("run", "scenarios/router.toml", "--log", str(tmp_path / "r.evolog"),
+                 cwd=root, env=env)
+    assert out.returncode == 0, out.stderr
+    assert _shown(block) and _shown(block) == _shown(out.stdout), out.stdout
