@@ -264,3 +264,40 @@ def test_the_quickstarts_sample_run_is_what_the_run_prints(root, tmp_path, env):
                  cwd=root, env=env)
     assert out.returncode == 0, out.stderr
     assert _shown(block) and _shown(block) == _shown(out.stdout), out.stdout
+
+
+@pytest.mark.slow
+def test_a_resumed_run_shows_what_a_run_shows(tmp_path, env):
+    """kill -9 after the first round, then `evobus resume`: the same round lines (going
+    on from the killed run's rounds, rollouts and clock) and the same summary as `evobus
+    run` (outcomes, budget, the log), and --json carries the budget too."""
+    scenario = tmp_path / "slow.toml"
+    scenario.write_text(SLOW.replace("rounds = 40", "rounds = 6"))
+    log = tmp_path / "slow.evolog"
+    proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", str(scenario),
+                             "--log", str(log)], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        for line in proc.stdout:  # the first round has closed: kill it there
+            if "  round " in line:
+                break
+        proc.kill()
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = evobus("resume", str(log), cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(f"slow: resuming {log} with 4 local workers"), lines[0]
+    rounds = [line for line in lines if "  round " in line]
+    assert rounds and "round 0 " not in rounds[0], rounds   # round 0 was in the old log
+    first_t = float(rounds[0].split("s", 1)[0])
+    assert first_t > 0.0
+    for key in ("outcomes: ", "budget: calls ", f"log: {tmp_path / 'slow.r1.evolog'}"):
+        assert any(line.startswith(key) for line in lines), (key, out.stdout)
+    again = evobus("resume", str(tmp_path / "slow.r1.evolog"), "--json", cwd=tmp_path,
+                   env=env)
+    assert again.returncode == 0, again.stderr
+    summary = json.loads(again.stdout)
+    assert summary["already_finished"] and "budget" in summary and "elapsed" in summary

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from actors.cli.figures import RunFigures
-from protocol import decode
+from protocol import RoundClosed, decode
 
 __all__ = ["InRound", "RoundSnapshot"]
 
@@ -58,6 +58,27 @@ class InRound:
         """Called by the bus for every delivered message: stamp and queue it."""
         if receiver in _WATCHED:
             self._queue.append((self._clock(), sender, receiver, body))
+
+    def carry_on(self, contents) -> tuple[float, list[RoundClosed]]:
+        """A resumed run: fold in the messages its earlier logs (``contents``, oldest
+        first) hold, and go on on their clock, so rates, the working time and the rounds
+        count the whole run. The seconds those logs cover and the rounds they closed."""
+        offset, closed = 0.0, []
+        for content in contents:
+            for rec in content.records:
+                if rec.receiver not in _WATCHED:
+                    continue
+                try:
+                    msg = decode(rec.body)
+                except ValueError:   # a frame the bus rejects too: not progress
+                    continue
+                self.figures.add(rec.sender, rec.receiver, msg, offset + rec.t)
+                if isinstance(msg, RoundClosed) and rec.receiver == "planner":
+                    closed.append(msg)
+            offset += content.records[-1].t if content.records else 0.0
+        clock, start = self._clock, self._clock()
+        self._clock = lambda: offset + clock() - start
+        return offset, closed
 
     def fold(self) -> RunFigures:
         """Fold in what was queued; the figures (read them under no other thread)."""

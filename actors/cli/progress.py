@@ -116,8 +116,10 @@ class RunProgress(_Lines):
 
     def __init__(self, scenario: Any, *, source: str = "", quiet: bool = False,
                  stream: TextIO | None = None, live: bool | None = None,
-                 log_path: str | None = None) -> None:
+                 log_path: str | None = None, doing: str = "running") -> None:
         self.scenario = scenario
+        self.doing = doing   # the opening line's verb: "running", "resuming"
+        self._before = 0.0   # seconds the earlier logs of a resumed run cover
         self.source = source or getattr(scenario, "name", "scenario")
         self.quiet = quiet
         self.stream = stream if stream is not None else sys.stdout
@@ -144,8 +146,17 @@ class RunProgress(_Lines):
 
     # -- the run ------------------------------------------------------------------------
 
+    def carry_on(self, contents) -> None:
+        """A resumed run (``contents``: its earlier logs, oldest first): its rounds,
+        rollouts, rates and clock go on from theirs."""
+        self._before, closed = self.in_round.carry_on(contents)
+        self.records = list(closed)
+        self.rollouts = sum(c.rollouts for c in self.in_round.figures.closed)
+        self.commits = sum(bool(c.committed) for c in closed)
+        self.best = max((c.heldout_reward for c in closed), default=None)
+
     def __enter__(self) -> "RunProgress":
-        self.t0 = time.monotonic()
+        self.t0 = time.monotonic() - self._before
         if self.live:
 
             self._live = Live(console=self._console, get_renderable=self._panel,
@@ -154,7 +165,7 @@ class RunProgress(_Lines):
             self._live.start()
         elif not self.quiet:
             limit = f", up to {self.scenario.rounds} rounds" if self.word == "round" else ""
-            self._print(f"{self.scenario.name}: running {self.source} with "
+            self._print(f"{self.scenario.name}: {self.doing} {self.source} with "
                         f"{self._workers_text()}{limit}")
         return self
 
@@ -368,7 +379,9 @@ class RunProgress(_Lines):
         lines = [f"outcomes: {outcome_text(result.outcomes())}"]
         usage = getattr(result, "usage", None)
         if usage:
-            lines.append("tokens: " + ", ".join(f"{k} {v:,}" for k, v in dict(usage).items()))
+            # The agent's own count: of this process, so of a resume only since then.
+            key = "tokens since the resume" if self.doing == "resuming" else "tokens"
+            lines.append(f"{key}: " + ", ".join(f"{k} {v:,}" for k, v in dict(usage).items()))
         lines += budget_lines(getattr(result, "budget", None) or {})
         if result.error:
             lines.append(f"backend errors: {result.error}")

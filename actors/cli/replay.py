@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections import Counter
@@ -16,11 +17,15 @@ from actors.groups.checkpoint import load_checkpoint
 from actors.replay.verify import replay_many
 from actors.errors import BackendFailing, ConfigError, RunFailed
 from actors.replay.resume import ResumePoint, next_log_path, resume_scenario_log
-from actors.cli.progress import exit_code, interrupt_guard
+from actors.cli.progress import RunProgress, exit_code, interrupt_guard
+from actors.replay.engine import META_SCENARIO_TOML
+from protocol.scenario import ScenarioError, parse_scenario
 from bus.log import LogCorrupt
 from actors.cli.analysis import _GROUP_KINDS, track_group
 from actors.cli.figures import RunFigures
 from actors.cli.fork import cmd_fork
+
+log = logging.getLogger(__name__)
 
 __all__ = ["LogSummary", "cmd_replay", "cmd_resume", "format_summary", "register",
            "summarize"]
@@ -147,31 +152,33 @@ def cmd_resume(args: argparse.Namespace) -> int:
         print(f"cut a torn tail off {point.path}: {point.dropped_tail} bytes, about "
               f"{point.dropped_records} record(s)", file=sys.stderr if args.json else sys.stdout)
 
-    def progress(record) -> None:
-        if args.quiet or args.json:
-            return
-        mark = "committed" if record.committed else "kept"
-        print(f"round {record.round:>3}  v{record.version:<3} held-out "
-              f"{record.heldout_reward:.3f}  {mark:<9} rollouts {record.rollouts:<5} "
-              f"proposals {record.proposals:<4}", flush=True)
-
     if args.new_log is not None and os.path.lexists(args.new_log):
         return _err(f"--log {args.new_log}: a log is already there, and a log is never "
                     "overwritten; fix: pass another --log PATH, or leave --log out (the "
                     f"resumed run then writes {next_log_path(point.path)})")
     new_log = Path(args.new_log) if args.new_log is not None else next_log_path(point.path)
+    progress = _progress(point, args, new_log)
     try:
-        with interrupt_guard():
+        with progress, interrupt_guard():
             result = resume_scenario_log(point, log=new_log, on_progress=progress,
                                          log_fsync=args.fsync)
     except BackendFailing as exc:  # halted again: the log of this resume is resumable too
+        progress.stop()
         _err(f"{args.log}: halted: {exc.error}; once the backend answers, resume it "
              f"with: evobus resume {exc.log_path}")
         return 1
     except (ConfigError, RunFailed) as exc:
+        progress.stop()
         return _err(str(exc))
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: actors and log closed
+        progress.stop()
         return _stopped(exc, new_log if new_log.exists() else point.path)
+    except Exception as exc:  # the user's code (tasks, agent) or a crashed actor: one line
+        progress.stop()
+        log.debug("resume failed", exc_info=True)
+        _err(f"{args.log}: the resumed run failed: {type(exc).__name__}: {exc} "
+             "(evobus -v resume ... shows the traceback)")
+        return 1
     already = point.finished is not None
     if args.json:
         print(json.dumps({
@@ -180,21 +187,40 @@ def cmd_resume(args: argparse.Namespace) -> int:
             "resent": len(point.pending), "stop_reason": result.stop_reason,
             "final_reward": result.final_reward, "initial_reward": result.initial_reward,
             "version": result.version, "rollouts": result.rollouts, "calls": result.calls,
-            "outcomes": result.outcomes(), "error": result.error, "log": result.log_path,
-            "state": result.state}))
+            "elapsed": result.elapsed, "outcomes": result.outcomes(), "error": result.error,
+            "log": result.log_path, "state": result.state,
+            "budget": getattr(result, "budget", None)}))
     elif not args.quiet:
         if already:
             print(f"{point.path}: the run had already finished; its result:")
+            print(f"held-out reward {result.initial_reward:.3f} -> {result.final_reward:.3f} "
+                  f"at version {result.version} ({result.stop_reason}; {result.rollouts} "
+                  f"rollouts)\nlog: {result.log_path}\n\n{result.rendered}")
         else:
             print(f"\nresumed {point.path} after seq {point.last_seq}: re-issued "
-                  f"{len(point.reissued)} lease(s) {point.reissued[:6]}, re-sent "
+                  f"{len(point.reissued)} lease(s) that were in flight, re-sent "
                   f"{len(point.pending)} undelivered message(s)")
-        print(f"held-out reward {result.initial_reward:.3f} -> {result.final_reward:.3f} at "
-              f"version {result.version} ({result.stop_reason}; {result.rollouts} rollouts)")
-        if result.log_path:
-            print(f"log: {result.log_path}  (evobus replay {result.log_path})")
-        print("\n" + result.rendered)
+            progress.summary(result)
     return 1 if result.error and result.rollouts == 0 else 0
+
+
+def _progress(point: ResumePoint, args: argparse.Namespace, new_log: Path) -> RunProgress:
+    """What `evobus run` shows, for the resumed run: its rounds as they close (a live
+    panel on a terminal), then the same summary (outcomes, tokens, budget, the log)."""
+    meta: dict[str, str] = {}
+    for content in point.contents:   # the chain's headers, the newest last
+        meta.update(content.header.meta)
+    try:
+        scenario = parse_scenario(meta.get(META_SCENARIO_TOML, ""), str(point.path))
+    except ScenarioError:   # no scenario in the log: resume_scenario_log says so
+        scenario = None
+    if scenario is None or point.finished is not None:
+        return RunProgress(scenario, quiet=True)
+    progress = RunProgress(scenario, source=str(point.path), quiet=args.quiet,
+                           stream=sys.stderr if args.json else sys.stdout,
+                           log_path=str(new_log), doing="resuming")
+    progress.carry_on(point.contents)
+    return progress
 
 
 def _stopped(exc: KeyboardInterrupt, newest: Path) -> int:
