@@ -63,9 +63,26 @@ def paused(workdir, capsys):
 def test_resume_refuses_a_file_that_is_not_a_checkpoint(workdir, capsys):
     (workdir / "junk.ckpt").write_bytes(b"not msgpack at all")
     assert main(["resume", str(workdir / "junk.ckpt"), "--answers", "a.json"]) == 2
-    assert "junk.ckpt: not a parallel-group checkpoint" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "junk.ckpt: expected a run's message log" in err and "or a parallel group's " \
+        "checkpoint; found a text file (it starts with b'not ms')" in err
+    (workdir / "bin.ckpt").write_bytes(b"\x01\x02\x03\x04\x05\x06binary")
+    assert main(["resume", str(workdir / "bin.ckpt")]) == 2
+    assert "bin.ckpt: not a parallel-group checkpoint" in capsys.readouterr().err
     assert main(["resume", str(workdir / "missing.ckpt")]) == 2
-    assert "missing.ckpt: cannot read the checkpoint" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "missing.ckpt: cannot read it (No such file or directory); expected a run's " \
+        "message log" in err and "fix: pass the path of the run's log" in err
+
+
+def test_resume_given_a_scenario_file_says_to_run_it_or_resume_its_log(workdir, capsys):
+    path = workdir / "s.toml"
+    path.write_text('name = "s"\n')
+    assert main(["resume", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: expected a run's message log" in err
+    assert f"fix: to run a scenario file, `evobus run {path}`" in err
+    assert "checkpoint (it does not start" not in err
 
 
 def test_resume_without_answers_shows_what_waits_and_names_the_template(paused, capsys):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from actors.errors import ConfigError
 from actors.errors import ResumeRefused
-from actors.groups.checkpoint import load_checkpoint
+from actors.groups.checkpoint import MAGIC as CHECKPOINT_MAGIC, load_checkpoint
 from actors.groups.api import resume_group
 from actors.cli.progress import GroupProgressView
 from actors.workers import code as refs
@@ -45,6 +45,32 @@ def _is_log(path: str) -> bool:
             return f.read(6) == b"EVOLOG"
     except OSError:
         return False
+
+
+#: What `evobus resume` takes, and where to find it, for a path that is neither.
+_RESUMES = ("expected a run's message log (the `log:` line of `evobus run`'s summary, "
+            "runs/NAME.evolog by default) or a parallel group's checkpoint")
+
+
+def _neither_log_nor_checkpoint(path: str) -> str | None:
+    """Why ``path`` cannot be resumed when it is no file, or a file that is neither a log
+    nor a checkpoint by its first bytes (a scenario file, say); None when it may be a
+    checkpoint (load_checkpoint then decides, an old one has no magic)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError as exc:
+        return (f"{path}: cannot read it ({exc.strerror or exc}); {_RESUMES}; fix: pass "
+                "the path of the run's log")
+    if head.startswith(CHECKPOINT_MAGIC) or not head or 0x80 <= head[0] <= 0x8F \
+            or head[0] in (0xDE, 0xDF):
+        return None   # a checkpoint, or a bare msgpack map (one from before the magic)
+    if not all(32 <= c < 127 or c in b"\t\r\n" for c in head):
+        return None   # binary: load_checkpoint says what it is not
+    fix = (f"to run a scenario file, `evobus run {path}`; to continue its run, `evobus "
+           "resume` the log that run wrote" if path.endswith(".toml")
+           else "pass the path of the run's log")
+    return f"{path}: {_RESUMES}; found a text file (it starts with {head!r}); fix: {fix}"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -99,6 +125,9 @@ def cmd_resume(args: argparse.Namespace, previous=None) -> int:
     if is_log:
         return previous(args)
 
+    neither = _neither_log_nor_checkpoint(path)
+    if neither is not None:
+        return _err(neither)
     try:
         ckpt = load_checkpoint(path)
     except ResumeRefused as exc:
