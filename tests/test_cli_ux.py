@@ -243,27 +243,59 @@ def test_a_warning_is_one_line_naming_evobus_and_verbose_says_where(root, tmp_pa
 
 
 _TIMES = re.compile(r"^\s*\d+\.\d+s|\([\d,.]+/s\)|in \d+\.\d+ s|\s+")
+_KEPT = ("  round ", ": held-out reward ", "outcomes: ", "budget: ", "ok  ", "  actors: ")
+
+#: (page, command): the output the page shows after ``$ command`` is what it prints.
+SAMPLES = [("quickstart.md", "evobus run scenarios/router.toml"),
+           ("budgets.md", "evobus run budget.toml --log budget.evolog"),
+           ("replay.md", "evobus replay runs/router.evolog")]
 
 
-def _shown(text: str) -> list[str]:
-    """The round and summary lines of a run's output, without what the clock decides
+def _shown(lines: list[str]) -> list[str]:
+    """The round, summary and replay lines of an output, without what the clock decides
     (seconds, rates) and with runs of spaces folded."""
-    keep = ("  round ", ": held-out reward ", "outcomes: ", "budget: ")
-    return [_TIMES.sub(" ", line).strip() for line in text.splitlines()
-            if any(k in line for k in keep)]
+    return [_TIMES.sub(" ", line).strip() for line in lines
+            if any(line.startswith(k) or (k.startswith(" ") and k in line) for k in _KEPT)]
 
 
-def test_the_quickstarts_sample_run_is_what_the_run_prints(root, tmp_path, env):
-    """docs/quickstart.md shows the output of `evobus run scenarios/router.toml`: its
-    rounds, proposals, outcomes and calls are the run's (seed 0, deterministic), all but
-    the clock's figures. When the run's behaviour changes, paste its new output there."""
-    page = (root / "docs" / "quickstart.md").read_text()
-    start = page.index("$ evobus run scenarios/router.toml\n")
-    block = page[start:page.index("```", start)]
-    out = evobus("run", "scenarios/router.toml", "--log", str(tmp_path / "r.evolog"),
-                 cwd=root, env=env)
-    assert out.returncode == 0, out.stderr
-    assert _shown(block) and _shown(block) == _shown(out.stdout), out.stdout
+def _sample(page: str, command: str) -> list[str]:
+    """The lines a page's console block shows after ``$ command``, to its next command."""
+    from test_docs import blocks
+
+    for lang, _, lines in blocks((TESTS.parent / "docs" / page).read_text()):
+        if lang == "console" and f"$ {command}" in lines:
+            rest = lines[lines.index(f"$ {command}") + 1:]
+            return rest[:next((i for i, x in enumerate(rest) if x.startswith("$ ")),
+                              len(rest))]
+    raise AssertionError(f"docs/{page} has no console block with `$ {command}`")
+
+
+@pytest.mark.parametrize("page,command", SAMPLES, ids=[p for p, _ in SAMPLES])
+def test_the_output_a_page_shows_is_what_the_command_prints(page, command, tmp_path, env):
+    """The page's commands run in order in a scratch directory, as tests/test_docs.py runs
+    them, up to ``command``; the rounds, proposals, outcomes, calls and replay counts it
+    shows are that command's (seed 0, deterministic), all but the clock's figures. When
+    behaviour changes, paste the new output into the page."""
+    from test_docs import NOT_RUN, commands
+
+    (tmp_path / "scenarios").symlink_to(TESTS.parent / "scenarios", target_is_directory=True)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
+    for _, cmd, want in commands(TESTS.parent / "docs" / page):
+        if NOT_RUN.match(cmd):
+            continue
+        out = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env=env, text=True,
+                             capture_output=True, timeout=50, stdin=subprocess.DEVNULL)
+        assert out.returncode == want, (cmd, out.stderr[-1500:])
+        if cmd == command:
+            break
+    else:
+        raise AssertionError(f"docs/{page} runs no `{command}`")
+    shown, printed = _shown(_sample(page, command)), _shown(out.stdout.splitlines())
+    assert shown, f"docs/{page} shows nothing after `$ {command}`"
+    n = len(shown)
+    assert any(printed[i:i + n] == shown for i in range(len(printed) - n + 1)), (
+        f"docs/{page}: the output shown after `$ {command}` is not what it prints now; "
+        f"it prints:\n{out.stdout}")
 
 
 @pytest.mark.slow
