@@ -247,3 +247,20 @@ def test_replay_of_a_run_with_a_lost_worker_prints_no_live_warnings(clean_env, t
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stderr == ""
     assert "presumed lost" not in done.stdout
+
+
+def test_every_verb_says_what_it_does_and_what_each_argument_is():
+    """`evobus VERB --help` has a description (what it does), and every positional
+    argument a help line: a new user reads these first."""
+    import argparse
+
+    from actors.cli.main import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = []
+    for verb, parser in sub.choices.items():
+        if not parser.description:
+            missing.append(f"{verb}: no description")
+        missing += [f"{verb} {a.dest}: no help" for a in parser._actions
+                    if not a.option_strings and not a.help]
+    assert not missing, missing

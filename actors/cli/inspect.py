@@ -49,7 +49,8 @@ def register(sub) -> None:
     i = sub.add_parser("inspect", help="print a recorded message log readably",
                        description=__doc__.split("\n\n")[1] if __doc__ else None,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    i.add_argument("log")
+    i.add_argument("log", help="a message log (.evolog); a resumed run's newest log reads "
+                               "as its whole chain")
     i.add_argument("--actor", action="append", help="only messages from/to this actor")
     i.add_argument("--type", action="append",
                    help="only this message type (e.g. Commit); repeat for several")
@@ -351,5 +352,5 @@ def register_repair(sub) -> None:
     r = sub.add_parser("repair", help="cut a torn tail (what a crash leaves) off a log",
                        description="Truncate a log after its last good record, on disk. "
                                    "Damage in the middle of a log is refused, never cut.")
-    r.add_argument("log")
+    r.add_argument("log", help="the log a crash left (.evolog)")
     r.set_defaults(func=cmd_repair)

@@ -179,22 +179,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-V", "--version", action="version",
                    version=f"evobus {PACKAGE_VERSION} (Python {sys.version.split()[0]})")
     sub = p.add_subparsers(dest="verb", metavar="VERB")
-    r = sub.add_parser("run", help="run a scenario file (TOML)")
-    r.add_argument("scenario")
+    r = sub.add_parser(
+        "run", help="run a scenario file (TOML)",
+        description="Check the scenario as `evobus validate` does, then run it: one line "
+                    "per round (a live panel on a terminal), then a summary (the reward "
+                    "before and after, why it stopped, outcomes, tokens, budget) and the "
+                    "artifact. Every run writes a message log: the scenario's `log`, "
+                    "--log, or runs/NAME-YYYYmmdd-HHMMSS.evolog; it is never overwritten. "
+                    "Exit codes: 0 done; 1 the run failed or halted on a failing backend "
+                    "(resumable: `evobus resume LOG`); 2 the scenario or a flag is wrong "
+                    "(one line says what and the fix); 130, 143, 129 stopped by Ctrl-C, "
+                    "SIGTERM, SIGHUP (the log is closed and resumable). Keys: "
+                    "docs/scenarios.md.")
+    r.add_argument("scenario", help="the scenario file (TOML; `evobus schema` prints "
+                                    "its JSON Schema)")
     _add_run_flags(r)
     r.add_argument("--quiet", action="store_true", help="print only errors")
-    r.add_argument("--json", action="store_true", help="print a JSON summary at the end")
+    r.add_argument("--json", action="store_true",
+                   help="print a JSON summary at the end, alone on stdout (progress goes to "
+                        "stderr)")
     r.set_defaults(func=cmd_run)
     v = sub.add_parser("validate", help="check a scenario file as `evobus run` would, "
                                         "without running anything",
                        description="Make every check `evobus run` makes before its first "
                                    "rollout that calls none of your code: the schema, the "
                                    "references, the log path, the parallelism against the "
-                                   "artifact, the workers. Give it the flags you give run.")
-    v.add_argument("scenario")
+                                   "artifact, the workers. Give it the flags you give run. "
+                                   "Exit 0 when it would run, 2 (one line a problem, each "
+                                   "naming the fix) when not.")
+    v.add_argument("scenario", help="the scenario file (TOML)")
     _add_run_flags(v)
     v.set_defaults(func=cmd_validate)
-    s = sub.add_parser("schema", help="print the JSON Schema of scenario files")
+    s = sub.add_parser("schema", help="print the JSON Schema of scenario files",
+                       description="Print the JSON Schema (draft 2020-12) every scenario "
+                                   "file is checked against, for an editor's completion "
+                                   "and checks; docs/scenarios.md is generated from it.")
     s.set_defaults(func=cmd_schema)
     # Verbs that live in modules of their own: each has register(subparsers).
     for module in VERB_MODULES:

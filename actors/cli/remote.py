@@ -103,7 +103,13 @@ def register(sub) -> None:
     w.add_argument("--give-up", type=float, default=120.0, metavar="S",
                    help="exit (status 1) after this long without the broker")
     w.set_defaults(func=cmd_worker)
-    k = sub.add_parser("keys", help="write CURVE key pairs for the broker and workers")
+    k = sub.add_parser("keys", help="write CURVE key pairs for the broker and workers",
+                       description="Write the broker's key pair (server.key, "
+                                   "server.key_secret) and one pair per worker (NAME.key, "
+                                   "NAME.key_secret) into DIR, and authorise each worker "
+                                   "(DIR/authorized/NAME.key); pairs already there are kept, "
+                                   "never replaced. Prints the [workers] keys line and the "
+                                   "`evobus worker` command to use them (docs/remote.md).")
     k.add_argument("dir", help="directory for the key files (created)")
     k.add_argument("--client", action="append", metavar="NAME",
                    help="a worker key pair to create and authorise (default: client)")
