@@ -264,3 +264,31 @@ def test_every_verb_says_what_it_does_and_what_each_argument_is():
         missing += [f"{verb} {a.dest}: no help" for a in parser._actions
                     if not a.option_strings and not a.help]
     assert not missing, missing
+
+
+UNPRICED = """name = "unpriced"
+[domain]
+tasks = "scenarios.router:tasks"
+reward = "scenarios.router:reward"
+[domain.agent]
+ref = "actors.openai_agent:OpenAIAgent"
+kwargs = {base_url = "http://127.0.0.1:9/v1", model = "sim", api_key_env = ""}
+[budgets]
+max_cost = 0.5
+"""
+
+
+def test_max_cost_without_a_price_for_the_model_is_refused_before_a_log_is_written(
+        tmp_path, capsys):
+    from actors.cli.main import main
+
+    path, log = tmp_path / "unpriced.toml", tmp_path / "unpriced.evolog"
+    path.write_text(UNPRICED)
+    for verb in ("validate", "run"):
+        assert main([verb, str(path), "--log", str(log)]) == 2, verb
+        err = capsys.readouterr().err
+        assert f"{path}: at `$.budgets.max_cost`: expected a price for the model 'sim'" in err
+        assert 'fix: add under [budgets] prices = {"sim" = [INPUT, OUTPUT]}' in err
+        assert not log.exists(), verb   # nothing ran: fixing the price, the same log is free
+    path.write_text(UNPRICED + 'prices = {"sim" = [0.15, 0.60]}\n')
+    assert main(["validate", str(path), "--log", str(log)]) == 0

@@ -16,6 +16,8 @@ from pathlib import Path
 from actors.cli.groups import check_groups, run_groups
 from actors.cli.progress import RunProgress, exit_code, interrupt_guard
 from actors.errors import BackendFailing, ConfigError
+from actors.openai_agent import OpenAIAgent
+from protocol import Ref
 from actors.runtime.checks import scenario_problems
 from actors.runtime.launch import run_scenario
 from actors.version import PACKAGE_VERSION
@@ -49,9 +51,31 @@ def _load_checked(args: argparse.Namespace):
                                  overwrite=args.overwrite, insecure=args.insecure)
     if not problems and scenario.groups:   # their targets import: do they declare R?
         problems = [p for p in [check_groups(scenario, args.scenario)] if p is not None]
+    if not problems:
+        problems = [p for p in [_unpriced(scenario, args.scenario)] if p is not None]
     for problem in problems:
         _err(problem)
     return 2 if problems else scenario
+
+
+def _unpriced(scenario, source: str) -> str | None:
+    """``max_cost`` with an OpenAIAgent whose model has no price (neither the agent's
+    ``prices`` nor ``[budgets] prices``): the run would refuse at its first call, after
+    writing a log; say it before, as validate. Other agents may price their own calls."""
+    d, b = scenario.domain, scenario.budgets
+    if d is None or b.max_cost is None or not isinstance(d.agent, Ref):
+        return None
+    module, _, name = d.agent.ref.partition(":")
+    cls = getattr(importlib.import_module(module), name, None)   # checked importable
+    model = (d.agent.kwargs or {}).get("model")
+    if not (isinstance(cls, type) and issubclass(cls, OpenAIAgent)) or not model:
+        return None
+    if model in (d.agent.kwargs.get("prices") or {}) or model in (b.prices or {}):
+        return None
+    return (f"{source}: at `$.budgets.max_cost`: expected a price for the model "
+            f"{model!r} (max_cost = {b.max_cost} counts the cost of every call), found none "
+            f"in [budgets] prices nor the agent's prices; fix: add under [budgets] prices = "
+            f'{{"{model}" = [INPUT, OUTPUT]}} (the price of 1M tokens each), or drop max_cost')
 
 
 #: Where a run writes its log when neither the scenario's ``log`` nor --log names one.
