@@ -70,6 +70,24 @@ def test_a_filter_value_that_matches_nothing_is_refused_with_the_valid_ones(args
     assert valid in out.err and args[1] in out.err
 
 
+@pytest.mark.parametrize("args, hint", [
+    (["--type", "Comit"], "--type Comit: no such message type (did you mean Commit?)"),
+    (["--type", "commit"], "(did you mean Commit?)"),
+    (["--actor", "Merger"], "no such actor in"),
+], ids=["typo", "case", "actor-case"])
+def test_a_filter_value_a_letter_off_names_the_one_meant(args, hint, capsys):
+    assert main(["inspect", str(LOG), *args]) == 2
+    err = capsys.readouterr().err
+    assert hint in err
+    if args[0] == "--actor":
+        assert "(did you mean merger?)" in err
+
+
+def test_an_actor_is_not_guessed_from_its_number(capsys):
+    assert main(["inspect", str(LOG), "--actor", "worker-9"]) == 2
+    assert "did you mean" not in capsys.readouterr().err   # worker-9 is not worker-0
+
+
 def test_a_negative_limit_is_refused(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["inspect", str(LOG), "--limit", "-1"])

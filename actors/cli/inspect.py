@@ -14,6 +14,7 @@ line on stderr naming ``evobus repair``.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 import time
@@ -114,16 +115,26 @@ def _check_filters(args, actors: set[str], rounds: set[int]) -> str | None:
     """Why a filter value cannot match anything in this log, naming the valid ones."""
     bad = [t for t in args.type or [] if t not in MESSAGE_TYPES]
     if bad:
-        return (f"--type {', '.join(bad)}: no such message type; valid types: "
-                f"{', '.join(MESSAGE_TYPES)}")
+        return (f"--type {', '.join(bad)}: no such message type{_did_you_mean(bad, MESSAGE_TYPES)}"
+                f"; valid types: {', '.join(MESSAGE_TYPES)}")
     if args.round is not None and args.round not in rounds:
         return (f"--round {args.round}: {args.log} has no such round; its rounds: "
                 f"{', '.join(map(str, sorted(rounds))) or 'none'}")
     bad = [a for a in args.actor or [] if a not in actors]
     if bad:
-        return (f"--actor {', '.join(bad)}: no such actor in {args.log}; its actors: "
-                f"{', '.join(sorted(actors))}")
+        return (f"--actor {', '.join(bad)}: no such actor in {args.log}"
+                f"{_did_you_mean(bad, sorted(actors), cutoff=1.0)}; its actors: {', '.join(sorted(actors))}")
     return None
+
+
+def _did_you_mean(bad: list[str], valid: list[str], cutoff: float = 0.75) -> str:
+    """`` (did you mean Commit?)`` for values a letter or two off a valid one (case
+    aside; ``cutoff=1.0``: only case differs, as worker-9 is not worker-0), else
+    nothing."""
+    folded = {v.lower(): v for v in valid}
+    close = [folded[m[0]] for b in bad
+             if (m := difflib.get_close_matches(b.lower(), list(folded), n=1, cutoff=cutoff))]
+    return f" (did you mean {', '.join(close)}?)" if close else ""
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
