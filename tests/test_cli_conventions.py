@@ -310,3 +310,11 @@ def test_max_cost_without_a_price_for_the_model_is_refused_before_a_log_is_writt
         assert not log.exists(), verb   # nothing ran: fixing the price, the same log is free
     path.write_text(UNPRICED + 'prices = {"sim" = [0.15, 0.60]}\n')
     assert main(["validate", str(path), "--log", str(log)]) == 0
+
+
+def test_the_worker_help_gives_its_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["worker", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for said in ("(threads; default: 1)", "(default: 5.0 s)", "(default: 120.0 s)"):
+        assert said in text, said

@@ -91,7 +91,8 @@ def register(sub) -> None:
                                    "([workers] remote = N, bind = ...) and take leases.")
     w.add_argument("--connect", required=True, metavar="tcp://HOST:PORT",
                    help="the coordinator's [workers] bind address")
-    w.add_argument("--slots", type=int, default=1, help="leases run at once (threads)")
+    w.add_argument("--slots", type=int, default=1,
+                   help="leases run at once (threads; default: %(default)s)")
     w.add_argument("--key", metavar="FILE", help="this worker's secret key (NAME.key_secret)")
     w.add_argument("--server-key", metavar="FILE", help="the broker's public key (server.key)")
     w.add_argument("--allow", action="append", metavar="MODULE",
@@ -99,9 +100,11 @@ def register(sub) -> None:
                         "repeat for several")
     w.add_argument("--id", help="this worker's name (default: HOST-PID-XXXX)")
     w.add_argument("--broker-timeout", type=float, default=5.0, metavar="S",
-                   help="reconnect after this long without a word from the broker")
+                   help="reconnect after this long without a word from the broker "
+                        "(default: %(default)s s)")
     w.add_argument("--give-up", type=float, default=120.0, metavar="S",
-                   help="exit (status 1) after this long without the broker")
+                   help="exit (status 1) after this long without the broker, from the "
+                        "start too: a coordinator not up yet (default: %(default)s s)")
     w.set_defaults(func=cmd_worker)
     k = sub.add_parser("keys", help="write CURVE key pairs for the broker and workers",
                        description="Write the broker's key pair (server.key, "
