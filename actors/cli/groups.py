@@ -58,7 +58,7 @@ def _neither_log_nor_checkpoint(path: str) -> str | None:
     checkpoint (load_checkpoint then decides, an old one has no magic)."""
     try:
         with open(path, "rb") as f:
-            head = f.read(6)
+            head = f.read(512)
     except OSError as exc:
         return (f"{path}: cannot read it ({exc.strerror or exc}); {_RESUMES}; fix: pass "
                 "the path of the run's log")
@@ -66,11 +66,11 @@ def _neither_log_nor_checkpoint(path: str) -> str | None:
             or head[0] in (0xDE, 0xDF):
         return None   # a checkpoint, or a bare msgpack map (one from before the magic)
     if not all(32 <= c < 127 or c in b"\t\r\n" for c in head):
-        return None   # binary: load_checkpoint says what it is not
+        return None   # binary (a damaged checkpoint, say): load_checkpoint says what
     fix = (f"to run a scenario file, `evobus run {path}`; to continue its run, `evobus "
            "resume` the log that run wrote" if path.endswith(".toml")
            else "pass the path of the run's log")
-    return f"{path}: {_RESUMES}; found a text file (it starts with {head!r}); fix: {fix}"
+    return f"{path}: {_RESUMES}; found a text file (it starts with {head[:6]!r}); fix: {fix}"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
