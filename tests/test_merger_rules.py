@@ -211,6 +211,18 @@ def test_the_screen_drops_a_diff_that_does_not_fix_its_own_evidence_task():
     assert [r.task_ids for r in log[:2]] == [["h0"], ["h0"]]
 
 
+def test_a_budget_that_refuses_the_screen_counts_every_proposal_unscored():
+    m = opened(screen=True)
+    m.handle(LeaseDone(lease_id="r0.u0", worker="w", round=0, results=[
+        RolloutResult(task_id="t", score=0.0, diff=d(k)) for k in ("g0", "g1", "g2")]))
+    requests = [msg for _, msg in m.handle(Barrier(round=0)) if isinstance(msg, EvalRequest)]
+    out = [o for r in requests
+           for o in m.handle(EvalDone(eval_id=r.eval_id, score=0.0, unscored="max_calls"))]
+    closed = next(msg for _, msg in out if isinstance(msg, RoundClosed))
+    assert not closed.committed and closed.proposals == 3
+    assert closed.outcomes == {"unscored-at-budget": 3}
+
+
 def test_the_screen_compares_conflicting_variants_on_a_minibatch_first():
     held = [f"h{i}" for i in range(40)]
     m = Merger(screen=True)

@@ -323,8 +323,9 @@ class Merger(ScoreTables, Screening, Probing):
 
     def _close_unscored(self) -> list[Out]:
         m = self.merge
-        undecided = {"variants": len(m.free) + sum(len(g) for g in m.groups),
-                     "verify": len(m.verify) + len(m.fused)}.get(m.stage, len(m.fused))
+        # Whatever stage the budget stopped, every proposal not yet given an outcome is
+        # one left unscored: counting by stage missed the screen's and the probes'.
+        undecided = max(0, m.proposals - sum(m.outcomes.values()))
         self._count(m.outcomes, "unscored-at-budget", undecided)
         return self._close(committed=False)
 
