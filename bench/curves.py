@@ -20,6 +20,7 @@ noise-free model, on test items no library sees, as a fraction of the best reach
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import random
@@ -50,10 +51,18 @@ WHOLE_SPLIT = 10**9
 class Calls:
     """The one counting wrapper: every call of every library goes through it."""
 
-    def __init__(self, domain: Domain, budget: int, seed: int, latency_ms: float = 0.0) -> None:
+    def __init__(self, domain: Domain, budget: int, seed: int, latency_ms: float = 0.0,
+                 repeatable: bool = False) -> None:
         self.domain = domain
         self.budget = budget
+        self.seed = seed
         self.rng = random.Random(seed)
+        #: With ``repeatable`` each call's noise is drawn from (seed, kind, task, prompt,
+        #: the k-th such call) instead of one stream shared by the library's threads, whose
+        #: order follows thread timing: the same statistics, but one seed is one run, so
+        #: two rules can be compared seed for seed.
+        self.repeatable = repeatable
+        self._seen: dict[tuple, int] = {}
         self.n = 0
         self.refused = 0
         self.lock = threading.Lock()
@@ -68,6 +77,16 @@ class Calls:
                 seconds = self.latency_ms / 1000 * self._wait.lognormvariate(0.0, 0.5)
             time.sleep(seconds)
 
+    def _noise(self, kind: str, rendered, task) -> random.Random:
+        """The stream a call draws its noise from (called under the lock)."""
+        if not self.repeatable:
+            return self.rng
+        key = (kind, task.id, rendered)
+        k = self._seen[key] = self._seen.get(key, -1) + 1
+        digest = hashlib.blake2b(f"{self.seed}|{kind}|{task.id}|{k}|{rendered}".encode(),
+                                 digest_size=8).digest()
+        return random.Random(int.from_bytes(digest, "big"))
+
     def reward(self, task, output) -> float:
         return self.domain.reward(task, output)
 
@@ -77,7 +96,7 @@ class Calls:
                 self.refused += 1
                 return SPENT
             self.n += 1
-            answer = self.domain.run(rendered, task, self.rng)
+            answer = self.domain.run(rendered, task, self._noise("run", rendered, task))
         self._latency()
         return answer
 
@@ -87,7 +106,7 @@ class Calls:
                 self.refused += 1
                 return None
             self.n += 1
-            proposal = self.domain.propose(rendered, task, self.rng)
+            proposal = self.domain.propose(rendered, task, self._noise("propose", rendered, task))
         self._latency()
         return proposal
 
@@ -272,9 +291,10 @@ def available(system: str) -> str | None:
     return None
 
 
-def one(name: str, domain_name: str, budget: int, seed: int, latency_ms: float = 0.0) -> dict:
+def one(name: str, domain_name: str, budget: int, seed: int, latency_ms: float = 0.0,
+        repeatable: bool = False) -> dict:
     domain = DOMAINS[domain_name]()
-    calls = Calls(domain, budget, seed, latency_ms)
+    calls = Calls(domain, budget, seed, latency_ms, repeatable)
     t = time.perf_counter()
     rendered = system(name)(domain, calls, seed)
     return {"system": name, "domain": domain_name, "budget": budget, "seed": seed,
@@ -282,7 +302,8 @@ def one(name: str, domain_name: str, budget: int, seed: int, latency_ms: float =
             "seconds": time.perf_counter() - t}
 
 
-def measure(systems, domains, budgets, seeds, latency_ms: float = 0.0) -> list[dict]:
+def measure(systems, domains, budgets, seeds, latency_ms: float = 0.0,
+            repeatable: bool = False) -> list[dict]:
     out = []
     for domain in domains:
         for budget in budgets:
@@ -291,7 +312,7 @@ def measure(systems, domains, budgets, seeds, latency_ms: float = 0.0) -> list[d
                     continue
                 for seed in range(seeds):
                     try:
-                        out.append(one(system, domain, budget, seed, latency_ms))
+                        out.append(one(system, domain, budget, seed, latency_ms, repeatable))
                     except NotApplicable:
                         break
                     logging.getLogger("bench.curves").info("%s", out[-1])
@@ -437,6 +458,9 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--goal", type=float, default=None,
                    help="also print, per domain, the first budget from which the mean "
                         "quality holds at this goal, and the wall clock to it")
+    p.add_argument("--repeatable", action="store_true",
+                   help="draw each call's noise from (seed, task, prompt, k-th call) so one "
+                        "seed is one run whatever the thread timing (same statistics)")
     p.add_argument("-v", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.v else logging.WARNING)
@@ -456,7 +480,7 @@ def main(argv=None) -> list[dict]:
             points = json.load(f)
         systems = [s for s in systems if any(p["system"] == s for p in points)]
     else:
-        points = measure(systems, domains, budgets, seeds, args.latency_ms)
+        points = measure(systems, domains, budgets, seeds, args.latency_ms, args.repeatable)
     header = ("domain", "budget") + tuple(systems)
     rows = summary(points, systems, seconds=args.latency_ms > 0 or args.seconds)
     show(rows, header, args.markdown)

@@ -35,3 +35,15 @@ def test_the_matrix_is_twelve_configurations_with_their_default_rounds():
     assert len(systems) == 12 and "evobus[cp=auto,async,w=16]" in systems
     for name in systems:
         curves.system(name)   # every spec parses
+
+
+def test_repeatable_noise_makes_one_seed_one_run_and_the_shared_stream_draws_per_call():
+    runs = [curves.one("evobus", "router", 1000, seed=3, repeatable=True) for _ in range(2)]
+    assert [(r["calls"], r["quality"]) for r in runs[:1]] == [(r["calls"], r["quality"])
+                                                              for r in runs[1:]]
+    domain = curves.DOMAINS["settings"]()
+    task = domain.tasks[0]
+    a, b = (curves.Calls(domain, 10, seed=3, repeatable=True) for _ in range(2))
+    first = [a._noise("run", "p", task).random() for _ in range(3)]
+    assert first == [b._noise("run", "p", task).random() for _ in range(3)]
+    assert len(set(first)) == 3            # the k-th call of a pair draws anew
