@@ -64,8 +64,6 @@ from actors.runtime.runtime import Runtime, make_log_directory
 log = logging.getLogger(__name__)
 
 
-
-
 #: Guided leases are kept at least this long (by measured branch time) once the queue
 #: runs low: a lease shorter than a bus round trip leaves its worker idle after it.
 MIN_LEASE_S = 0.01
@@ -85,14 +83,6 @@ FLEET_MIN_LEASE_S = 0.15
 
 #: How often ``on_progress`` hears how far a running group has got.
 PROGRESS_S = 1.0
-
-
-
-
-
-
-
-
 
 
 _OPTIONS = {

@@ -303,11 +303,6 @@ class Merger(ScoreTables, Screening, Probing):
             if self.branches is not None and id(diff) in self.branches.unscreened:
                 self._evidence[id(diff)] = (result.task_id, None)
 
-
-
-
-
-
     def _unscored(self, tag) -> list[Out]:
         """A budget was spent before a candidate of this merge could be scored: nothing
         more of it is decided. Once the scores already asked for are back (their calls
@@ -477,11 +472,6 @@ class Merger(ScoreTables, Screening, Probing):
             return self._score_each([d for g in m.groups for d in g])
         return self._to_fused()
 
-
-
-
-
-
     def _with_held(self, diffs: list[Diff]) -> list[Diff]:
         """This merge's diffs, then those held by the one before (those that still
         change the head; not screened again: a diff met again is a ``duplicate`` in
@@ -576,16 +566,6 @@ class Merger(ScoreTables, Screening, Probing):
                 return self._no_commit()
             return self._bisect(best)
         raise AssertionError(f"merger in unknown stage {m.stage!r}")
-
-
-
-
-
-
-
-
-
-
 
     def _bisect(self, diffs: list[Diff]) -> list[Out]:
         """Score both halves of ``diffs`` (in plan order) on top of the head."""

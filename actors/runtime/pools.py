@@ -55,10 +55,6 @@ log = logging.getLogger(__name__)
 WORKER_ROLE = {_S: (LeaseDone, Heartbeat, CallsAsk), REGISTRY: (Join, Hello, Refused)}
 
 
-
-
-
-
 #: Process workers get this long to leave after the run's Stop before being terminated.
 PROCESS_STOP_DEADLINE_S = 5.0
 #: A process worker that dies is started again, under a new name, at most this many
