@@ -5,8 +5,6 @@ to end: the same run whatever the thread timing, and a cut run resumes to it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from actors import DataParallel, SingleSlot, evolve
@@ -17,9 +15,9 @@ from actors.machines.planner import Planner
 from actors.replay.resume import ResumePoint, resume
 from actors.workers.core import WorkerCore
 from bus.log import read_log
-from protocol import (Barrier, Baseline, Branched, Commit, Diff, EvalDone, EvalRequest, Lease,
-                      LeaseBatch, LeaseDone, Open, RolloutResult, RoundClosed, Start, Task,
-                      decode)
+from protocol import (Barrier, Baseline, Branched, Commit, Diff, Lease, LeaseBatch, LeaseDone,
+                      Open, RolloutResult, RoundClosed, Start, Task, decode)
+from tests.merger_drive import answer_evals
 
 HELD = [f"h{i}" for i in range(10)]
 
@@ -34,19 +32,7 @@ def held_out_score(state: dict[str, str], task: str) -> float:
 
 
 def answer(m: Merger, out: list, log: list | None = None) -> list:
-    result, pending = [], list(out)
-    while pending:
-        to, msg = pending.pop(0)
-        if isinstance(msg, EvalRequest):
-            if log is not None:
-                log.append(msg)
-            scores = {t: held_out_score(msg.state, t) for t in msg.task_ids}
-            pending += m.handle(EvalDone(eval_id=msg.eval_id,
-                                         score=sum(scores.values()) / len(scores),
-                                         scores=scores))
-        else:
-            result.append((to, msg))
-    return result
+    return answer_evals(m, out, held_out_score, log)
 
 
 def opened() -> Merger:

@@ -10,6 +10,7 @@ from actors.machines.merger import Merger
 from actors.machines.scoring import NOISE_MIN_DF, NoiseMeter
 from protocol import Barrier, Commit, Diff, EvalDone, EvalRequest, Finish, LeaseDone, Open, \
     RolloutResult, RoundClosed
+from tests.merger_drive import answer_evals
 
 HELD = [f"h{i}" for i in range(8)]
 #: Held-out task -> the key it needs (h6, h7 need none: only "bad" solves them).
@@ -37,18 +38,7 @@ def d(key: str) -> Diff:
 def answer(m: Merger, out: list, log: list) -> list:
     """Answer every EvalRequest (per-task scores from ``solves``) until none is left;
     the requests are kept in ``log``."""
-    result, pending = [], list(out)
-    while pending:
-        to, msg = pending.pop(0)
-        if isinstance(msg, EvalRequest):
-            log.append(msg)
-            scores = {t: solves(msg.state, t) for t in msg.task_ids}
-            pending += m.handle(EvalDone(eval_id=msg.eval_id,
-                                         score=sum(scores.values()) / len(scores),
-                                         scores=scores))
-        else:
-            result.append((to, msg))
-    return result
+    return answer_evals(m, out, solves, log)
 
 
 def opened(**rules) -> Merger:
@@ -321,17 +311,7 @@ def test_an_accepted_pair_that_shadows_a_blocked_edit_together_is_retired():
     log: list = []
 
     def ask(out):
-        result, pending = [], list(out)
-        while pending:
-            to, msg = pending.pop(0)
-            if isinstance(msg, EvalRequest):
-                log.append(msg)
-                scores = {t: solves_pair(msg.state, t) for t in msg.task_ids}
-                pending += m.handle(EvalDone(eval_id=msg.eval_id, scores=scores,
-                                             score=sum(scores.values()) / len(scores)))
-            else:
-                result.append((to, msg))
-        return result
+        return answer_evals(m, out, solves_pair, log)
 
     ask(m.handle(Open(heldout_ids=held, initial_state=head)))
     assert m.score == 2 / 6

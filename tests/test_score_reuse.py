@@ -13,6 +13,7 @@ from actors import KeyedRules, evolve
 from actors.machines.merger import Merger
 from actors.machines.reuse import PairScores, mean_in_id_order
 from protocol import Barrier, Diff, EvalDone, EvalRequest, LeaseDone, Open, RolloutResult
+from tests.merger_drive import answer_evals
 from scenarios import router
 
 HELD = [f"h{i}" for i in range(6)]
@@ -24,17 +25,7 @@ def solves(state: dict[str, str], task: str) -> float:
 
 def answer(m: Merger, out: list, asked: list) -> list:
     """Answer every EvalRequest with per-task scores (``asked`` keeps the requests)."""
-    result, pending = [], list(out)
-    while pending:
-        to, msg = pending.pop(0)
-        if isinstance(msg, EvalRequest):
-            asked.append(msg)
-            scores = {t: solves(msg.state, t) for t in msg.task_ids}
-            pending += m.handle(EvalDone(eval_id=msg.eval_id, scores=scores,
-                                         score=mean_in_id_order(scores)))
-        else:
-            result.append((to, msg))
-    return result
+    return answer_evals(m, out, solves, asked, mean=mean_in_id_order)
 
 
 def test_pair_scores_split_what_is_known_and_complete_an_answer_to_a_full_one():
