@@ -28,9 +28,8 @@ from dataclasses import dataclass
 
 import msgspec
 
-from actors.artifacts import rule_id
-from actors.machines.candidates import apply
-from protocol import REMOVE, Diff, LeaseDone, RolloutResult
+from actors.machines.candidates import apply, named_diff, ops_between
+from protocol import Diff, LeaseDone, RolloutResult
 
 #: A branch is carried this many rounds at most (then its unit starts from the head).
 BRANCH_ROUNDS = 6
@@ -54,12 +53,6 @@ class Branch:
     def evidence(self, prior: float) -> float:
         recent = self.scores[-WINDOW:]
         return (sum(recent) + PRIOR * prior) / (len(recent) + PRIOR)
-
-
-def against(head: dict[str, str], state: dict[str, str]) -> dict[str, str]:
-    """The ops that turn ``head`` into ``state`` (a key ``state`` lacks is removed)."""
-    return {k: state.get(k, REMOVE) for k in sorted(head.keys() | state.keys())
-            if state.get(k, REMOVE) != head.get(k, REMOVE)}
 
 
 class Branches:
@@ -103,14 +96,13 @@ class Branches:
                         state, _scores(results[position + 1:])))
             return msg
         state = apply(base.state, [r.diff for r in results if r.diff is not None])
-        ops = against(head, state)
+        ops = ops_between(head, state)
         if not results or not ops:
             return msg
         at = next((i for i, r in enumerate(results) if r.diff is not None), 0)
         first = results[at].diff
         author = first.author if first is not None else msg.worker
-        diff = Diff(f"{author}:branch{msg.unit}:{msg.version}:"
-                    f"{rule_id(repr(sorted(ops.items())))}", author, msg.version, ops)
+        diff = named_diff(author, f"branch{msg.unit}", msg.version, ops)
         self.grown[id(diff)] = (msg.unit, Branch(state, base.scores + _scores(results),
                                                  base.age + 1))
         if first is None:
@@ -123,12 +115,7 @@ class Branches:
     def pick(self, group: list[Diff], head_score: float) -> Diff:
         """Of a conflict group (plan order), the diff with the best train evidence; the
         first on a tie."""
-        best, best_ev = group[0], self._evidence(group[0], head_score)
-        for d in group[1:]:
-            ev = self._evidence(d, head_score)
-            if ev > best_ev:
-                best, best_ev = d, ev
-        return best
+        return max(group, key=lambda d: self._evidence(d, head_score))   # max: the first
 
     def _evidence(self, diff: Diff, prior: float) -> float:
         known = self.grown.get(id(diff))
@@ -148,7 +135,7 @@ class Branches:
                 continue
             b = known[1]
             if head != before:   # rebased by its keys
-                b = Branch(apply(head, [Diff("", "", 0, against(before, b.state))]),
+                b = Branch(apply(head, [Diff("", "", 0, ops_between(before, b.state))]),
                            b.scores, b.age)
             if b.state != head:
                 kept[known[0]] = b

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from actors.artifacts import rule_id
 from actors.machines.attribution import Probe
 from protocol import REMOVE, Diff
 
@@ -19,6 +20,23 @@ def apply(state: dict[str, str], diffs: list[Diff]) -> dict[str, str]:
         for key in [k for k, v in new.items() if v == REMOVE]:
             del new[key]
     return new
+
+
+def ops_between(before: dict[str, str], after: dict[str, str],
+                keys=None) -> dict[str, str]:
+    """The ops that turn ``before`` into ``after`` (a key ``after`` lacks is removed),
+    over ``keys`` in their order (by default every key of either, sorted)."""
+    if keys is None:
+        keys = sorted(before.keys() | after.keys())
+    return {k: after.get(k, REMOVE) for k in keys
+            if after.get(k, REMOVE) != before.get(k, REMOVE)}
+
+
+def named_diff(author: str, tag: str, version: int, ops: dict[str, str]) -> Diff:
+    """A diff made of several (a chain's folded links, a branch), named by its ops so
+    the same edits get the same id on every run."""
+    return Diff(f"{author}:{tag}:{version}:{rule_id(repr(sorted(ops.items())))}",
+                author, version, ops)
 
 
 def state_key(state: dict[str, str]) -> frozenset:

@@ -299,9 +299,8 @@ class Merger(ScoreTables, Screening, Probing):
             if held is None:
                 held = self.pending.setdefault(bucket, [])
             held.append((unit, position, diff, result.task_id))
-            self._evidence[id(diff)] = (result.task_id, result.score)
-            if self.branches is not None and id(diff) in self.branches.unscreened:
-                self._evidence[id(diff)] = (result.task_id, None)
+            unscreened = self.branches is not None and id(diff) in self.branches.unscreened
+            self._evidence[id(diff)] = (result.task_id, None if unscreened else result.score)
 
     def _unscored(self, tag) -> list[Out]:
         """A budget was spent before a candidate of this merge could be scored: nothing
@@ -604,10 +603,13 @@ class Merger(ScoreTables, Screening, Probing):
         m = self.merge
         self.merge = None
         self._trim_cache()
+        pending = {id(p[2]) for bucket in self.pending.values() for p in bucket}
         if self._evidence:   # only the diffs still held keep theirs (stale ones go)
-            held = {id(p[2]) for bucket in self.pending.values() for p in bucket}
-            self._evidence = {k: v for k, v in self._evidence.items() if k in held}
-        bases = {} if self.branches is None else self._settle_branches(m)
+            self._evidence = {k: v for k, v in self._evidence.items() if k in pending}
+        bases = {}
+        if self.branches is not None:
+            bases = self.branches.settle(m.round, m.lost, self.state)
+            self.branches.prune(pending)
         if not self.asynchronous:
             out: list[Out] = [(PLANNER, RoundClosed(
                 round=m.round, version=self.version, committed=committed,
@@ -634,11 +636,6 @@ class Merger(ScoreTables, Screening, Probing):
         if (self._due and not final) or (more and self._ready()):
             out += self._start_async()
         return out
-
-    def _settle_branches(self, m: Merge) -> dict[int, dict[str, str]]:
-        bases = self.branches.settle(m.round, m.lost, self.state)
-        self.branches.prune({id(p[2]) for bucket in self.pending.values() for p in bucket})
-        return bases
 
     def _finish(self, msg: Finish) -> list[Out]:
         outcomes = dict(self.outcomes)

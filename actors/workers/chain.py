@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import msgspec
 
-from actors.artifacts import rule_id
-from actors.machines.candidates import apply, components
-from protocol import REMOVE, Diff, RolloutResult
+from actors.machines.candidates import apply, components, named_diff, ops_between
+from protocol import Diff, RolloutResult
 
 
 class Chain:
@@ -53,14 +52,11 @@ class Chain:
                 out[positions[0]] = self.links[group[0]][1]
                 continue
             keys = {k: None for i in group for k in self.links[i][1].ops}
-            ops = {k: self.state.get(k, REMOVE) for k in keys
-                   if self.state.get(k, REMOVE) != self.base.get(k, REMOVE)}
+            ops = ops_between(self.base, self.state, keys)
             if ops:
                 first = self.links[group[0]][1]
-                out[positions[0]] = Diff(
-                    f"{first.author}:chain{len(group)}:{first.base_version}:"
-                    f"{rule_id(repr(sorted(ops.items())))}",
-                    first.author, first.base_version, ops)
+                out[positions[0]] = named_diff(first.author, f"chain{len(group)}",
+                                               first.base_version, ops)
         return out
 
     def report(self, results: list[RolloutResult]) -> list[RolloutResult]:
