@@ -532,14 +532,16 @@ class Fleet:
         never waits for a branch queued behind it on that slot."""
         host = self.host
         order = host.order if host is not None and msg.group_id == self.gid else None
-        j = msg.args[0] if len(msg.args) == 1 else None
-        if order is not None and (j.__class__ is not int or not 0 <= j < order.n):
-            self.bus.send(RELAY, msg.worker, HostReply(
-                call_id=msg.call_id, error_type="ValueError",
-                error=f"worker {msg.worker} asked for the turn of branch {j!r}, not one "
-                      f"of the group's {order.n}"))
+        if order is None:
+            self.bus.send(RELAY, msg.worker, HostReply(call_id=msg.call_id, value=True))
             return
-        if order is None or order.reached(order.need(j)):
+        try:
+            j = _branch_arg(msg, order, "asked for the turn of")
+        except ValueError as exc:
+            self.bus.send(RELAY, msg.worker, HostReply(
+                call_id=msg.call_id, error_type="ValueError", error=str(exc)))
+            return
+        if order.reached(order.need(j)):
             self.bus.send(RELAY, msg.worker, HostReply(call_id=msg.call_id, value=True))
             return
         with self.lock:
@@ -553,12 +555,9 @@ class Fleet:
 
     def _mark(self, host, msg: HostCall) -> None:
         order = host.order
-        j = msg.args[0] if len(msg.args) == 1 else None
         if order is None:
             return
-        if j.__class__ is not int or not 0 <= j < order.n:
-            raise ValueError(f"worker {msg.worker} reported the start of branch {j!r}, not "
-                             f"one of the group's {order.n}")
+        j = _branch_arg(msg, order, "reported the start of")
         _traced(host, j)
         order.mark(j)
 
@@ -737,6 +736,16 @@ class Fleet:
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
+
+
+def _branch_arg(msg: HostCall, order, what: str) -> int:
+    """The branch an ``order.*`` call names: one of the group's, or a ValueError naming
+    the peer (a peer may only name branches of the group it serves)."""
+    j = msg.args[0] if len(msg.args) == 1 else None
+    if j.__class__ is not int or not 0 <= j < order.n:
+        raise ValueError(f"worker {msg.worker} {what} branch {j!r}, not one of the "
+                         f"group's {order.n}")
+    return j
 
 
 def _traced(host, j: int) -> None:
