@@ -301,8 +301,7 @@ class GroupWorker(Worker):
             indices = run.lease.indices
             if pos >= len(indices) or indices[pos] != i or not run.box.running:
                 continue   # not the next of its lease, or its worker has not started
-            need = (0 if i < bound else max(i - bound + 1, bound)) if run.lease.in_order \
-                else 0
+            need = order.need(i) if run.lease.in_order else 0
             if need > low:
                 soonest = need
                 break
@@ -370,9 +369,6 @@ class BranchRunner:
         def give_up() -> bool:
             return host.cancelled or host.holding
 
-        def wait_steal(need: int) -> int | None:
-            return steal(run)
-
         def rest() -> list[int]:
             nonlocal took
             left = run.rest(not took)
@@ -405,7 +401,7 @@ class BranchRunner:
                     # Before taking a live-branch slot: a worker waiting for its turn holds
                     # none (and has not taken the branch: another may, once it may start).
                     if in_order and not order.wait(indices[pos], give_up,
-                                                   steal and wait_steal):
+                                                   steal and (lambda _need: steal(run))):
                         return answer(rest())
                     if not run.take(pos, not took):
                         continue   # taken meanwhile by a waiting worker
