@@ -177,6 +177,49 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path, env):
     assert len(records) > 50
 
 
+def interrupt_after_a_round(args, *, cwd, env, signum) -> tuple[int, str]:
+    """Start ``evobus ARGS``, wait for its first round line, send ``signum``: (exit code,
+    stderr)."""
+    proc = subprocess.Popen([sys.executable, "-m", "actors.cli", *args], cwd=cwd, env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for line in proc.stdout:  # wait for the first round: the run is under way
+            if "  round " in line:
+                break
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)
+    return proc.returncode, stderr
+
+
+def shape(text: str, *paths: Path) -> str:
+    """A stop message with its numbers and log paths taken out."""
+    for i, path in enumerate(paths):
+        text = text.replace(str(path), f"LOG{i}")
+    return re.sub(r"(round|merge)s\b", r"\1", re.sub(r"[\d.,]+", "N", text))
+
+
+@pytest.mark.slow
+def test_resume_stopped_by_ctrl_c_says_what_run_says(tmp_path, env):
+    signum = signal.SIGINT
+    scenario = tmp_path / "slow.toml"
+    scenario.write_text(SLOW)
+    log = tmp_path / "slow.evolog"
+    code, run_err = interrupt_after_a_round(["run", str(scenario), "--log", str(log)],
+                                            cwd=tmp_path, env=env, signum=signum)
+    assert code == 128 + signum, run_err
+    code, resume_err = interrupt_after_a_round(["resume", str(log)], cwd=tmp_path, env=env,
+                                               signum=signum)
+    assert code == 128 + signum, resume_err
+    resumed = tmp_path / "slow.r1.evolog"
+    assert f"evobus resume {resumed}" in resume_err and "Traceback" not in resume_err
+    # One message from one place: only the numbers and the log differ.
+    assert shape(resume_err, resumed) == shape(run_err, log), (run_err, resume_err)
+
+
 def test_a_second_ctrl_c_while_stopping_only_says_so():
     err = io.StringIO()
     with pytest.raises(KeyboardInterrupt):

@@ -21,7 +21,7 @@ from pathlib import Path
 import msgspec
 
 from actors.cli.learned import learned_from, read_chain
-from actors.cli.progress import RunProgress, interrupt_guard
+from actors.cli.progress import RunProgress, interrupt_guard, stopped
 from actors.errors import ConfigError
 from actors.runtime.evolve import evolve
 from actors.runtime.launch import evolve_kwargs
@@ -146,9 +146,8 @@ def cmd_fork(args: argparse.Namespace) -> int:
             result = evolve(**kwargs, on_progress=progress)
     except ConfigError as exc:
         return _err(f"{source}: {exc}")
-    except KeyboardInterrupt:
-        print(f"evobus: {progress.interrupted(str(new_log))}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: actors and log closed
+        return stopped(progress, exc, str(new_log))
     if args.json:
         print(json.dumps({
             "forked": str(args.log), "from_version": version.version,

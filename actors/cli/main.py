@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 
 from actors.cli.groups import check_groups, run_groups
-from actors.cli.progress import RunProgress, exit_code, interrupt_guard
+from actors.cli.progress import RunProgress, exit_code, interrupt_guard, stopped
 from actors.errors import BackendFailing, ConfigError
 from actors.openai_agent import OpenAIAgent
 from protocol import Ref
@@ -139,9 +139,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _err(f"{args.scenario}: halted: {exc.error}{where}")
         return 1
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: actors and log closed
-        how = "interrupted" if exit_code(exc) == 130 else f"stopped by {exc}"
-        print(f"evobus: {progress.interrupted(log_path, how)}", file=sys.stderr)
-        return exit_code(exc)
+        return stopped(progress, exc, log_path)
     except Exception as exc:  # the user's code (tasks, agent) or a crashed actor: one line
         log.debug("run failed", exc_info=True)
         _err(f"{args.scenario}: the run failed: {type(exc).__name__}: {exc} "

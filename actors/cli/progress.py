@@ -42,7 +42,7 @@ from actors.cli.live import InRound, RoundSnapshot
 from bus.log import LogCorrupt, read_log
 
 __all__ = ["GroupProgressView", "Interrupted", "RunProgress", "exit_code", "interrupt_guard",
-           "outcome_text"]
+           "outcome_text", "stopped"]
 
 
 def outcome_text(outcomes: dict[str, int], sep: str = ", ") -> str:
@@ -531,6 +531,16 @@ class Interrupted(KeyboardInterrupt):
 def exit_code(exc: KeyboardInterrupt) -> int:
     """128 + the signal that stopped the run (130 for a plain KeyboardInterrupt)."""
     return 128 + getattr(exc, "signum", signal.SIGINT)
+
+
+def stopped(progress: "RunProgress", exc: KeyboardInterrupt, log_path: str | None) -> int:
+    """A run stopped by Ctrl-C, SIGTERM or SIGHUP (`evobus run`, `evobus resume`, a fork):
+    say so on stderr, one message for all of them, and return the exit code (128 + the
+    signal). ``log_path``: the newest log of the run (a resume that had not started its
+    own yet names the log it resumes)."""
+    how = "interrupted" if exit_code(exc) == 130 else f"stopped by {exc}"
+    print(f"evobus: {progress.interrupted(log_path, how)}", file=sys.stderr)
+    return exit_code(exc)
 
 
 #: The signals that stop a run the way Ctrl-C does (SIGHUP: the terminal went away).

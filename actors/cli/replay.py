@@ -17,7 +17,7 @@ from actors.groups.checkpoint import load_checkpoint
 from actors.replay.verify import replay_many
 from actors.errors import BackendFailing, ConfigError, RunFailed
 from actors.replay.resume import ResumePoint, next_log_path, resume_scenario_log
-from actors.cli.progress import RunProgress, exit_code, interrupt_guard
+from actors.cli.progress import RunProgress, interrupt_guard, stopped
 from actors.replay.engine import META_SCENARIO_TOML
 from protocol.scenario import ScenarioError, parse_scenario
 from bus.log import LogCorrupt
@@ -171,8 +171,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
         progress.stop()
         return _err(str(exc))
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: actors and log closed
-        progress.stop()
-        return _stopped(exc, new_log if new_log.exists() else point.path)
+        # What `evobus run` says; before this resume wrote a log, the one it resumes.
+        return stopped(progress, exc, str(new_log if new_log.exists() else point.path))
     except Exception as exc:  # the user's code (tasks, agent) or a crashed actor: one line
         progress.stop()
         log.debug("resume failed", exc_info=True)
@@ -221,13 +221,6 @@ def _progress(point: ResumePoint, args: argparse.Namespace, new_log: Path) -> Ru
                            log_path=str(new_log), doing="resuming")
     progress.carry_on(point.contents)
     return progress
-
-
-def _stopped(exc: KeyboardInterrupt, newest: Path) -> int:
-    how = "interrupted" if exit_code(exc) == 130 else f"stopped by {exc}"
-    print(f"evobus: the resumed run was {how}; the log {newest} is closed. Resume the run "
-          f"with:\n    evobus resume {newest}", file=sys.stderr)
-    return exit_code(exc)
 
 
 # ---------------------------------------------------------------------------
