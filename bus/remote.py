@@ -391,6 +391,11 @@ class RemoteEndpoint:
         self.last_frame = time.monotonic()
         self._flush_s = 0.0
         self.heard = threading.Event()  # the broker has answered at least once
+        # What the transport saw, for a worker that never heard from the broker to say
+        # why: a TCP (or ipc) connection made at least once, and connects that failed
+        # (refused: nothing listens there) and were retried.
+        self.transport_connected = False
+        self.connect_failures = 0
         self._handlers: dict[str, Deliver] = {}
         self._acks: dict[str, threading.Event] = {}
         # Queued frames: bytes (a one-frame message) or a list of frames (control).
@@ -506,7 +511,8 @@ class RemoteEndpoint:
             secure_client(sock, self.keys)
         monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH
                                           | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                                          | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+                                          | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                                          | zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED)
         sock.connect(self.address)
         with self._lock:
             names = list(self._handlers)
@@ -579,8 +585,10 @@ class RemoteEndpoint:
                     next_ping = max(now, self.last_heard) + quiet
                 if now - self.last_heard > self.broker_timeout:
                     # Paranoid Pirate: the broker went quiet; a new socket after a backoff.
-                    log.warning("remote endpoint: nothing from %s for %.1f s; reconnecting "
-                                "in %.2f s", self.address, now - self.last_heard, backoff)
+                    # Never heard: no broker yet, which the worker says in its own words.
+                    (log.warning if self.heard.is_set() else log.info)(
+                        "remote endpoint: nothing from %s for %.1f s; reconnecting in "
+                        "%.2f s", self.address, now - self.last_heard, backoff)
                     self._close_socket(sock, monitor)
                     if self._stop.wait(backoff):
                         return
@@ -680,3 +688,7 @@ class RemoteEndpoint:
                 log.error("remote endpoint: %s with %s", self.auth_error, self.address)
             elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.auth_error = None
+            elif event["event"] == zmq.EVENT_CONNECTED:
+                self.transport_connected = True
+            elif event["event"] == zmq.EVENT_CONNECT_RETRIED:
+                self.connect_failures += 1

@@ -251,12 +251,58 @@ def test_evobus_worker_says_when_it_connects_what_it_runs_and_how_it_ends(tmp_pa
     waiting = [line for line in t.err.lines if "waiting up to 30 s (wait_seconds)" in line]
     assert waiting and f"start each with `evobus worker --connect {t.addr}" in waiting[0]
     mine = [line for line in said if line.startswith("evobus worker w0: ")]
-    assert mine[0] == f"evobus worker w0: connecting to {t.addr} ..."
+    assert mine[0] == (f"evobus worker w0: connecting to {t.addr} (giving up after 30 s "
+                       "without an answer) ...")
     assert mine[1] == f"evobus worker w0: connected to {t.addr}; waiting for the run's spec"
     assert mine[2].startswith("evobus worker w0: running run tests.remote_domain:run + "
                               "propose tests.remote_domain:propose (run ")
     assert mine[-1].startswith("evobus worker w0: stopped by the coordinator (")
     assert "lease(s)" in mine[-1]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:   # bound then closed: nothing listens there afterwards
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_worker_whose_broker_is_not_there_says_it_cannot_reach_it_and_exits_1(clean_env):
+    import time
+
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    # A new socket after 1.5 s of silence: the old worker said "reconnected" there.
+    out = evobus("worker", "--connect", addr, "--give-up", "3", "--broker-timeout", "1.5",
+                 "--allow", "scenarios", cwd=TESTS, env=clean_env)
+    took = time.monotonic() - t0
+    said = out.stdout + out.stderr
+    assert out.returncode == 1, said
+    assert "reconnect" not in said and "lost the broker" not in said, said
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"evobus: worker ") and f"cannot reach the broker at {addr}" in last
+    # What it tried, for how long, and the fix.
+    for part in ("refused: nothing listens there", "for 3 s", "start the coordinator first",
+                 f'bind = "{addr}"', "--give-up"):
+        assert part in last, (part, last)
+    assert f"no broker at {addr} yet" in out.stdout, said
+    assert took < 3 + 15, took   # its give-up, the interpreter's start on a loaded machine
+
+
+def test_a_worker_whose_broker_address_is_another_service_says_so(clean_env):
+    import socket
+
+    with socket.socket() as listener:   # accepts TCP connections, speaks no ZeroMQ
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        addr = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+        out = evobus("worker", "--connect", addr, "--give-up", "2", "--allow", "scenarios",
+                     cwd=TESTS, env=clean_env)
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 1 and f"cannot reach the broker at {addr}" in last, out.stderr
+    assert "a connection was made there, but no evobus broker answered" in last, last
+    assert "not another service's" in last
 
 
 def test_replay_of_a_run_with_a_lost_worker_prints_no_live_warnings(clean_env, tmp_path):
@@ -318,3 +364,13 @@ def test_the_worker_help_gives_its_defaults(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for said in ("(threads; default: 1)", "(default: 5.0 s)", "(default: 120.0 s)"):
         assert said in text, said
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--broker-timeout", "1"], "--broker-timeout 1: expected more than 1 s"),
+    (["--give-up", "0"], "--give-up 0: expected a number of seconds > 0"),
+])
+def test_worker_timings_that_cannot_work_are_refused_in_one_line(flags, says, capsys):
+    assert main(["worker", "--connect", "tcp://127.0.0.1:9", *flags]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from actors.errors import ConfigError
 from actors.groups.served import BranchService
-from actors.workers.remote import RemoteWorker, default_worker_id
+from actors.workers.remote import PING_S, RemoteWorker, default_worker_id
 from bus.security import create_keys, load_client_keys, loopback_only
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
             keys = load_client_keys(args.key, args.server_key)
         except ValueError as exc:
             return _err(str(exc))
+    if not args.broker_timeout > PING_S:   # the endpoint pings a quiet line every second
+        return _err(f"--broker-timeout {args.broker_timeout:g}: expected more than "
+                    f"{PING_S:g} s (the worker pings a quiet line every {PING_S:g} s and "
+                    "waits for the answer); fix: leave it out (5 s) or give a larger value")
+    if not args.give_up > 0:
+        return _err(f"--give-up {args.give_up:g}: expected a number of seconds > 0 (how long "
+                    "the worker waits without a word from the broker before it exits)")
     if not args.connect.startswith(("tcp://", "ipc://")):
         return _err(f"--connect {args.connect!r}: expected tcp://HOST:PORT (or ipc://PATH)")
     if keys is None and args.connect.startswith("tcp://"):
@@ -56,10 +63,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not args.allow:
         log.warning("no --allow given: this worker will only run evobus's own strategies; "
                     "allow the modules the coordinator names (e.g. --allow scenarios)")
-    print(f"evobus worker {name}: connecting to {args.connect} ...", flush=True)
+    print(f"evobus worker {name}: connecting to {args.connect} (giving up after "
+          f"{args.give_up:g} s without an answer) ...", flush=True)
     code = worker.run()
     if code == 2:
         return _err(f"worker {worker.name}: refused the run: {worker.stop_reason or 'see above'}")
+    if code == 1 and not worker.reached:
+        return _err(f"worker {worker.name}: {worker.stop_reason}", 1)
     if code == 1:
         return _err(f"worker {worker.name}: lost the broker at {args.connect}: "
                     f"{worker.stop_reason}", 1)
@@ -100,8 +110,8 @@ def register(sub) -> None:
                         "repeat for several")
     w.add_argument("--id", help="this worker's name (default: HOST-PID-XXXX)")
     w.add_argument("--broker-timeout", type=float, default=5.0, metavar="S",
-                   help="reconnect after this long without a word from the broker "
-                        "(default: %(default)s s)")
+                   help="reconnect after this long without a word from the broker; "
+                        "more than 1 s (default: %(default)s s)")
     w.add_argument("--give-up", type=float, default=120.0, metavar="S",
                    help="exit (status 1) after this long without the broker, from the "
                         "start too: a coordinator not up yet (default: %(default)s s)")

@@ -63,6 +63,8 @@ EXIT_STOPPED, EXIT_LOST, EXIT_REFUSED = 0, 1, 2
 #: A Join not answered with a Spec this soon is sent again (the registry may not have
 #: been listening yet, or the frame was lost with a connection).
 JOIN_RETRY_S = 1.0
+#: The endpoint pings a line quiet this long (seconds); the broker timeout must exceed it.
+PING_S = 1.0
 #: How long a leaving worker waits for the calls its slots are in the middle of: a request
 #: cut off mid-flight may still be billed, and its usage would never be reported. What is
 #: queued behind them is dropped (the coordinator re-dispatches or no longer needs it).
@@ -175,12 +177,16 @@ class RemoteWorker:
         #: worker serves them too: built with (name, allow, send) once connected.
         self.branch_service = branches
         self.branches = None
+        self.started = time.monotonic()   # run() begins trying to reach the broker
+        self._said_waiting = False         # "no broker yet" is said once
 
     # -- the main thread ----------------------------------------------------------------------
 
     def run(self) -> int:
-        """Serve until Stop (0), a lost broker (1) or a refused spec (2)."""
-        self.ep = RemoteEndpoint(self.connect, keys=self.keys, ping_interval=1.0,
+        """Serve until Stop (0), a lost or never reached broker (1) or a refused spec (2);
+        ``stop_reason`` says why it ended (the caller reports it)."""
+        self.started = time.monotonic()
+        self.ep = RemoteEndpoint(self.connect, keys=self.keys, ping_interval=PING_S,
                                  broker_timeout=self.broker_timeout,
                                  on_reconnect=self._on_reconnect, name=self.name,
                                  ctx=self.ctx)
@@ -191,9 +197,9 @@ class RemoteWorker:
                 self.stop_reason = f"{exc}; start the worker with another --id"
                 log.error("worker %s: %s", self.name, self.stop_reason)
                 return EXIT_REFUSED
-            except TimeoutError as exc:
-                self.stop_reason = str(exc)
-                log.error("worker %s: %s", self.name, exc)
+            except TimeoutError as exc:   # the caller says it (stop_reason), once
+                self.stop_reason = str(exc) if self.ep.auth_error else self._unreachable()
+                log.info("worker %s: %s", self.name, self.stop_reason)
                 return EXIT_LOST
             if self.branch_service is not None:
                 self.branches = self.branch_service(
@@ -207,7 +213,8 @@ class RemoteWorker:
             self.done.set()
             self._release_slots()
             self._drain_slots()
-            self.ep.close(flush=1.0)
+            # Last answers get a second to leave; to a broker never reached nothing can.
+            self.ep.close(flush=1.0 if self.reached else 0.0)
 
     def _serve(self) -> int:
         while True:
@@ -224,8 +231,8 @@ class RemoteWorker:
                     self._join()
                 if time.monotonic() - self.ep.last_frame > self.give_up:
                     self.stop_reason = f"no word from the broker for {self.give_up:g} s"
-                    log.error("worker %s: no word from the broker at %s for %.0f s; giving up",
-                              self.name, self.connect, self.give_up)
+                    log.info("worker %s: no word from the broker at %s for %.0f s; giving up",
+                             self.name, self.connect, self.give_up)   # the caller says it
                     return EXIT_LOST
                 continue
             match item:
@@ -395,11 +402,46 @@ class RemoteWorker:
             self.held.add(lease.lease_id)
         self.slot_queues[index].put(lease)
 
+    @property
+    def reached(self) -> bool:
+        """Whether the broker ever answered this worker (else it was never connected)."""
+        return self.ep is not None and self.ep.heard.is_set()
+
     def _on_reconnect(self) -> None:
+        if not self.reached:   # never connected: not a reconnect; attach() still waits
+            if not self._said_waiting:
+                self._said_waiting = True
+                self.say(f"no broker at {self.connect} yet ({self._transport()}); trying "
+                         f"again until {self.give_up:g} s have passed (--give-up)")
+            return
         # A new connection: the broker (maybe a restarted one) must hear from us again;
         # the registry answers with the spec and we say hello listing what we hold.
         log.warning("worker %s: reconnected to %s; joining again", self.name, self.connect)
         self._join()
+
+    def _transport(self) -> str:
+        """What the transport saw of a broker that never answered."""
+        ep = self.ep
+        if ep.transport_connected:
+            return "a connection was made there, but no evobus broker answered on it"
+        if ep.connect_failures:
+            return (f"{ep.connect_failures} connection attempt(s) refused: nothing listens "
+                    "there")
+        return "no connection could be made yet"
+
+    def _unreachable(self) -> str:
+        """Why a worker that never heard from its broker gives up, and the fix."""
+        tried = f"for {time.monotonic() - self.started:.0f} s"
+        if self.ep.transport_connected:
+            fix = ("check that --connect names the coordinator's [workers] bind address "
+                   "and not another service's, and that --key/--server-key are the keys "
+                   "its `evobus keys` wrote (a CURVE broker answers no plain peer)")
+        else:
+            fix = (f"start the coordinator first (`evobus run SCENARIO` with [workers] "
+                   f"remote = N and bind = \"{self.connect}\"), and check that --connect "
+                   "names its host and port")
+        return (f"cannot reach the broker at {self.connect}: {self._transport()} ({tried}); "
+                f"fix: {fix}, or wait longer with --give-up S (it was {self.give_up:g} s)")
 
 
 def _what_runs(spec: Spec) -> str:
@@ -420,4 +462,7 @@ def process_main(*, address: str, worker_id: str, allow: list[str],
     worker = RemoteWorker(address, worker_id=worker_id, allow=allow,
                           broker_timeout=broker_timeout, give_up=max(30.0, 6 * broker_timeout),
                           branches=branches)
-    sys.exit(worker.run())
+    code = worker.run()
+    if code == EXIT_LOST:   # RemoteWorker leaves saying why to its caller
+        log.error("worker %s: %s", worker_id, worker.stop_reason)
+    sys.exit(code)
