@@ -183,6 +183,43 @@ def test_a_reward_outside_zero_one_is_raised_naming_the_task(router_kwargs):
         evolve(**{**router_kwargs, "reward": bad_reward}, rounds=2)
 
 
+def test_a_run_refused_at_its_first_call_leaves_no_log(router_kwargs, tmp_path):
+    def bad_reward(task, output):
+        return 1.5
+
+    log = tmp_path / "refused.evolog"
+    with pytest.raises(ConfigError, match=r"returned 1.5") as info:
+        evolve(**{**router_kwargs, "reward": bad_reward}, rounds=2, log=str(log))
+    assert not log.exists() and "keeps" not in str(info.value)
+    # Corrected, the same path takes the run's log: nothing to overwrite.
+    assert evolve(**router_kwargs, rounds=1, log=str(log)).error is None and log.exists()
+
+
+def test_a_caller_mistake_found_after_rounds_keeps_the_log_and_says_so(router_kwargs,
+                                                                         tmp_path):
+    calls = [0]
+
+    def late_bad_reward(task, output):   # right for the baseline and the first round
+        calls[0] += 1
+        return 1.5 if calls[0] > 60 else router.reward(task, output)
+
+    log = tmp_path / "late.evolog"
+    with pytest.raises(ConfigError, match=r"returned 1.5") as info:
+        evolve(**{**router_kwargs, "reward": late_bad_reward}, rounds=6, log=str(log),
+               n_workers=1)
+    assert log.exists() and f"the log {log} keeps the " in str(info.value)
+    assert "another log path or with --overwrite" in str(info.value)
+
+
+def test_a_refused_run_never_removes_a_log_it_did_not_write(router_kwargs, tmp_path):
+    log = tmp_path / "theirs.evolog"
+    evolve(**router_kwargs, rounds=1, log=str(log))
+    before = log.read_bytes()
+    with pytest.raises(ConfigError, match="a log is already there"):
+        evolve(**router_kwargs, rounds=1, log=str(log))
+    assert log.read_bytes() == before
+
+
 def test_an_agents_token_usage_reaches_the_result(router_kwargs):
     class Counting(router.RouterAgent):
         def __init__(self):

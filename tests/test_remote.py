@@ -313,8 +313,10 @@ def test_a_worker_that_is_not_there_is_named_with_the_command_that_starts_it(tmp
     port = free_port()
     text = scenario_text(f'local = 0\nremote = 1\nbind = "tcp://127.0.0.1:{port}"')
     text = text.replace("wait_seconds = 30", "wait_seconds = 0.5")
+    log = tmp_path / "refused.evolog"
     with pytest.raises(ConfigError) as info:
-        run_scenario(parse_scenario(text))
+        run_scenario(parse_scenario(text), log=str(log))
+    assert not log.exists()   # refused for its configuration: no log left behind
     message = str(info.value)
     assert "expected 1 worker(s)" in message and "0 registered" in message
     assert f"evobus worker --connect tcp://127.0.0.1:{port}" in message

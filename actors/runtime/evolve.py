@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import secrets
 import time
 import uuid
@@ -37,6 +38,7 @@ from protocol import (Halted, Hello, Progress, Refused, RoundRecord, RunDone, St
 from actors.runtime.clock import Ticker
 from actors.runtime.runtime import Runtime, make_log_directory
 from actors.runtime.grouping import task_groups
+from bus.log import LogCorrupt, read_header
 from actors.runtime import pools as coordinator
 from actors.tracking import as_tracking
 
@@ -287,21 +289,56 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                          strategy=strategy, solved=solved_threshold, state0=state0,
                          n_workers=n_workers, remote=remote, modes=modes,
                          run_id=str(meta["run_id"]))
-    ran = _run(topology, start, plan_with, task_sampler, resume_from, t0,
-               runtime=dict(bus=bus, log_path=log, log_meta=meta, fsync=log_fsync,
-                            log_overwrite=log_overwrite),
-               drive=dict(max_seconds=max_seconds, on_progress=on_progress,
-                          on_round=_on_round(tracker, agent)),
-               watch=_tee(getattr(on_progress, "watch", None),
-                          tracker.watch if tracker is not None else None))
+    # A new run refused for its configuration leaves no log (docs/replay.md).
+    refused_log = (log, topology.run_id) if resume_from is None else None
+    try:
+        ran = _run(topology, start, plan_with, task_sampler, resume_from, t0,
+                   runtime=dict(bus=bus, log_path=log, log_meta=meta, fsync=log_fsync,
+                                log_overwrite=log_overwrite),
+                   drive=dict(max_seconds=max_seconds, on_progress=on_progress,
+                              on_round=_on_round(tracker, agent)),
+                   watch=_tee(getattr(on_progress, "watch", None),
+                              tracker.watch if tracker is not None else None))
+    except ConfigError:   # (workers that never came, say): nothing ran
+        _drop_refused_log(refused_log)
+        raise
     if isinstance(ran.done, Halted):
         raise BackendFailing(ran.done.error, log)
     if ran.done.fatal:
-        raise ConfigError(ran.done.fatal)
+        raise ConfigError(_fatal(ran.done, log, refused_log))
     result = _result(ran, strategy, log, t0, agent)
     if tracker is not None:
         tracker.end(result, usage=result.usage)
     return result
+
+
+def _fatal(done: RunDone, log: str | None, refused_log) -> str:
+    """A caller's mistake a call found (a reward out of range): before any round closed
+    the run was refused, and leaves no log; later, the log keeps what it did."""
+    if not done.history and _drop_refused_log(refused_log):
+        return done.fatal
+    if log is None:
+        return done.fatal
+    n = len(done.history)
+    return (f"{done.fatal} (the log {log} keeps the {n} round{'s' if n != 1 else ''} run "
+            "before it, for `evobus inspect`; run again with another log path or with "
+            "--overwrite, log_overwrite=True)")
+
+
+def _drop_refused_log(refused_log: tuple[str | None, str] | None) -> bool:
+    """Remove the log ``(path, run id)`` of a new run refused for its configuration:
+    nothing in it is worth reading or resuming, and the corrected run may take the same
+    path. Only this run's own log goes: its header must name this run."""
+    path, run_id = refused_log or (None, "")
+    if path is None:
+        return False
+    try:
+        if read_header(path).run_id != run_id:
+            return False
+        os.remove(path)
+    except (OSError, LogCorrupt):  # never written (refused before), or unreadable: kept
+        return False
+    return True
 
 
 @dataclass(frozen=True)
