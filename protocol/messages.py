@@ -256,6 +256,9 @@ class RoundClosed(Msg, frozen=True):
     #: Plan unit -> the state its next rollout lease rolls out on, when not the head
     #: (its branch: the Merger's ``branches``, actors/machines/branches.py).
     bases: dict[int, dict[str, str]] = {}
+    #: Decisions this merge made about diffs an earlier round proposed and held for it
+    #: (the Merger's ``hold``; that round counted them as ``held`` in its outcomes).
+    carried: dict[str, int] = {}
 
 
 class RoundRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -684,9 +684,11 @@ def test_a_merge_too_small_for_a_gate_holds_its_diff_for_the_next():
     log: list = []
     _, first = merge_round(m, 0, [d("g0")], log=log)
     assert not first.committed and log == [] and m.stats["held"] == 1
+    assert first.outcomes == {"held": 1}
     _, second = merge_round(m, 1, [d("g1"), d("g0")], log=log)
     assert second.committed and m.state == {"g0": "on", "g1": "on"}
-    assert second.outcomes == {"duplicate": 1, "committed": 2}
+    assert second.outcomes == {"duplicate": 1, "committed": 1}
+    assert second.carried == {"committed": 1}
     assert [r.task_ids for r in log] == [HELD]
 
 
@@ -697,7 +699,8 @@ def test_a_held_diff_is_gated_alone_by_the_next_merge():
     merge_round(m, 0, [d("g0")], log=log)
     _, second = merge_round(m, 1, [], log=log)       # nothing new: gated alone
     assert second.committed and m.state == {"g0": "on"} and [r.task_ids for r in log] == [HELD]
-    assert second.outcomes == {"committed": 1} and m.stats["held"] == 1
+    assert second.outcomes == {} and second.carried == {"committed": 1}
+    assert m.stats["held"] == 1
 
 
 def test_a_diff_still_held_when_the_run_stops_is_counted():
@@ -705,3 +708,28 @@ def test_a_diff_still_held_when_the_run_stops_is_counted():
     merge_round(m, 0, [d("g0")])
     (_, done), = m.handle(Finish(stop_reason="max_calls"))
     assert done.outcomes == {"held-at-stop": 1} and done.state == {}
+
+
+def test_a_held_diff_is_counted_in_the_round_that_proposed_it():
+    """Each round's outcomes count its own proposals, one outcome each: a diff held by
+    ``hold`` is ``held`` in its round; the next merge's decision about it is in that
+    merge's ``carried``, not its outcomes; the run's totals count each diff's fate once."""
+    m = opened(hold=True)
+    _, first = merge_round(m, 0, [d("g0"), d("g0"), d("g0")])
+    assert first.proposals == 3 and first.outcomes == {"duplicate": 2, "held": 1}
+    _, second = merge_round(m, 1, [d("g1"), d("g2")])
+    assert second.proposals == 2 and second.outcomes == {"committed": 2}
+    assert second.committed and second.carried == {"committed": 1}
+    assert m.state == {"g0": "on", "g1": "on", "g2": "on"}
+    (_, done), = m.handle(Finish(stop_reason="rounds"))
+    assert done.outcomes == {"duplicate": 2, "committed": 3}
+
+
+def test_a_held_diff_that_loses_its_gate_is_counted_as_carried():
+    m = opened(hold=True)
+    _, first = merge_round(m, 0, [d("u0")])
+    assert first.outcomes == {"held": 1}
+    _, second = merge_round(m, 1, [])
+    assert not second.committed and second.outcomes == {}
+    assert second.carried == {"below-threshold": 1}
+    assert m.outcomes == {"below-threshold": 1}

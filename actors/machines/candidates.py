@@ -139,7 +139,7 @@ class Merge:
     cand: list[Diff] = field(default_factory=list)
     cand_state: dict[str, str] = field(default_factory=dict)
     cand_score: float = 0.0
-    below: int = 0
+    below: list[Diff] = field(default_factory=list)   # diffs of a candidate left out
     variant_tasks: list[str] | None = None
     recheck: tuple | None = None
     confirm_state: dict[str, str] = field(default_factory=dict)

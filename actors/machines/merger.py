@@ -170,6 +170,11 @@ class Merger(ScoreTables, Screening, Probing):
         self.hold = hold
         self._held: list[Diff] = []
         self._held_merges = 0
+        # The held diffs a merge gates (ids), and its decisions about them: a diff's
+        # outcome is counted in the round that proposed it ("held" there), so these go
+        # to the run's totals and RoundClosed.carried, not to the merge's outcomes.
+        self._carried: set[int] = set()
+        self._carried_out: dict[str, int] = {}
         self.retire = retire
         self.recheck = recheck
         self.sequential = sequential
@@ -270,6 +275,14 @@ class Merger(ScoreTables, Screening, Probing):
             outcomes[what] = outcomes.get(what, 0) + n
             self.outcomes[what] = self.outcomes.get(what, 0) + n
 
+    def _decide(self, what: str, diffs: list[Diff]) -> None:
+        """Count a decision about ``diffs`` of the current merge: a diff held from an
+        earlier round in ``_carried_out`` (its round counted it as ``held``), the others
+        in the merge's outcomes; each in the run's totals."""
+        carried = sum(1 for d in diffs if id(d) in self._carried)
+        self._count(self.merge.outcomes, what, len(diffs) - carried)
+        self._count(self._carried_out, what, carried)
+
     def _on_proposals(self, msg: LeaseDone) -> None:
         if self.branches is not None and msg.kind == "rollout":
             msg = self.branches.lease(msg, self.state)
@@ -321,6 +334,8 @@ class Merger(ScoreTables, Screening, Probing):
         # one left unscored: counting by stage missed the screen's and the probes'.
         undecided = max(0, m.proposals - sum(m.outcomes.values()))
         self._count(m.outcomes, "unscored-at-budget", undecided)
+        carried = max(0, len(self._carried) - sum(self._carried_out.values()))
+        self._count(self._carried_out, "unscored-at-budget", carried)
         return self._close(committed=False)
 
     def _scored(self, tag: str, score: float) -> list[Out]:
@@ -435,6 +450,7 @@ class Merger(ScoreTables, Screening, Probing):
         for what in met:
             self._count(outcomes, what, dropped[what])
         evidence = {id(d): self._evidence.pop(id(d), None) for d in raw}
+        self._carried, self._carried_out = set(), {}
         self.merge = Merge(round=r, stage="screen", proposals=proposals, free=[],
                             groups=[], outcomes=outcomes, opkeys=opkeys)
         if not diffs and not self._held:
@@ -448,9 +464,15 @@ class Merger(ScoreTables, Screening, Probing):
         if self.hold and not self.asynchronous:
             diffs = self._with_held(diffs)
             if len(diffs) < HOLD_MIN and self._held_merges < HOLD_MERGES:
-                # Too few to pay a held-out gate for: held for the next merge.
+                # Too few to pay a held-out gate for: held for the next merge, the
+                # round's outcome for them ("held"; their fate is the run's).
                 self._held, self._held_merges = diffs, self._held_merges + 1
                 self.stats["held"] = self.stats.get("held", 0) + len(diffs)
+                own = sum(1 for d in diffs if id(d) not in self._carried)
+                if own:
+                    m.outcomes["held"] = m.outcomes.get("held", 0) + own
+                if len(diffs) > own:
+                    self._carried_out["held"] = len(diffs) - own
                 return self._no_commit()
             self._held, self._held_merges = [], 0
             if not diffs:
@@ -461,10 +483,10 @@ class Merger(ScoreTables, Screening, Probing):
             # One gate a merge: the first proposer of each group (plan order) goes on
             # to the fused candidate unscored, the others are ``conflict`` (with
             # branches, the one with the best train evidence: branches.py).
-            self._count(m.outcomes, "conflict", sum(len(g) - 1 for g in m.groups))
             picked = [g[0] if self.branches is None else self.branches.pick(g, self.score)
                       for g in m.groups]
             m.lost = [d for g, p in zip(m.groups, picked) for d in g if d is not p]
+            self._decide("conflict", m.lost)
             m.free = m.free + picked
             return self._to_fused()
         if m.groups:
@@ -477,7 +499,8 @@ class Merger(ScoreTables, Screening, Probing):
         _merge). Behind this merge's, a held diff loses a conflict to a fresh one (the
         first proposer's is kept)."""
         held = [h for h in self._held if changes(self.state, h.ops)]
-        self._count(self.merge.outcomes, "unchanged", len(self._held) - len(held))
+        self._carried = {id(h) for h in self._held}
+        self._decide("unchanged", [h for h in self._held if not changes(self.state, h.ops)])
         return diffs + held
 
     def _advance(self) -> list[Out]:
@@ -521,7 +544,7 @@ class Merger(ScoreTables, Screening, Probing):
             winners = []
             scores, keys = self._scores(m.variant_tasks), m.keys
             bar = self.score if m.variant_tasks is None else scores[state_key(self.state)]
-            losers = below = 0
+            losers, below = [], []
             for group in m.groups:
                 best = group[0]
                 best_score = scores[keys[id(best)]]
@@ -529,14 +552,14 @@ class Merger(ScoreTables, Screening, Probing):
                     score = scores[keys[id(d)]]
                     if score > best_score:
                         best, best_score = d, score
-                losers += len(group) - 1
+                losers += [d for d in group if d is not best]
                 if best_score > bar:
                     winners.append(best)
                 else:
-                    below += 1
+                    below.append(best)
             # Counted once each; a group has two diffs or more, so "conflict" is met first.
-            self._count(m.outcomes, "conflict", losers)
-            self._count(m.outcomes, "below-threshold", below)
+            self._decide("conflict", losers)
+            self._decide("below-threshold", below)
             m.free = m.free + winners
             if not m.free:
                 return self._no_commit()
@@ -546,7 +569,7 @@ class Merger(ScoreTables, Screening, Probing):
             if self._beats(score):
                 return self._accept(m.fused, m.fused_state, m.fused_key, score)
             if len(m.fused) == 1:
-                self._count(m.outcomes, "below-threshold")
+                self._decide("below-threshold", m.fused)
                 return self._no_commit()
             if self.attribute:
                 return self._attribute_failed()
@@ -558,10 +581,11 @@ class Merger(ScoreTables, Screening, Probing):
             # Highest score first; the first half wins an exact tie.
             score, i, best = max(scored, key=lambda t: (t[0], -t[1]))
             if self._beats(score):
+                kept = {id(d) for d in best}
                 return self._accept(best, m.half_states[i], m.half_keys[i], score,
-                                    below=len(m.fused) - len(best))
+                                    below=[d for d in m.fused if id(d) not in kept])
             if len(best) == 1 or m.depth >= MAX_BISECT_DEPTH:
-                self._count(m.outcomes, "below-threshold", len(m.fused))
+                self._decide("below-threshold", m.fused)
                 return self._no_commit()
             return self._bisect(best)
         raise AssertionError(f"merger in unknown stage {m.stage!r}")
@@ -614,7 +638,7 @@ class Merger(ScoreTables, Screening, Probing):
             out: list[Out] = [(PLANNER, RoundClosed(
                 round=m.round, version=self.version, committed=committed,
                 heldout_reward=self.score, proposals=m.proposals, outcomes=m.outcomes,
-                bases=bases))]
+                bases=bases, carried=self._carried_out))]
             if self.queued_barriers:
                 out += self._start(self.queued_barriers.pop(0))
             return out

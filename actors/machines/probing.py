@@ -26,12 +26,13 @@ class Probing:
     """Attribution, retiring and recheck (mixed into the Merger)."""
 
     def _accept(self, diffs: list[Diff], state: dict[str, str], key: frozenset,
-                score: float, below: int = 0) -> list[Out]:
+                score: float, below: list[Diff] | None = None) -> list[Out]:
         """``diffs`` fused into ``state`` beat the head: commit, or first look inside for
         diffs that hold it back (attribution) when there are several. With ``recheck``,
         a close call (a gain of ``RECHECK_TASKS`` held-out tasks or less) is scored
         once more, the head too, and decided on the means of the two samples."""
         m = self.merge
+        below = below or []
         if self.recheck and m.recheck is None and \
                 score - self.score <= RECHECK_TASKS / max(1, len(self.heldout)):
             m.recheck = (diffs, state, key, score, below)
@@ -43,8 +44,8 @@ class Probing:
             tasks = self._regressions(key)
             if tasks:
                 return self._attribute(diffs, state, key, score, below, passed=True)
-        self._count(m.outcomes, "committed", len(diffs))
-        self._count(m.outcomes, "below-threshold", below)
+        self._decide("committed", diffs)
+        self._decide("below-threshold", below)
         return self._commit(state, score)
 
     # -- attribution: the diffs behind a candidate's regressions -----------------------
@@ -58,7 +59,7 @@ class Probing:
         return sorted(t for t, s in cand.items() if s < head.get(t, s))[:self.probe_tasks]
 
     def _attribute(self, diffs: list[Diff], state: dict[str, str], key: frozenset,
-                   score: float, below: int, passed: bool) -> list[Out]:
+                   score: float, below: list[Diff], passed: bool) -> list[Out]:
         """Look for the diffs behind the candidate's regressions: first the candidate
         scored afresh on them (a regression met once may be the model's noise)."""
         m = self.merge
@@ -75,9 +76,9 @@ class Probing:
         m = self.merge
         score = self._gate_score(m.fused_key)
         if score is None or not self._regressions(m.fused_key):
-            self._count(m.outcomes, "below-threshold", len(m.fused))
+            self._decide("below-threshold", m.fused)
             return self._no_commit()
-        return self._attribute(m.fused, m.fused_state, m.fused_key, score, 0, passed=False)
+        return self._attribute(m.fused, m.fused_state, m.fused_key, score, [], passed=False)
 
     def _regressed(self) -> list[Out]:
         """The regressions that held on a second look: each diff taken back out of the
@@ -134,15 +135,15 @@ class Probing:
         better = score is not None and flagged and (
             score > m.cand_score if m.cand_passed else self._beats(score))
         if better:
-            self._count(m.outcomes, "committed", len(m.cand) - len(flagged))
-            self._count(m.outcomes, "harmful", len(flagged))
-            self._count(m.outcomes, "below-threshold", m.below)
+            self._decide("committed", [d for j, d in enumerate(m.cand) if j not in flagged])
+            self._decide("harmful", [m.cand[j] for j in flagged])
+            self._decide("below-threshold", m.below)
             return self._commit(m.confirm_state, score)
         if m.cand_passed:
-            self._count(m.outcomes, "committed", len(m.cand))
-            self._count(m.outcomes, "below-threshold", m.below)
+            self._decide("committed", m.cand)
+            self._decide("below-threshold", m.below)
             return self._commit(m.cand_state, m.cand_score)
-        self._count(m.outcomes, "below-threshold", len(m.cand))
+        self._decide("below-threshold", m.cand)
         return self._no_commit()
 
     def _rechecked(self) -> list[Out]:
@@ -155,8 +156,8 @@ class Probing:
             self.score = (self.score + table[state_key(self.state)]) / 2
         if self._beats(cand):
             return self._accept(diffs, state, key, cand, below)
-        self._count(m.outcomes, "rechecked-out", len(diffs))
-        self._count(m.outcomes, "below-threshold", below)
+        self._decide("rechecked-out", diffs)
+        self._decide("below-threshold", below)
         return self._no_commit()
 
     def _no_commit(self) -> list[Out]:
