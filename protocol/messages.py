@@ -91,6 +91,10 @@ class Baseline(Msg, frozen=True):
 
     version: int
     heldout_reward: float
+    #: Every held-out call of the baseline failed (``errors`` of them): the first error.
+    #: Nothing was scored, ``heldout_reward`` means nothing, and the Planner halts.
+    failed: str | None = None
+    errors: int = 0
 
 
 class Tick(Msg, frozen=True):
@@ -234,6 +238,9 @@ class EvalDone(Msg, frozen=True):
     #: A budget was spent before this scoring could start: ``score`` means nothing and
     #: the candidate is not committed (counted as ``unscored-at-budget``).
     unscored: str | None = None
+    #: Every call of this scoring failed (``errors`` of them): the first error, in task
+    #: order. Unset when any call succeeded, so a partly failed scoring reads as before.
+    failed: str | None = None
 
 
 class Commit(Msg, frozen=True):

@@ -36,7 +36,7 @@ from actors.usage import report  # noqa: E402
 from bench.endpoint import SimulatedEndpoint  # noqa: E402
 from protocol import (Baseline, Budget, Diff, EvalDone, EvalRequest, Hello, Lease,  # noqa: E402
                       LeaseBatch, LeaseDone, Open, RolloutResult, RoundClosed, Settled,
-                      SettledBatch, Start, Usage)
+                      SettledBatch, Start, Unhalt, Usage)
 from protocol.scenario import parse_scenario  # noqa: E402
 from tests import budget_domain as bd  # noqa: E402
 
@@ -189,6 +189,51 @@ def test_three_rounds_of_failed_rollouts_halt_the_run_until_a_resume_unhalts_it(
     # A resume sends Unhalt: the Planner plans the next round, counting failures afresh.
     out = p.handle(__import__("protocol").Unhalt())
     assert kinds(out) == [(SCHEDULER, "LeaseBatch")] and p.failing == 0
+
+
+def test_a_baseline_whose_every_call_failed_halts_the_run_and_a_resume_scores_it_again():
+    p = Planner(DataParallel())
+    p.handle(Start(run_id="r", seed=0, task_ids=IDS, n_workers=2, rounds=50,
+                   held_out_frac=0.4, max_concurrency=2))
+    out = p.handle(Baseline(version=0, heldout_reward=0.0, errors=4,
+                            failed="t1: LLMError: cannot reach http://x"))
+    halted = next(m for to, m in out if to == DRIVER)
+    assert halted.reason == "backend_failing" and p.halted and not p.finished
+    assert halted.error == ("the baseline could not be scored: all 4 held-out call(s) "
+                            "failed; first error: t1: LLMError: cannot reach http://x")
+    assert (SCHEDULER, "LeaseBatch") not in kinds(out)     # nothing is planned
+    # A resume: the Merger is opened again (the baseline asked for anew), then round 0.
+    assert kinds(p.handle(Unhalt())) == [(MERGER, "Open")]
+    assert kinds(p.handle(Baseline(version=0, heldout_reward=0.25))) == [
+        (SCHEDULER, "LeaseBatch")]
+
+
+def test_a_baseline_that_failed_is_not_remembered_as_a_score_of_zero():
+    m = Merger()
+    (_, ask), = m.handle(Open(heldout_ids=["t1", "t2"], initial_state={}))
+    out = m.handle(EvalDone(eval_id=ask.eval_id, score=0.0, scores={"t1": 0.0, "t2": 0.0},
+                            errors=2, failed="t1: boom"))
+    assert out == [(PLANNER, Baseline(version=0, heldout_reward=0.0, failed="t1: boom",
+                                      errors=2))]
+    (_, again), = m.handle(Open(heldout_ids=["t1", "t2"], initial_state={}))
+    assert isinstance(again, EvalRequest)   # asked again, not answered from a cached 0.0
+
+
+def test_a_scoring_says_it_failed_only_when_every_call_did():
+    def scored(results):
+        s = Scheduler(max_concurrency=1)
+        s.handle(Hello(worker="w", slots=1))
+        out = s.handle(EvalRequest(eval_id="e1", state={}, task_ids=["t1", "t2"]))
+        lease = next(m for _, m in out if isinstance(m, Lease))
+        out = s.handle(LeaseDone(lease_id=lease.lease_id, worker="w", round=-1, kind="eval",
+                                 results=results))
+        return next(m for _, m in out if isinstance(m, EvalDone))
+
+    failed = [RolloutResult(task_id=t, error=f"{t}: down")
+              for t in ("t2", "t1")]
+    assert scored(failed).failed == "t1: t1: down" and scored(failed).errors == 2
+    half = [failed[0], RolloutResult(task_id="t1", score=1.0)]
+    assert scored(half).failed is None and scored(half).errors == 1
 
 
 def test_a_flaky_backend_is_evidence_and_the_run_goes_on():
@@ -426,7 +471,10 @@ def test_a_dead_endpoint_stops_the_run_non_zero_within_seconds_naming_it(tmp_pat
     out, elapsed = _evobus_run(tmp_path, text)
     assert out.returncode == 1, out.stderr[-2000:]
     assert elapsed < 30, elapsed
-    assert "halted: the backend is failing" in out.stderr
+    # Its first calls, the baseline's, all fail: nothing was scored, and it says so.
+    assert "halted: the baseline could not be scored: all " in out.stderr, out.stderr
+    assert "held-out call(s) failed; first error: " in out.stderr
+    assert "held-out 0.000" not in out.stdout + out.stderr
     assert f"127.0.0.1:{port}" in out.stderr and "ConnectError" in out.stderr
     log = tmp_path / "run.evolog"
     assert f"evobus resume {log}" in out.stderr
@@ -453,7 +501,9 @@ def test_a_halted_run_resumes_once_the_backend_answers(tmp_path, calls_file):
         back.stop()
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     summary = json.loads(resumed.stdout)
-    assert summary["stop_reason"] == "max_calls" and summary["error"] is not None
+    # It halted at its baseline (every call failed), which the resume scored anew: no
+    # rollout of the chain failed.
+    assert summary["stop_reason"] == "max_calls" and summary["error"] is None
     assert back.counts["ok"] > 0
     replay = subprocess.run([sys.executable, "-m", "actors.cli", "replay", summary["log"]],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=90)

@@ -81,6 +81,7 @@ class Planner:
         self.fatal: str | None = None
         self.finished = False
         self.halted = False       # backend_failing: no plan until Unhalt (a resume)
+        self.baseline_failed = False  # halted before anything was scored
 
     @property
     def asynchronous(self) -> bool:
@@ -92,6 +93,10 @@ class Planner:
         match msg:
             case Start():
                 return self._on_start(msg)
+            case Baseline(failed=str() as error, errors=errors):
+                return self._halt(f"the baseline could not be scored: all {errors} "
+                                  f"held-out call(s) failed; first error: {error}",
+                                  baseline=True)
             case Baseline(heldout_reward=reward):
                 if self.start.target_reward is not None and reward >= self.start.target_reward:
                     return self._stop("target_reward")
@@ -134,8 +139,13 @@ class Planner:
             out.append((SCHEDULER, Budget(max_calls=msg.max_calls, max_tokens=msg.max_tokens,
                                           max_cost=msg.max_cost, prices=dict(msg.prices),
                                           calls_per_task=msg.calls_per_task)))
-        return out + [(MERGER, Open(heldout_ids=self.heldout, initial_state=msg.initial_state,
-                              sections=msg.sections, lease_key=msg.lease_key))]
+        return out + self._open_merger()
+
+    def _open_merger(self) -> list[Out]:
+        """Open the Merger: it scores version 0 on the held-out split (the baseline)."""
+        s = self.start
+        return [(MERGER, Open(heldout_ids=self.heldout, initial_state=s.initial_state,
+                              sections=s.sections, lease_key=s.lease_key))]
 
     def _budget_left(self) -> int | None:
         if self.start.max_rollouts is None:
@@ -244,23 +254,29 @@ class Planner:
             return self._stop(self.exhausted)
         return []
 
-    def _halt(self) -> list[Out]:
-        """The backend fails every rollout: plan nothing more and tell the driver, which
-        stops the run as Ctrl-C would (the log stays resumable; leases in flight are
-        re-issued by a resume)."""
+    def _halt(self, error: str | None = None, *, baseline: bool = False) -> list[Out]:
+        """The backend fails every rollout, or every call of the baseline (``baseline``:
+        nothing was scored): plan nothing more and tell the driver, which stops the run
+        as Ctrl-C would (the log stays resumable; leases in flight are re-issued by a
+        resume)."""
         self.halted = True
-        error = (f"the backend is failing: the last {self.failing} rollout lease(s) "
-                 f"failed in every rollout ({self.backend_errors} failed rollout(s) in "
-                 f"all); first error: {self.first_error}")
+        self.baseline_failed = baseline
+        error = error or (f"the backend is failing: the last {self.failing} rollout "
+                          f"lease(s) failed in every rollout ({self.backend_errors} failed "
+                          f"rollout(s) in all); first error: {self.first_error}")
         return [(DRIVER, Halted(reason="backend_failing", error=error))]
 
     def _unhalt(self) -> list[Out]:
         """A resumed halted run: count failures afresh and plan (the next round, or a
-        wave for the ask the halt left unanswered)."""
+        wave for the ask the halt left unanswered); a baseline that was never scored
+        is asked for again first."""
         if not self.halted:
             return []
         self.halted = False
         self.failing = 0
+        if self.baseline_failed:
+            self.baseline_failed = False
+            return self._open_merger()
         return self._plan_next()
 
     def _backend_failing(self) -> bool:

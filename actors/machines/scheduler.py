@@ -62,6 +62,9 @@ class _Eval:
     scores: dict[str, float] = field(default_factory=dict)
     errors: int = 0
     done: int = 0
+    #: (task id, error) of the failed call first in task-id order (chunks come back in
+    #: any order; the message must not depend on it).
+    first_error: tuple[str, str] | None = None
 
 
 class Scheduler:
@@ -462,6 +465,9 @@ class Scheduler:
         for r in msg.results:
             agg.scores[r.task_id] = r.score if r.score is not None else 0.0
             agg.errors += r.error is not None
+            if r.error is not None and (agg.first_error is None
+                                        or r.task_id < agg.first_error[0]):
+                agg.first_error = (r.task_id, r.error)
         agg.done += 1
         if agg.done < agg.n_chunks:
             return []
@@ -469,8 +475,11 @@ class Scheduler:
         # Summed in task-id order: the mean must not depend on which chunk came back first.
         ordered = {k: agg.scores[k] for k in sorted(agg.scores)}
         mean = sum(ordered.values()) / len(ordered) if ordered else 0.0
+        failed = None
+        if ordered and agg.errors == len(ordered):   # nothing scored: say why, once
+            failed = "{}: {}".format(*agg.first_error)
         return [(MERGER, EvalDone(eval_id=eval_id, score=mean, scores=ordered,
-                                  errors=agg.errors))]
+                                  errors=agg.errors, failed=failed))]
 
     # -- dispatch -------------------------------------------------------------------------
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 import itertools
 import math
 
-from actors.addresses import SCHEDULER, Out
+from actors.addresses import PLANNER, SCHEDULER, Out
 from actors.machines.candidates import state_key
 from actors.machines.ids import tagged
 from actors.machines.reuse import mean_in_id_order
-from protocol import REMOVE, EvalDone, EvalRequest
+from protocol import REMOVE, Baseline, EvalDone, EvalRequest
 
 #: The score cache keeps this many states per task set (held-out, or one evidence task),
 #: the least recently used dropped first. A held-out table of 4,096 states of a 50-key
@@ -142,6 +142,11 @@ class ScoreTables:
             msg = self.pairs.answer(key, msg, self._known.pop(msg.eval_id, None))
         if msg.unscored is not None:  # (the baseline: 0.0, not remembered as its score)
             return self._unscored(tag) if tag != "baseline" else self._scored(tag, 0.0)
+        if tag == "baseline" and msg.failed is not None:
+            # Every call failed: no score to remember; the Planner halts the run, and a
+            # resume opens the Merger again (the baseline is asked for anew).
+            return [(PLANNER, Baseline(version=self.version, heldout_reward=0.0,
+                                       failed=msg.failed, errors=msg.errors))]
         scores[key] = msg.score   # the only place a table grows
         if self.merge is not None and (tag in ("control", "rescore") or (
                 isinstance(tag, tuple) and tag[0] in ("loo", "ub"))):
