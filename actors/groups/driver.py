@@ -74,6 +74,18 @@ MIN_LEASE_S = 0.01
 BATCH_BELOW_S = 0.0005
 
 
+#: A group whose branches all run on threads here, and whose target's branches were
+#: measured on its last completed group at so little that all of them together take
+#: less than this (about a round trip through the bus and back), goes in one lease to
+#: one worker: one thread woken, not one a branch. Should it still run ``HELP_AFTER_S``
+#: after it started (a branch slower than measured), helpers (up to the bound) take its
+#: next branches, in input order, as a waiting worker does (GroupWorker._steal).
+ONE_LEASE_BELOW_S = BATCH_BELOW_S
+HELP_AFTER_S = 0.002
+#: A branch is never counted cheaper than this (a measure rounds to microseconds).
+_FLOOR_S = 1e-6
+
+
 #: With every branch in another process, leases are even shares (GroupStart.shares): the
 #: first round this fraction of each worker's fair share, later rounds halving, none
 #: shorter than a round trip through the broker to another process and back.
@@ -148,22 +160,23 @@ def _wants_ctx(fn: Callable) -> bool:
 
 
 #: What a target's signature says (whether it takes ctx; its return annotation as R),
-#: per function: reading a signature costs more than a small group's whole work.
+#: per function: reading a signature costs more than a small group's whole work; and
+#: what its branches were measured to take on its last group that completed here.
 _facts: "weakref.WeakKeyDictionary[Callable, list]" = weakref.WeakKeyDictionary()
 _UNREAD = object()
 
 
 def _facts_of(fn: Callable) -> list | None:
-    """[key, R or _UNREAD, takes ctx or _UNREAD] remembered for ``fn`` while its code,
-    annotations and signature stay the same objects (a redefinition, or annotations
-    assigned anew, are read again); None for a callable that cannot be weakly
-    referenced (a builtin): read every time."""
+    """[key, R or _UNREAD, takes ctx or _UNREAD, seconds a branch or None] remembered
+    for ``fn`` while its code, annotations and signature stay the same objects (a
+    redefinition, or annotations assigned anew, are read again); None for a callable
+    that cannot be weakly referenced (a builtin): read every time."""
     key = (getattr(fn, "__code__", None), getattr(fn, "__annotations__", None),
            getattr(fn, "__signature__", None))
     try:
         known = _facts.get(fn)
         if known is None or known[0] != key:
-            known = _facts[fn] = [key, _UNREAD, _UNREAD]
+            known = _facts[fn] = [key, _UNREAD, _UNREAD, None]
     except TypeError:
         return None
     return known
@@ -190,6 +203,19 @@ def _converter(r: Any) -> Callable | None:
         return _cached_converter(r)
     except TypeError:   # an R that cannot be hashed: made every time
         return converter(r)
+
+
+def _measured(fn: Callable) -> float | None:
+    """Seconds a branch of ``fn`` took on its last group that completed on threads of
+    this process (the workers' own measure, ``BranchDone.elapsed``), or None."""
+    known = _facts_of(fn)
+    return None if known is None else known[3]
+
+
+def _remember(fn: Callable, seconds: float) -> None:
+    known = _facts_of(fn)
+    if known is not None:
+        known[3] = seconds
 
 
 def _target_wants_ctx(fn: Callable) -> bool:
@@ -341,9 +367,11 @@ def _execute_on(plan: _Plan, settings: "_Settings", ledger: _Ledger, store: Stor
                 external, fleet: Fleet | None) -> GroupOutcome:
     opts, parent, gid = plan.options, plan.parent, plan.group_id
     n_local, n_remote = _split(settings, plan, fleet)
-    names = _Names(gid, n_local, n_remote)
+    one = _one_lease(plan, settings, fleet)
+    names = _Names(gid, 1 if one else n_local, n_remote)
     # Checked before anything starts (the items must fit in one message).
-    start, as_is = _group_start(plan, gid, names.driver, names.workers, settings, ledger)
+    start, as_is = _group_start(plan, gid, names.driver, names.workers, settings, ledger,
+                                one=one)
     runtime, own_runtime = (fleet.runtime, fleet.runtime) if fleet is not None \
         else _runtime_for(plan)
     host = _Host(group_id=gid, target=plan.fn, wants_ctx=settings.wants_ctx,
@@ -400,7 +428,9 @@ def _execute_on(plan: _Plan, settings: "_Settings", ledger: _Ledger, store: Stor
                                           names.collector, gid, t0,
                                           ticks=ledger.remaining_seconds() is not None
                                           or fleet is not None,
-                                          progress=progress)
+                                          progress=progress,
+                                          helpers=actors.helpers(host, settings.concurrency)
+                                          if one else None)
         actors.phases["run"] = time.monotonic() - t0 - actors.phases["start"]
     except BaseException:
         host.cancel()   # Ctrl-C or a driver bug: branches see ctx.cancelled, then teardown
@@ -416,6 +446,10 @@ def _execute_on(plan: _Plan, settings: "_Settings", ledger: _Ledger, store: Stor
             _ambient.slots = lent
     if actors.crash is not None:
         _raise_crash(actors.crash, gid)
+    if fleet is None and result_msg.status == "completed":
+        machine = actors.collector.machine   # the workers' measure of its branches
+        if machine.busy_items:
+            _remember(plan.fn, machine.busy_seconds / machine.busy_items)
     outcome = _outcome(plan, host, ledger, store, result_msg, time.monotonic() - t0,
                        settings.n_workers, settings.concurrency, PACKAGE_VERSION)
     outcome.stats["phases"] = {k: round(v, 6) for k, v in actors.phases.items()}
@@ -495,6 +529,18 @@ def _settings(plan: _Plan) -> _Settings:
 #: (no host limits, depth 1, ...), with its target's ctx and its bound.
 _SETTING_OPTIONS = frozenset({"limits", "cancel_deadline", "chunk", "prefetch", "on_progress",
                               "pass_ctx", "trace", "suspend"})
+
+
+def _one_lease(plan: _Plan, settings: _Settings, fleet: Fleet | None) -> bool:
+    """Does this group go in one lease to one worker (``ONE_LEASE_BELOW_S``)? Only a
+    fresh one whose every branch runs on a thread here, with guided leases (no
+    ``chunk``), more than one branch, and a target measured cheap."""
+    if fleet is not None or plan.resume is not None or settings.chunk \
+            or plan.branches_to_run < 2:
+        return False
+    seconds = _measured(plan.fn)
+    return seconds is not None and \
+        max(seconds, _FLOOR_S) * plan.branches_to_run < ONE_LEASE_BELOW_S
 
 
 def _gates(plan: _Plan, limits: HostLimits) -> tuple[tuple[_Gate, ...], tuple[_Gate, ...]]:
@@ -659,6 +705,27 @@ class _Actors:
              for name, box in zip(names.local, boxes)])
         return boxes
 
+    def helpers(self, host: _Host, bound: int) -> Callable[[], None]:
+        """Bind helpers (``HELP_AFTER_S``) to the group of one lease: as many as there
+        are branches not started, with the worker and the helpers still at it within the
+        bound. A helper holds no lease and has no bus name: it takes the next branch of
+        the lease while its worker runs one, answered as that worker's (a part of its
+        lease), until none is left, then goes back to the pool."""
+        order, names = host.order, self.names
+
+        def bind() -> None:
+            busy = sum(1 for box in self.boxes[1:] if not box.returned)
+            k = min(bound - 1 - busy, order.started.count(0))
+            if k <= 0:
+                return
+            first = len(self.boxes) - 1
+            boxes = [_LeaseBox(f"branch-helper.{names.gid}.{first + j}") for j in range(k)]
+            self.boxes.extend(boxes)
+            self.workers.extend(self.pool.bind(
+                [_Bind(box.owner, host, names.collector, self.on_crash, box, self.lane,
+                       helps=True) for box in boxes]))
+        return bind
+
     def stop(self, *, abandoned: bool, t0: float) -> None:
         runtime = self.runtime
         if self.own_runtime is None:   # a shared runtime goes on: give the names back
@@ -704,15 +771,19 @@ def _raise_crash(crash: _Crash, gid: str) -> None:
 
 
 def _group_start(plan: _Plan, gid: str, driver: str, workers: list[str],
-                 settings: "_Settings", ledger: _Ledger) -> tuple[GroupStart, bool]:
+                 settings: "_Settings", ledger: _Ledger,
+                 one: bool = False) -> tuple[GroupStart, bool]:
     """The group's GroupStart, checked against the frame limit, and whether it may go
-    on the lane as it is (``_Lane.send_as_is``)."""
+    on the lane as it is (``_Lane.send_as_is``). With ``one``, every branch in one
+    lease (``_one_lease``): its branches start in input order on the one worker it goes
+    to, and on helpers that take them from it one at a time, in that order."""
     ckpt = plan.resume
     start = GroupStart(
         group_id=gid, items=plan.items, workers=workers,
         max_concurrency=settings.concurrency, max_items=plan.max_items, driver=driver,
-        chunk=settings.chunk, prefetch=settings.prefetch, min_lease_seconds=MIN_LEASE_S,
-        announce=False, ordered=True, batch_below=BATCH_BELOW_S, waves=True,
+        chunk=plan.branches_to_run if one else settings.chunk, prefetch=settings.prefetch,
+        min_lease_seconds=MIN_LEASE_S, announce=False, ordered=not one,
+        batch_below=BATCH_BELOW_S, waves=True,
         suspend=settings.suspend, max_seconds=ledger.remaining_seconds(),
         cancel_deadline=float(settings.cancel_deadline),   # as decoding gives it back
         max_result_bytes=MAX_RESULT_BYTES, resume=ckpt is not None,
@@ -793,19 +864,28 @@ class _CollectorShell:
 
 
 def _drive(bus, inbox, host: _Host, driver: str, collector: str, gid: str, t0: float,
-           ticks: bool, progress: Callable[[bool], None] | None = None):
+           ticks: bool, progress: Callable[[bool], None] | None = None,
+           helpers: Callable[[], None] | None = None):
     """Wait for the group's end, sending the time as ``Tick`` and a parent's cancellation
-    as ``GroupCancel``, and calling ``progress`` every ``PROGRESS_S``. Every wait is
-    bounded (one tick); a crashed actor (the Collector included) ends it.
+    as ``GroupCancel``, calling ``progress`` every ``PROGRESS_S`` and ``helpers`` every
+    ``HELP_AFTER_S``. Every wait is bounded (one tick); a crashed actor (the Collector
+    included) ends it.
 
     The Collector needs the time only for a seconds budget and for the cancel deadline
     once the group is stopping, so ticks go out only then."""
     ticker = Ticker(TICK_S, first=t0 + TICK_S)
     reporting = Ticker(PROGRESS_S, first=t0 + PROGRESS_S)
+    helping = Ticker(HELP_AFTER_S, first=t0 + HELP_AFTER_S) if helpers is not None else None
     cancel_sent = False
     while True:
+        now = time.monotonic()
+        timeout = ticker.wait(now)
+        if helping is not None:
+            if helping.due(now):
+                helpers()
+            timeout = min(timeout, helping.wait(now))
         try:
-            item = inbox.get(timeout=ticker.wait(time.monotonic()))
+            item = inbox.get(timeout=timeout)
         except queue.Empty:
             item = None
         now = time.monotonic()

@@ -41,6 +41,10 @@ class _Bind(NamedTuple):
     box: _LeaseBox
     #: What its answers go out on (the bus, or the group's in-process lane).
     lane: Any = None
+    #: A helper (actors.groups.driver._Actors.helpers): it holds no lease and takes the
+    #: next branches of the group's leases running here, in input order, while any is
+    #: left, then goes back to the pool.
+    helps: bool = False
 
 
 class _Unbind(NamedTuple):
@@ -126,9 +130,28 @@ class PooledWorker(GroupWorker):
         self.send_as_is = getattr(self.lane, "send_as_is", None)
         self._thread.name = f"evobus-{bind.name}"
         bind.box.ref = self._ref   # before looking into the box (see _worker_deliver)
+        if bind.helps:
+            self._help()
+            self._unbind()
+            return
         self._drain()
         if bind.box.stop:
             self._unbind()
+
+    def _help(self) -> None:
+        """Take branches whose turn has come from the leases the group's workers run
+        (``_steal``: each answered as its lease's worker would), until none is left. The
+        box counts as running meanwhile: a group that ends leaving branches behind tells
+        this worker to unbind rather than giving its thread to the next group."""
+        box = self.box
+        box.running = True
+        try:
+            while True:
+                got = self._steal(None)
+                if got:   # None: it ran one; 0: taken meanwhile; else: none to take
+                    return
+        finally:
+            box.running = False
 
     def _unbind(self) -> None:
         if self.host is None:
