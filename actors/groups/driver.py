@@ -451,7 +451,8 @@ def _execute_on(plan: _Plan, settings: "_Settings", ledger: _Ledger, store: Stor
         if machine.busy_items:
             _remember(plan.fn, machine.busy_seconds / machine.busy_items)
     outcome = _outcome(plan, host, ledger, store, result_msg, time.monotonic() - t0,
-                       settings.n_workers, settings.concurrency, PACKAGE_VERSION)
+                       1 if one else settings.n_workers, settings.concurrency,
+                       PACKAGE_VERSION)
     outcome.stats["phases"] = {k: round(v, 6) for k, v in actors.phases.items()}
     if fleet is not None:
         outcome.stats["remote"] = fleet.counters()
