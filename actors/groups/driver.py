@@ -422,7 +422,8 @@ def _execute_on(plan: _Plan, settings: "_Settings", ledger: _Ledger, store: Stor
             fleet.started()   # the proxies' Hellos, after GroupStart
         actors.phases["start"] = time.monotonic() - t0
         if settings.on_progress is not None:
-            progress = _reporter(plan, host, boxes + ([fleet] if fleet else []),
+            # (The boxes themselves: a helper's box joins them once it is bound.)
+            progress = _reporter(plan, host, boxes + [fleet] if fleet else boxes,
                                  settings.on_progress, t0)
         result_msg, actors.crash = _drive(actors.lane, actors.inbox, host, names.driver,
                                           names.collector, gid, t0,
@@ -706,25 +707,30 @@ class _Actors:
              for name, box in zip(names.local, boxes)])
         return boxes
 
-    def helpers(self, host: _Host, bound: int) -> Callable[[], None]:
+    def helpers(self, host: _Host, bound: int) -> Callable[[], bool]:
         """Bind helpers (``HELP_AFTER_S``) to the group of one lease: as many as there
         are branches not started, with the worker and the helpers still at it within the
-        bound. A helper holds no lease and has no bus name: it takes the next branch of
-        the lease while its worker runs one, answered as that worker's (a part of its
-        lease), until none is left, then goes back to the pool."""
+        bound; False once none is left to start (or the group stops). A helper holds
+        no lease and has no bus name: it takes the next branch of the lease while its
+        worker runs one, answered as that worker's (a part of its lease), until none is
+        left, then goes back to the pool."""
         order, names = host.order, self.names
 
-        def bind() -> None:
+        def bind() -> bool:
+            if host.stopping:
+                return False
+            left = order.started.count(0)   # branches not started yet
             busy = sum(1 for box in self.boxes[1:] if not box.returned)
-            k = min(bound - 1 - busy, order.started.count(0))
+            k = min(bound - 1 - busy, left)
             if k <= 0:
-                return
+                return left > 0
             first = len(self.boxes) - 1
             boxes = [_LeaseBox(f"branch-helper.{names.gid}.{first + j}") for j in range(k)]
             self.boxes.extend(boxes)
             self.workers.extend(self.pool.bind(
                 [_Bind(box.owner, host, names.collector, self.on_crash, box, self.lane,
                        helps=True) for box in boxes]))
+            return True
         return bind
 
     def stop(self, *, abandoned: bool, t0: float) -> None:
@@ -866,10 +872,11 @@ class _CollectorShell:
 
 def _drive(bus, inbox, host: _Host, driver: str, collector: str, gid: str, t0: float,
            ticks: bool, progress: Callable[[bool], None] | None = None,
-           helpers: Callable[[], None] | None = None):
+           helpers: Callable[[], bool] | None = None):
     """Wait for the group's end, sending the time as ``Tick`` and a parent's cancellation
     as ``GroupCancel``, calling ``progress`` every ``PROGRESS_S`` and ``helpers`` every
-    ``HELP_AFTER_S``. Every wait is bounded (one tick); a crashed actor (the Collector
+    ``HELP_AFTER_S`` (then twice as long each time, up to a tick) until it says no
+    branch is left to start. Every wait is bounded (one tick); a crashed actor (the Collector
     included) ends it.
 
     The Collector needs the time only for a seconds budget and for the cancel deadline
@@ -881,9 +888,12 @@ def _drive(bus, inbox, host: _Host, driver: str, collector: str, gid: str, t0: f
     while True:
         now = time.monotonic()
         timeout = ticker.wait(now)
+        if helping is not None and helping.due(now):
+            # Looked at again later and later (up to a tick) while branches are left.
+            helping.period = min(2 * helping.period, TICK_S)
+            if not helpers():
+                helping = None
         if helping is not None:
-            if helping.due(now):
-                helpers()
             timeout = min(timeout, helping.wait(now))
         try:
             item = inbox.get(timeout=timeout)
