@@ -261,3 +261,48 @@ def test_in_one_lease_an_error_is_seen_as_soon_as_its_branch_raises(bus):
         parallel(check, range(6), max_concurrency=2, max_items=6, bus=bus)
     assert time.monotonic() - t0 < 1.5
     assert info.value.never_started == list(range(2, 6))
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(2, 24), bound=st.integers(1, 5),
+       slow=st.sets(st.integers(0, 23), max_size=3),
+       failures=st.sets(st.integers(0, 23), max_size=2),
+       bus=st.sampled_from(["memory", "zmq"]))
+def test_property_one_lease_keeps_the_bound_the_partition_and_no_start_after_an_error(
+        n, bound, slow, failures, bus):
+    """A target measured cheap whose branches turn out slow (3 ms, past the helpers'
+    delay) or failing: never more than the bound at once, nothing twice, no start after
+    the first error, every branch accounted for once."""
+    lock = threading.Lock()
+    running, peak, calls = [0], [0], collections.Counter()
+    failing = {i for i in failures if i < n}
+
+    def target(i: int) -> int:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+            calls[i] += 1
+        try:
+            if i in slow:
+                time.sleep(0.003)      # simulated work, not synchronisation
+            if i in failing:
+                raise ValueError(f"item {i}")
+            return i
+        finally:
+            with lock:
+                running[0] -= 1
+
+    driver._remember(target, 1e-6)
+    out = run_group(target, list(range(n)), max_concurrency=bound, max_items=n, bus=bus,
+                    trace=True)
+    assert out.stats["workers"] == 1                     # it went in one lease
+    assert peak[0] <= bound and set(calls.values()) <= {1}
+    if not failing:
+        assert out.status == "completed" and out.results == list(range(n))
+        return
+    assert out.status == "failed" and out.error_branch in failing
+    first_error = next(k for k, (kind, _) in enumerate(out.trace) if kind == "error")
+    assert all(kind != "start" for kind, _ in out.trace[first_error:])
+    parts = [list(out.finished), out.failed, out.cancelled, out.never_started, out.abandoned]
+    assert sorted(i for part in parts for i in part) == list(range(n))
+    assert set(out.never_started).isdisjoint(calls)
