@@ -293,8 +293,8 @@ def test_property_one_lease_keeps_the_bound_the_partition_and_no_start_after_an_
                 running[0] -= 1
 
     driver._remember(target, 1e-6)
-    out = run_group(target, list(range(n)), max_concurrency=bound, max_items=n, bus=bus,
-                    trace=True)
+    out = run_group(target, list(range(n)), max_concurrency=bound, max_items=max(n, bound),
+                    bus=bus, trace=True)
     assert out.stats["workers"] == 1                     # it went in one lease
     assert peak[0] <= bound and set(calls.values()) <= {1}
     if not failing:
