@@ -22,7 +22,11 @@ Two workloads, each through ``parallel()``, ``ThreadPoolExecutor.map`` and
 
 Each ``parallel()`` call runs on the process-wide runtime of its bus (started by the
 first call, so warm calls start no bus) and starts its own Collector and workers: that
-cost is in the figures. ``--bus`` picks the bus: ``zmq`` (the default of
+cost is in the figures. In the per-call row, ``noop`` is measured cheap by the calls
+before (the warm-up's, or the other rows'), so a warm call goes in one lease to one
+worker (actors.groups.driver.ONE_LEASE_BELOW_S): 4 messages and one thread woken, as a
+user's repeated call of a cheap target does; the thread pool made per call starts its
+threads. ``--bus`` picks the bus: ``zmq`` (the default of
 ``parallel()``), ``memory``, or ``both`` side by side (default here). ``--only
 per-call`` runs the per-call row alone. ``--calls`` (alone, in a fresh process: the
 profiler must be on before the first worker thread starts) counts the Python-level
