@@ -431,7 +431,7 @@ def _execute_on(plan: _Plan, settings: "_Settings", ledger: _Ledger, store: Stor
                                           or fleet is not None,
                                           progress=progress,
                                           helpers=actors.helpers(host, settings.concurrency)
-                                          if one else None)
+                                          if one and settings.concurrency > 1 else None)
         actors.phases["run"] = time.monotonic() - t0 - actors.phases["start"]
     except BaseException:
         host.cancel()   # Ctrl-C or a driver bug: branches see ctx.cancelled, then teardown
