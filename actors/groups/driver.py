@@ -874,10 +874,10 @@ def _drive(bus, inbox, host: _Host, driver: str, collector: str, gid: str, t0: f
            ticks: bool, progress: Callable[[bool], None] | None = None,
            helpers: Callable[[], bool] | None = None):
     """Wait for the group's end, sending the time as ``Tick`` and a parent's cancellation
-    as ``GroupCancel``, calling ``progress`` every ``PROGRESS_S`` and ``helpers`` every
+    as ``GroupCancel``, calling ``progress`` every ``PROGRESS_S`` and ``helpers`` after
     ``HELP_AFTER_S`` (then twice as long each time, up to a tick) until it says no
-    branch is left to start. Every wait is bounded (one tick); a crashed actor (the Collector
-    included) ends it.
+    branch is left to start. Every wait is bounded (one tick); a crashed actor (the
+    Collector included) ends it.
 
     The Collector needs the time only for a seconds budget and for the cancel deadline
     once the group is stopping, so ticks go out only then."""
