@@ -306,3 +306,20 @@ def test_property_one_lease_keeps_the_bound_the_partition_and_no_start_after_an_
     parts = [list(out.finished), out.failed, out.cancelled, out.never_started, out.abandoned]
     assert sorted(i for part in parts for i in part) == list(range(n))
     assert set(out.never_started).isdisjoint(calls)
+
+
+@pytest.mark.parametrize("bus", ["zmq", "memory"])
+def test_in_one_lease_every_interaction_is_pending_in_one_suspension(bus, tmp_path):
+    from actors import resume_group
+
+    def label(i: int, ctx) -> str:
+        return ctx.ask(f"label for {i}?") if i in (0, 2) else f"auto {i}"
+
+    driver._remember(label, 1e-5)
+    out = run_group(label, list(range(5)), max_concurrency=4, max_items=5, bus=bus,
+                    checkpoint=tmp_path / "g.ckpt")
+    assert out.status == "user_input_pending" and out.stats["workers"] == 1
+    assert sorted(p.branch for p in out.pending_interactions) == [0, 2]
+    answers = {p.id: f"human {p.branch}" for p in out.pending_interactions}
+    done = resume_group(out.checkpoint, target=label, user_inputs=answers, bus=bus)
+    assert done.results == ["human 0", "auto 1", "human 2", "auto 3", "auto 4"]
