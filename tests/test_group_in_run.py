@@ -141,3 +141,27 @@ def test_a_group_awaited_with_parallel_async_in_an_async_run_is_part_of_the_run(
     assert result.error is None
     assert result.calls == alone.calls + 4 * result.rollouts   # the branches were counted
     assert replay_log(str(log)).ok
+
+
+def test_groups_in_one_lease_in_a_run_count_its_calls_land_in_its_log_and_replay(
+        tmp_path, monkeypatch):
+    """The same, with the branch target taken as measured cheap (held so: each group
+    would measure it again): every group goes in one lease to one worker, and its
+    branches still count against the run's calls, its messages are in the run's log,
+    replay verifies them, and max_calls still stops a group as its error."""
+    from actors.groups import driver
+
+    monkeypatch.setitem(driver._facts_of(domain.score_words), 3, 1e-6)   # seconds a branch
+    monkeypatch.setattr(driver, "_remember", lambda fn, seconds: None)
+    log = tmp_path / "run.evolog"
+    result = evolve(**_kwargs(log=str(log), max_calls=10_000))
+    assert result.error is None
+    alone = evolve(**_kwargs(run=domain.run_alone, max_calls=10_000))
+    assert result.calls == alone.calls + 4 * result.rollouts
+    starts = [m for _, m in _group_messages(log) if isinstance(m, GroupStart)]
+    assert len(starts) >= result.rollouts
+    assert all(len(s.workers) == 1 and s.chunk == 4 and not s.ordered for s in starts)
+    report = replay_log(str(log))
+    assert report.ok, report
+    stopped = evolve(**_kwargs(max_calls=20, rounds=3))
+    assert "max_calls (20) is used up" in (stopped.error or "")
