@@ -82,6 +82,9 @@ def test_on_progress_must_be_callable_and_its_error_stops_the_group(fast_progres
     started = threading.Event()
 
     def broken(p: GroupProgress) -> None:
+        # The display breaks once the group is under way: a report due before the first
+        # branch started (a loaded machine) would otherwise stop a group that never ran.
+        assert started.wait(10), "no branch started within 10 s"
         raise RuntimeError("the display broke")
 
     def target(i: int) -> int:
