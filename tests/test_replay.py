@@ -550,6 +550,18 @@ def test_cli_inspect_summary_tabulates_rounds_commits_redispatches_and_discards(
     assert "re-dispatches 0" in out
 
 
+def test_cli_inspect_summary_counts_a_held_diff_once_where_it_was_decided(capsys):
+    log = LOGS / "sync_default_round.evolog"
+    assert cli_main(["inspect", str(log), "--summary"]) == 0
+    out = capsys.readouterr().out
+    done = next(m for _, m in records_of(log) if type(m).__name__ == "RunDone")
+    discarded = {k: v for k, v in done.outcomes.items() if k != "committed"}
+    total = ", ".join(f"{k} {v}" for k, v in sorted(discarded.items()))
+    # The run's own outcomes: held is no discard, the later merge's decision is.
+    assert f"discards {sum(discarded.values())} ({total})," in out, out
+    assert "held 1 for the next merge" in out
+
+
 def test_cli_inspect_summary_counts_a_redispatched_lease(tmp_path, capsys):
     src = LOGS / "sync_data_parallel.evolog"
     first = seq_of(src, SCHEDULER, Lease, lease_id="r0.u0")

@@ -38,6 +38,8 @@ class Closed:
     outcomes: dict[str, int]
     t: float             # working seconds when it closed
     recorded: bool = True   # the Planner made a RoundRecord of it
+    #: Decisions about diffs earlier rounds held for this merge (RoundClosed.carried).
+    carried: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -137,7 +139,7 @@ class RunFigures:
         rollouts, leases = self._pending if recorded else (0, 0)
         self.closed.append(Closed(msg.round, msg.version, msg.committed, msg.heldout_reward,
                                   rollouts, leases, msg.proposals, dict(msg.outcomes),
-                                  self.working(t), recorded))
+                                  self.working(t), recorded, dict(msg.carried)))
         if recorded:
             self._pending = [0, 0]
 

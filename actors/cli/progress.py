@@ -224,7 +224,16 @@ class RunProgress(_Lines):
                 f"{r.heldout_reward:.3f}  {mark:<9}  {r.rollouts:>4} rollouts "
                 f"{'(' + _rate(self.rollouts, self.working()) + ')':<10} "
                 f"{r.proposals:>3} proposals" + (f": {reasons}" if r.proposals or r.reasons
-                                                 else ""))
+                                                 else "") + self._carried(r))
+
+    def _carried(self, r: Any) -> str:
+        """``; held before: committed 1``: what this merge decided about diffs earlier
+        rounds held for it (their round counted them ``held``), so a round that commits
+        with no proposal of its own says why."""
+        figures = self.in_round.fold()
+        carried = next((c.carried for c in reversed(figures.closed) if c.round == r.round
+                        and c.recorded), None)
+        return f"; held before: {outcome_text(carried)}" if carried else ""
 
     def _round_line_rich(self, r: Any, prev: float | None):
 
@@ -245,6 +254,7 @@ class RunProgress(_Lines):
         t.append(f" {r.rollouts:>4} rollouts {r.proposals:>3} proposals")
         if r.proposals or r.reasons:
             t.append(f": {outcome_text(dict(r.reasons))}", style="dim")
+        t.append(self._carried(r), style="dim")
         return t
 
     # -- the live panel --------------------------------------------------------------------

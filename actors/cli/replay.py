@@ -261,9 +261,11 @@ class LogSummary:
 
     @property
     def discards(self) -> Counter:
+        """Every proposal not committed, by reason, as the run's outcomes count them: a
+        diff ``held`` for the next merge is not one; that merge's decision is."""
         out: Counter[str] = Counter()
         for c in self.figures.closed:
-            out.update({k: v for k, v in c.outcomes.items() if k != "committed"})
+            out.update(_discarded(c))
         return out
 
     @property
@@ -274,8 +276,7 @@ class LogSummary:
                          "proposals": c.proposals,
                          "result": "committed" if c.committed else "kept",
                          "version": c.version, "heldout": f"{c.heldout:.3f}",
-                         "discards": Counter({k: v for k, v in c.outcomes.items()
-                                              if k != "committed"})}
+                         "discards": _discarded(c), "held": c.outcomes.get("held", 0)}
                for c in self.figures.closed}
         f = self.figures
         if f.open_rollouts or (f.round is not None and not f.closed):
@@ -284,6 +285,14 @@ class LogSummary:
                         "proposals": 0, "result": "", "version": "", "heldout": "",
                         "discards": Counter()}
         return out
+
+
+def _discarded(c) -> Counter:
+    """A close's proposals not committed, by reason: its own (but ``held``: deferred to
+    the next merge) and its decisions about the diffs earlier rounds held for it."""
+    out = Counter({k: v for k, v in c.outcomes.items() if k not in ("committed", "held")})
+    out.update({k: v for k, v in c.carried.items() if k != "committed"})
+    return out
 
 
 def summarize(items: Iterable[tuple[Any, Any]]) -> LogSummary:
@@ -315,7 +324,10 @@ def format_summary(s: LogSummary) -> str:
     rows = []
     for r in sorted(s.rounds):
         row = s.rounds[r]
-        discards = ", ".join(f"{k} {v}" for k, v in sorted(row["discards"].items())) or "-"
+        parts = [", ".join(f"{k} {v}" for k, v in sorted(row["discards"].items()))]
+        if row.get("held"):   # deferred, not discarded: the next merge decides
+            parts.append(f"held {row['held']} for the next merge")
+        discards = "; ".join(p for p in parts if p) or "-"
         rows.append((r, row["leases"], row["rollouts"], row["proposals"],
                      row["result"] or "open", row["version"], row["heldout"], discards))
     lines = _columns((s.word, "leases", "rollouts", "proposals", "result", "version",
