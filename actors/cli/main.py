@@ -257,8 +257,13 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # What evobus says on stderr reads as its other messages do (`evobus: warning: ...`);
+    # with -v, the level and the logger that said it, for a bug report.
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+                        format="%(levelname)s %(name)s: %(message)s" if args.verbose
+                        else "evobus: %(levelname_lower)s: %(message)s")
+    if not args.verbose:
+        logging.getLogger().handlers[0].addFilter(_lower_level)
     if not args.verbose:
         # bus.log logs each torn tail and also raises it as a TornTailWarning, which
         # _show_warning prints (once, with the CLI's fix): the log line would repeat it.
@@ -277,6 +282,12 @@ def main(argv: list[str] | None = None) -> int:
             return exit_code(exc)
         except BrokenPipeError:
             return _closed_pipe()
+
+
+def _lower_level(record: logging.LogRecord) -> bool:
+    """``WARNING`` -> ``warning`` for the one-line format (a filter: it never drops)."""
+    record.levelname_lower = record.levelname.lower()
+    return True
 
 
 def _closed_pipe() -> int:
