@@ -129,14 +129,14 @@ def test_a_scenario_with_a_domain_and_groups_runs_evolve_then_the_groups(tmp_pat
     assert main(["run", str(path)]) == 0
     out = capsys.readouterr().out
     assert out.index("held-out reward") < out.index("group lengths: completed, 3 results")
-    # --json: one JSON document per line, the run's then each group's. The logs of the
-    # first run are there: replaced on purpose, or the run would refuse them.
-    assert main(["run", str(path), "--json", "--overwrite"]) == 0
+    # --json: one JSON document per line, the run's then each group's. The scenario
+    # names no log: this second run writes new ones beside the first run's.
+    assert main(["run", str(path), "--json"]) == 0
     run, group = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert run["final_reward"] == 1.0 and run["log"].endswith("runs/router.evolog")
+    assert run["final_reward"] == 1.0 and run["log"].startswith("runs/router-")
     assert group == {**group, "group": "lengths", "status": "completed", "results": [1, 2, 3]}
     # The group's log is next to the run's, named after the group.
-    assert (tmp_path / "runs" / "router.lengths.evolog").exists()
+    assert (tmp_path / run["log"].replace(".evolog", ".lengths.evolog")).exists()
 
 
 @pytest.mark.parametrize("verb", ["inspect", "report", "replay"])
