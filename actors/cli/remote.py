@@ -98,7 +98,13 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     w = sub.add_parser("worker", help="serve a coordinator's run from this process/machine",
                        description="Connect to a coordinator started with `evobus run` "
-                                   "([workers] remote = N, bind = ...) and take leases.")
+                                   "([workers] remote = N, bind = ...) and take leases. "
+                                   "Exit codes: 0 the coordinator stopped it (the run "
+                                   "ended); 1 the broker could not be reached, or stayed "
+                                   "silent, for --give-up seconds (one line says what it "
+                                   "saw and the fix); 2 it refused the run (a module "
+                                   "outside --allow, a missing environment variable, "
+                                   "other code) or a flag is wrong.")
     w.add_argument("--connect", required=True, metavar="tcp://HOST:PORT",
                    help="the coordinator's [workers] bind address")
     w.add_argument("--slots", type=int, default=1,
