@@ -49,7 +49,7 @@ def _is_log(path: str) -> bool:
 
 #: What `evobus resume` takes, and where to find it, for a path that is neither.
 _RESUMES = ("expected a run's message log (the `log:` line of `evobus run`'s summary, "
-            "runs/NAME.evolog by default) or a parallel group's checkpoint")
+            "runs/NAME-YYYYmmdd-HHMMSS.evolog by default) or a parallel group's checkpoint")
 
 
 def _neither_log_nor_checkpoint(path: str) -> str | None:
