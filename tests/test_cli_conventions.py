@@ -268,6 +268,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_a_worker_whose_broker_is_not_there_says_it_cannot_reach_it_and_exits_1(clean_env):
     import time
 
