@@ -21,8 +21,8 @@ def test_readme_opens_with_a_setup_and_run_command_then_a_test_command(root):
 
 @pytest.mark.timeout(300)
 def test_the_readme_main_job_runs_and_learns(root, tmp_path):
-    # The log goes to a new path: a log is never overwritten, and the checkout may hold
-    # the one a previous run of the README's command wrote (runs/router.evolog).
+    # The log goes to the test's own directory, so the test leaves nothing in the checkout
+    # (without --log, each run of the README's command writes runs/router-DATE-TIME.evolog).
     command = readme_commands(root)[0] + f" --log {tmp_path / 'router.evolog'}"
     out = subprocess.run(command, shell=True, cwd=root, capture_output=True, text=True,
                          timeout=280)
