@@ -378,9 +378,16 @@ def test_cluster_parallel_per_worker_leases_a_minibatch_of_each_ranked_cluster()
     cp = ClusterParallel(cluster_of, per_worker=1)
     assert [u.keys for u in cp.plan(3, 0, CLUSTERED)] == [("mixed-1",), ("easy-1",),
                                                           ("hard-1",)]
-    assert [u.keys for u in cp.plan(3, 1, CLUSTERED)] == [("mixed-2",), ("easy-2",),
-                                                          ("hard-2",)]
-    assert cp.plan(3, 0, CLUSTERED)[0].keys == cp.plan(3, 2, CLUSTERED)[0].keys
+    # The ranked clusters are dealt in a rotation, so a worker's chain (a branch carried
+    # over rounds) meets each cluster: worker i gets the (i + r) mod 3-th ranked one.
+    assert [u.keys for u in cp.plan(3, 1, CLUSTERED)] == [("easy-2",), ("hard-2",),
+                                                          ("mixed-2",)]
+    assert [u.keys for u in cp.plan(3, 2, CLUSTERED)] == [("hard-1",), ("mixed-1",),
+                                                          ("easy-1",)]
+    assert cp.plan(3, 0, CLUSTERED)[0].keys == cp.plan(3, 6, CLUSTERED)[0].keys
+    # Without per_worker, whole clusters by rank, every round.
+    assert [u.keys for u in ClusterParallel(cluster_of).plan(3, 1, CLUSTERED)] == [
+        ("mixed-1", "mixed-2"), ("easy-1", "easy-2"), ("hard-1", "hard-2")]
     assert [len(u.keys) for u in ClusterParallel(cluster_of, per_worker=5).plan(
         3, 0, CLUSTERED)] == [2, 2, 2]                              # the whole cluster
     for bad in (0, -1, True, 1.5):

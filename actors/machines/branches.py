@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from actors.addresses import Out
 from actors.machines.candidates import apply, named_diff, ops_between
 from protocol import Diff, LeaseDone, RolloutResult
 
@@ -39,6 +40,11 @@ WINDOW = 4
 PRIOR = 2.0
 #: Merges whose bases are remembered (a round's leases name the merge they came from).
 GENERATIONS = 4
+#: The duel: of a conflict group of more than ``DUEL`` chains, the ``DUEL`` with the
+#: best train evidence are scored on ``DUEL_TASKS`` held-out tasks (the ones after the
+#: next gate's first minibatch) and the best there is gated.
+DUEL = 4
+DUEL_TASKS = 8
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,12 @@ class Branches:
     """The branches the Merger keeps: issued to the plan units, and what this round's
     leases made of them."""
 
-    def __init__(self, rounds: int = BRANCH_ROUNDS) -> None:
+    def __init__(self, rounds: int = BRANCH_ROUNDS, gate_rollouts: int | None = None) -> None:
         self.rounds = rounds
+        #: A merge is gated once this many rollouts were made since the last gate; a
+        #: merge before that carries every chain on (None: every merge is gated).
+        self.gate_rollouts = gate_rollouts
+        self.since_gate = 0
         #: The branches of each recent merge (merge -> unit -> branch), and the round ->
         #: merge whose branches that round's leases were given (``Branched``).
         self.generations: dict[int, dict[int, Branch]] = {}
@@ -83,6 +93,7 @@ class Branches:
         """A rollout lease's results, recorded: each diff's evidence and the branch it
         would become. A lease that rolled out on a branch reports one diff against the
         head, on its first proposal's position (or its first rollout's)."""
+        self.since_gate += len(msg.results)
         merge = self.rounds_of.get(msg.round)
         base = self.generations.get(merge, {}).get(msg.unit) if merge is not None else None
         results = msg.results
@@ -117,16 +128,31 @@ class Branches:
         first on a tie."""
         return max(group, key=lambda d: self._evidence(d, head_score))   # max: the first
 
+    def ranked(self, group: list[Diff], head_score: float) -> list[Diff]:
+        """A conflict group by train evidence, best first (plan order on a tie)."""
+        return sorted(group, key=lambda d: -self._evidence(d, head_score))
+
     def _evidence(self, diff: Diff, prior: float) -> float:
         known = self.grown.get(id(diff))
         return known[1].evidence(prior) if known is not None else prior
 
-    def settle(self, merge: int, lost: list[Diff],
-               head: dict[str, str]) -> dict[int, dict[str, str]]:
+    def carries(self, flushing: bool) -> bool:
+        """Whether this merge carries every chain on without a gate: fewer than
+        ``gate_rollouts`` rollouts were made since the last gate (and the run is not
+        flushing). A merge that does not carry is a gate: the count starts again."""
+        if self.gate_rollouts is not None and self.since_gate < self.gate_rollouts \
+                and not flushing:
+            return True
+        self.since_gate = 0
+        return False
+
+    def settle(self, merge: int, lost: list[Diff], head: dict[str, str],
+               gated: bool = True) -> dict[int, dict[str, str]]:
         """Merge ``merge`` closed at ``head``: the units whose diffs lost a conflict
         (``lost``, in plan order) keep their branch for the next round, rebased onto
-        ``head`` if the merge committed. Returns the bases of the next round's leases
-        (unit -> state)."""
+        ``head`` if the merge committed; a merge that carried its chains on without a
+        gate (``gated`` false) does not age them. Returns the bases of the next round's
+        leases (unit -> state)."""
         before = head if self.head is None else self.head
         kept: dict[int, Branch] = {}
         for d in lost:
@@ -134,6 +160,8 @@ class Branches:
             if known is None or known[1].age >= self.rounds or known[0] in kept:
                 continue
             b = known[1]
+            if not gated:
+                b = Branch(b.state, b.scores, b.age - 1)
             if head != before:   # rebased by its keys
                 b = Branch(apply(head, [Diff("", "", 0, ops_between(before, b.state))]),
                            b.scores, b.age)
@@ -153,3 +181,48 @@ class Branches:
 
 def _scores(results: list[RolloutResult]) -> tuple[float, ...]:
     return tuple(r.score for r in results if r.score is not None)
+
+
+class Duel:
+    """The duel of conflicting chains on a held-out minibatch, and the merges that
+    carry their chains on ungated (mixed into the Merger: it reads ``merge``,
+    ``branches``, ``state`` and the score tables)."""
+
+    def _carry(self, diffs: list[Diff]) -> list[Out]:
+        """Too few rollouts since the last gate: every chain of this merge is carried
+        on as its unit's branch (``carried``), at no call."""
+        m = self.merge
+        m.lost, m.carried = list(diffs), True
+        self._count(m.outcomes, "carried", len(diffs))
+        return self._close(committed=False)
+
+    def _duel(self, groups: list[list[Diff]]) -> list[Out]:
+        """Score the ``DUEL`` best chains (by train evidence) of each group on the
+        duel's held-out tasks; :meth:`_dueled` picks."""
+        m = self.merge
+        m.ranked = [self.branches.ranked(g, self.score) for g in groups]
+        m.variant_tasks = self._duel_tasks()
+        contenders = [d for r in m.ranked for d in r[:DUEL]]
+        m.stage = "duel"
+        m.waiting = {("duel", id(d)) for d in contenders}
+        out: list[Out] = []
+        for d in contenders:
+            key = m.keys[id(d)] = self._candidate_key(d.ops, m.opkeys.get(id(d)))
+            out += self._request(("duel", id(d)), apply(self.state, [d]), m.variant_tasks,
+                                 key=key)
+        return out
+
+    def _duel_tasks(self) -> list[str]:
+        """``DUEL_TASKS`` held-out tasks: those after the next sequential gate's first
+        minibatch (the gate's tasks are not the ones its candidate was picked on)."""
+        n = len(self.heldout)
+        start = ((self.gates_opened + 1) * self.sequential_first) % n
+        return sorted((self.heldout * 2)[start:start + min(DUEL_TASKS, n)])
+
+    def _dueled(self) -> list[Out]:
+        """Each group's chain best on the duel's tasks (the better evidence on a tie)
+        goes on to the gate; the others lost."""
+        m = self.merge
+        scores = self._scores(m.variant_tasks)
+        picked = [max(r[:DUEL], key=lambda d: scores[m.keys[id(d)]]) for r in m.ranked]
+        return self._picked(m.groups, picked)

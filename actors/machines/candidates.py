@@ -165,5 +165,7 @@ class Merge:
     stopped: set = field(default_factory=set)
     unscored: bool = False   # a budget refused some of its scoring (see _unscored)
     lost: list[Diff] = field(default_factory=list)   # conflict losers, unscored ("first")
+    ranked: list[list[Diff]] = field(default_factory=list)   # groups by evidence (duel)
+    carried: bool = False   # every chain carried on, ungated (branches.py)
 
 

@@ -65,7 +65,8 @@ import logging
 import operator
 
 from actors.addresses import DRIVER, PLANNER, SCHEDULER, Out
-from actors.machines.branches import Branches
+from actors.machines import branches as branching
+from actors.machines.branches import Branches, Duel
 from actors.machines.candidates import Merge, apply, changes, conflict_groups, state_key
 from actors.machines.probing import PROBE_EVALS, PROBE_TASKS, Probing
 from actors.machines.reuse import PairScores
@@ -119,7 +120,7 @@ HOLD_MERGES = 1
 
 
 
-class Merger(ScoreTables, Screening, Probing):
+class Merger(ScoreTables, Screening, Probing, Duel):
     name = "merger"
 
     def __init__(self, *, asynchronous: bool = False, alpha: int = 3,
@@ -133,7 +134,8 @@ class Merger(ScoreTables, Screening, Probing):
                  conflicts: str = "score", rebase: bool = False, waves: bool = False,
                  backlog: int | None = None, reuse: bool = False,
                  noise_z: float = 0.0, gate_tasks: int | None = None,
-                 branches: bool = False, hold: bool = False) -> None:
+                 branches: bool = False, hold: bool = False,
+                 gate_rollouts: int | None = None) -> None:
         if conflicts not in CONFLICTS:
             raise ValueError(f"conflicts={conflicts!r}: choose one of {', '.join(CONFLICTS)}")
         self.conflicts = conflicts
@@ -151,7 +153,7 @@ class Merger(ScoreTables, Screening, Probing):
         self._keys = KeyHistory()
         # The chains that lost a conflict, carried on as their units' branches
         # (actors/machines/branches.py).
-        self.branches = Branches() if branches else None
+        self.branches = Branches(gate_rollouts=gate_rollouts) if branches else None
         self._due = False
         # A model declared deterministic: (state, task) scores are reused (reuse.py).
         self.pairs = PairScores() if reuse else None
@@ -453,6 +455,8 @@ class Merger(ScoreTables, Screening, Probing):
         self._carried, self._carried_out = set(), {}
         self.merge = Merge(round=r, stage="screen", proposals=proposals, free=[],
                             groups=[], outcomes=outcomes, opkeys=opkeys)
+        if self.branches is not None and self.branches.carries(self.flushing):
+            return self._carry(diffs)
         if not diffs and not self._held:
             return self._no_commit()
         if self.screen:
@@ -483,14 +487,22 @@ class Merger(ScoreTables, Screening, Probing):
             # One gate a merge: the first proposer of each group (plan order) goes on
             # to the fused candidate unscored, the others are ``conflict`` (with
             # branches, the one with the best train evidence: branches.py).
+            if self.branches is not None and max(map(len, m.groups)) > branching.DUEL:
+                return self._duel(m.groups)
             picked = [g[0] if self.branches is None else self.branches.pick(g, self.score)
                       for g in m.groups]
-            m.lost = [d for g, p in zip(m.groups, picked) for d in g if d is not p]
-            self._decide("conflict", m.lost)
-            m.free = m.free + picked
-            return self._to_fused()
+            return self._picked(m.groups, picked)
         if m.groups:
             return self._score_each([d for g in m.groups for d in g])
+        return self._to_fused()
+
+    def _picked(self, groups: list[list[Diff]], picked: list[Diff]) -> list[Out]:
+        """One diff of each conflict group goes on to the fused candidate; the others
+        lost (with branches, they are carried on)."""
+        m = self.merge
+        m.lost = [d for g, p in zip(groups, picked) for d in g if d is not p]
+        self._decide("conflict", m.lost)
+        m.free = m.free + picked
         return self._to_fused()
 
     def _with_held(self, diffs: list[Diff]) -> list[Diff]:
@@ -527,6 +539,8 @@ class Merger(ScoreTables, Screening, Probing):
             return self._unblocked()
         if m.stage == "recheck":
             return self._rechecked()
+        if m.stage == "duel":
+            return self._dueled()
         if m.stage == "verify":
             for diff, task_id in m.verify:
                 scores = self.cache[(task_id,)]
@@ -632,7 +646,7 @@ class Merger(ScoreTables, Screening, Probing):
             self._evidence = {k: v for k, v in self._evidence.items() if k in pending}
         bases = {}
         if self.branches is not None:
-            bases = self.branches.settle(m.round, m.lost, self.state)
+            bases = self.branches.settle(m.round, m.lost, self.state, gated=not m.carried)
             self.branches.prune(pending)
         if not self.asynchronous:
             out: list[Out] = [(PLANNER, RoundClosed(
@@ -643,7 +657,7 @@ class Merger(ScoreTables, Screening, Probing):
                 out += self._start(self.queued_barriers.pop(0))
             return out
         out = []
-        if m.proposals and not committed:
+        if m.proposals and not committed and not m.carried:
             self.without_commit += 1
             if self.without_commit >= self.stall_merges:
                 # Stall guard: merges keep committing nothing while proposals arrive.

@@ -421,6 +421,8 @@ class Scheduler:
         out: list[Out] = []
         if msg.fatal or exhausted or (self.asynchronous and self.report_each):
             out += self._report()  # the Planner acts on this one now
+        if not proposals and lease.state is not None and lease.kind == "rollout":
+            proposals = 1   # a branch's lease: the Merger holds the branch (branches.py)
         if proposals:
             out.append((MERGER, msg))
             self.unmerged += proposals

@@ -732,7 +732,12 @@ class ClusterParallel:
         ranked = self._rank(list(grouped))
         k = len(ranked)
         if not self.spread or n_workers <= k:
-            units = [WorkUnit(worker=i, keys=tuple(grouped[ranked[i]]) if i < k else ())
+            busy = min(n_workers, k)
+            # A minibatch round deals the ranked clusters to the busy workers in a
+            # rotation: a worker's chain carried over rounds (a branch) meets each.
+            turn = round_index % busy if self.per_worker is not None else 0
+            units = [WorkUnit(worker=i, keys=tuple(grouped[ranked[(i + turn) % busy]])
+                              if i < k else ())
                      for i in range(n_workers)]
         else:
             units = []

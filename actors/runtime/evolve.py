@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import msgspec
 
 from actors.addresses import MERGER, PLANNER, SCHEDULER, worker_name
-from actors.artifacts import AppendRules, declared_keys, normaliser
+from actors.artifacts import AppendRules, declared_keys, normaliser, round_tasks
 from actors.version import PACKAGE_VERSION
 from actors.errors import BackendFailing, ConfigError
 from actors.machines.gatesize import gate_size
@@ -243,6 +243,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     strategy = strategy if strategy is not None else AppendRules()
     if uses_branches(branches, strategy, chain=chain, conflicts=conflicts):
         modes.gate["branches"] = True   # recorded only when on: older headers replay without
+        if round_tasks(strategy) is not None:   # one gate per the strategy's round
+            modes.gate["gate_rollouts"] = round_tasks(strategy)
     if modes.gate["hold"] and len(declared_keys(strategy) or "several") == 1:
         # One key: every two diffs conflict, so a held diff never shares a gate.
         modes = dataclasses.replace(modes, gate={**modes.gate, "hold": False})
