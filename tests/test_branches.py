@@ -9,14 +9,15 @@ import pytest
 
 from actors import DataParallel, SingleSlot, evolve
 from actors.addresses import MERGER, SCHEDULER
-from actors.machines.branches import BRANCH_ROUNDS, Branches
+from actors.machines.branches import BRANCH_ROUNDS, DUEL, DUEL_TASKS, Branches
 from actors.machines.merger import Merger
+from actors.machines.scheduler import Scheduler
 from actors.machines.planner import Planner
 from actors.replay.resume import ResumePoint, resume
 from actors.workers.core import WorkerCore
 from bus.log import read_log
-from protocol import (Barrier, Baseline, Branched, Commit, Diff, Lease, LeaseBatch, LeaseDone,
-                      Open, RolloutResult, RoundClosed, Start, Task, decode)
+from protocol import (Barrier, Baseline, Branched, Commit, Diff, EvalRequest, Hello, Lease,
+                      LeaseBatch, LeaseDone, Open, RolloutResult, RoundClosed, Start, Task, decode)
 from tests.merger_drive import answer_evals
 
 HELD = [f"h{i}" for i in range(10)]
@@ -165,6 +166,98 @@ def test_without_branches_the_first_proposer_is_gated_and_nothing_is_carried():
     log: list = []
     _, closed = close(m, 0, log)
     assert [r.state for r in log] == [{"value": "odd"}] and closed.bases == {}
+
+
+def test_of_more_than_duel_chains_the_best_by_evidence_duel_on_held_out_tasks():
+    assert DUEL == 4 and DUEL_TASKS == 8
+    m = opened()
+    # Five chains conflict. By train evidence: units 0 and 1 (three passes after their
+    # rewrite), then 2, 3, and 4 last. Unit 2's "even odd" passes every held-out task
+    # but only the four best by evidence duel: 4 is not scored, 2 wins the duel.
+    chains = [("even", [0.0, 1.0, 1.0, 1.0]), ("odd", [0.0, 1.0, 1.0, 1.0]),
+              ("even odd", [0.0, 0.0, 1.0, 1.0]), ("x", [0.0, 0.0, 0.0, 1.0]),
+              ("even odd y", [0.0, 0.0, 0.0, 0.0])]
+    for unit, (text, scores) in enumerate(chains):
+        m.handle(lease_done(0, unit, scores, {0: rewrite(text, f"w{unit}")}))
+    log: list = []
+    _, closed = close(m, 0, log)
+    duel = [r for r in log if len(r.task_ids) == DUEL_TASKS]
+    assert [r.state["value"] for r in duel] == ["even", "odd", "even odd", "x"]
+    assert len({tuple(r.task_ids) for r in duel}) == 1       # the same tasks for each
+    gate = [r for r in log if r not in duel]
+    assert [r.state for r in gate] == [{"value": "even odd"}] and gate[0].task_ids == HELD
+    assert closed.committed and closed.outcomes == {"conflict": 4, "committed": 1}
+    # The four that lost are carried on, the undueled one too.
+    assert sorted(closed.bases) == [0, 1, 3, 4]
+
+
+def test_a_group_of_duel_chains_or_fewer_is_picked_by_train_evidence_alone():
+    m = opened()
+    for unit in range(DUEL):
+        m.handle(lease_done(0, unit, [0.0] + [1.0] * unit, {0: rewrite(f"odd {unit}",
+                                                                       f"w{unit}")}))
+    log: list = []
+    close(m, 0, log)
+    assert [r.state for r in log] == [{"value": f"odd {DUEL - 1}"}]   # one gate, no duel
+
+
+def carrying(gate_rollouts: int) -> Merger:
+    m = Merger(conflicts="first", branches=True, gate_rollouts=gate_rollouts)
+    answer(m, m.handle(Open(heldout_ids=HELD)))
+    return m
+
+
+def test_before_gate_rollouts_since_the_last_gate_every_chain_is_carried_at_no_call():
+    m = carrying(12)
+    m.handle(lease_done(0, 0, [0.0, 1.0, 1.0], {0: rewrite("even", "w0")}))
+    m.handle(lease_done(0, 1, [0.0, 0.0, 1.0], {0: rewrite("odd", "w1")}))
+    log: list = []
+    out, closed = close(m, 0, log)
+    assert log == [] and not closed.committed      # 6 rollouts of 12: no gate
+    assert closed.outcomes == {"carried": 2}
+    assert closed.bases == {0: {"value": "even"}, 1: {"value": "odd"}}
+    # The next round grows both chains on their branches: 12 rollouts, one gate.
+    m.handle(Branched(round=1, merge=0))
+    m.handle(lease_done(1, 0, [1.0, 1.0, 1.0], {}))
+    m.handle(lease_done(1, 1, [0.0, 1.0, 1.0], {0: rewrite("odd even", "w1")}))
+    log = []
+    out, closed = close(m, 1, log)
+    assert [r.state for r in log] == [{"value": "even"}]   # best evidence: unit 0's
+    assert closed.committed and closed.outcomes == {"conflict": 1, "committed": 1}
+    assert closed.bases == {1: {"value": "odd even"}}
+    # The count starts again after a gate.
+    m.handle(Branched(round=2, merge=1))
+    m.handle(lease_done(2, 1, [1.0], {}, version=1))
+    log = []
+    _, closed = close(m, 2, log)
+    assert log == [] and closed.outcomes == {"carried": 1}
+
+
+def test_a_merge_that_carries_its_chains_does_not_age_them():
+    m = carrying(10**6)
+    for r in range(BRANCH_ROUNDS + 2):
+        if r:
+            m.handle(Branched(round=r, merge=r - 1))
+        m.handle(lease_done(r, 0, [0.0, 1.0], {0: rewrite(f"even {r}", "w0")}))
+        _, closed = close(m, r)
+        assert closed.bases == {0: {"value": f"even {r}"}}, r
+
+
+def test_the_scheduler_hands_the_merger_a_branch_lease_that_proposed_nothing():
+    s = Scheduler(max_concurrency=2)
+    s.handle(Hello(worker="w0"))
+    s.handle(Hello(worker="w1"))
+    s.handle(LeaseBatch(round=1, leases=[
+        Lease(lease_id="r1.u0", round=1, unit=0, task_ids=["t0"], state={"value": "b"}),
+        Lease(lease_id="r1.u1", round=1, unit=1, task_ids=["t1"])]))
+    out = s.handle(LeaseDone(lease_id="r1.u0", worker="w0", round=1, unit=0,
+                             results=[RolloutResult("t0", 1.0)]))
+    out += s.handle(LeaseDone(lease_id="r1.u1", worker="w1", round=1, unit=1,
+                              results=[RolloutResult("t1", 1.0)]))
+    # The branch's lease reaches the Merger (it holds the branch again); the lease on
+    # the head that proposed nothing does not.
+    assert [msg.lease_id for to, msg in out if to == MERGER and isinstance(msg, LeaseDone)] \
+        == ["r1.u0"]
 
 
 # -- the Planner and the worker ----------------------------------------------------------
