@@ -665,7 +665,10 @@ class ClusterParallel:
     ``per_worker=k`` makes the round a minibatch, as for :class:`DataParallel`: a
     worker rolls out ``k`` tasks of its cluster (the ``(r*k + j) mod len``-th for
     ``j < k``), so the artifact is merged and gated after ``k`` rollouts a worker
-    instead of a whole cluster each.
+    instead of a whole cluster each; the ranked clusters are then dealt in a
+    rotation (in round ``r`` worker ``i`` of the ``b`` busy ones gets the
+    ``(i + r) mod b``-th), so a worker's chain carried over rounds (a branch,
+    actors/machines/branches.py) meets every cluster rather than one.
 
     :meth:`observe` learns per rollout. ``plan`` changes no state, so the plan is
     a function of the task ids and of the observations received.
