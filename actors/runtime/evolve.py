@@ -194,8 +194,10 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     for a strategy of one declared key, a single slot, where every diff conflicts): a
     chained lease whose edits lost a conflict is carried on as its plan unit's branch
     (the unit's next lease rolls out on it and chains on top), and of conflicting
-    chains the one with the best train evidence is gated (actors/machines/branches.py,
-    docs/concepts.md). ``deterministic=True`` declares that the model gives the same output
+    chains the one with the best train evidence is gated (of more than four, the four
+    best duel on a few held-out tasks first); a strategy that declares its round
+    (``round_tasks``) is gated once per that many rollouts, the merges between carrying
+    every chain on (actors/machines/branches.py, docs/concepts.md). ``deterministic=True`` declares that the model gives the same output
     for the same rendered artifact and task: a (state, task) score is then asked for
     once and reused (actors/machines/reuse.py, docs/concepts.md). ``noise_z``: the noise
     test (0: off): a candidate must beat the head by that many standard errors, the
