@@ -214,7 +214,7 @@ def test_before_gate_rollouts_since_the_last_gate_every_chain_is_carried_at_no_c
     log: list = []
     out, closed = close(m, 0, log)
     assert log == [] and not closed.committed      # 6 rollouts of 12: no gate
-    assert closed.outcomes == {"carried": 2}
+    assert closed.outcomes == {"ungated": 2}
     assert closed.bases == {0: {"value": "even"}, 1: {"value": "odd"}}
     # The next round grows both chains on their branches: 12 rollouts, one gate.
     m.handle(Branched(round=1, merge=0))
@@ -230,7 +230,7 @@ def test_before_gate_rollouts_since_the_last_gate_every_chain_is_carried_at_no_c
     m.handle(lease_done(2, 1, [1.0], {}, version=1))
     log = []
     _, closed = close(m, 2, log)
-    assert log == [] and closed.outcomes == {"carried": 1}
+    assert log == [] and closed.outcomes == {"ungated": 1}
 
 
 def test_a_merge_that_carries_its_chains_does_not_age_them():

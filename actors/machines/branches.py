@@ -190,10 +190,10 @@ class Duel:
 
     def _carry(self, diffs: list[Diff]) -> list[Out]:
         """Too few rollouts since the last gate: every chain of this merge is carried
-        on as its unit's branch (``carried``), at no call."""
+        on as its unit's branch (``ungated``), at no call."""
         m = self.merge
         m.lost, m.carried = list(diffs), True
-        self._count(m.outcomes, "carried", len(diffs))
+        self._count(m.outcomes, "ungated", len(diffs))
         return self._close(committed=False)
 
     def _duel(self, groups: list[list[Diff]]) -> list[Out]:

@@ -487,7 +487,7 @@ class Merger(ScoreTables, Screening, Probing, Duel):
             # One gate a merge: the first proposer of each group (plan order) goes on
             # to the fused candidate unscored, the others are ``conflict`` (with
             # branches, the one with the best train evidence: branches.py).
-            if self.branches is not None and max(map(len, m.groups)) > branching.DUEL:
+            if self.branches is not None and 1 < branching.DUEL < max(map(len, m.groups)):
                 return self._duel(m.groups)
             picked = [g[0] if self.branches is None else self.branches.pick(g, self.score)
                       for g in m.groups]
