@@ -193,7 +193,7 @@ class Duel:
         on as its unit's branch (``ungated``), at no call."""
         m = self.merge
         m.lost, m.carried = list(diffs), True
-        self._count(m.outcomes, "ungated", len(diffs))
+        self._decide("ungated", diffs)
         return self._close(committed=False)
 
     def _duel(self, groups: list[list[Diff]]) -> list[Out]:
