@@ -77,6 +77,20 @@ def test_planner_stop_reasons(kw, closed, reason):
     assert out[1][1].stop_reason == reason
 
 
+def test_patience_counts_gates_not_merges_that_carried_their_chains_ungated():
+    p = Planner(DataParallel())
+    p.handle(start(rounds=10, patience=2))
+    p.handle(Baseline(version=0, heldout_reward=0.0))
+    closed = dict(version=0, committed=False, heldout_reward=0.1, proposals=2)
+    for r in range(3):   # carried on at no gate (actors/machines/branches.py)
+        out = p.handle(RoundClosed(round=r, outcomes={"ungated": 2}, **closed))
+        assert kinds(out)[-1] == (SCHEDULER, "LeaseBatch"), r
+    out = p.handle(RoundClosed(round=3, outcomes={"below-threshold": 2}, **closed))
+    assert kinds(out)[-1] == (SCHEDULER, "LeaseBatch")
+    out = p.handle(RoundClosed(round=4, outcomes={"below-threshold": 2}, **closed))
+    assert out[1][1].stop_reason == "patience"
+
+
 def test_max_rollouts_trims_the_plan_and_stops_with_that_reason():
     p = Planner(DataParallel())
     p.handle(start(rounds=10, max_rollouts=5))

@@ -38,6 +38,8 @@ BRANCH_ROUNDS = 6
 #: head's held-out score by PRIOR rollouts' worth.
 WINDOW = 4
 PRIOR = 2.0
+#: The outcome of a chain carried on by a merge that was not gated (``gate_rollouts``).
+UNGATED = "ungated"
 #: Merges whose bases are remembered (a round's leases name the merge they came from).
 GENERATIONS = 4
 #: The duel: of a conflict group of more than ``DUEL`` chains, the ``DUEL`` with the
@@ -193,7 +195,7 @@ class Duel:
         on as its unit's branch (``ungated``), at no call."""
         m = self.merge
         m.lost, m.carried = list(diffs), True
-        self._decide("ungated", diffs)
+        self._decide(UNGATED, diffs)
         return self._close(committed=False)
 
     def _duel(self, groups: list[list[Diff]]) -> list[Out]:

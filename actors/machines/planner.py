@@ -15,6 +15,7 @@ import logging
 import random
 
 from actors.addresses import DRIVER, MERGER, SCHEDULER, Out
+from actors.machines.branches import UNGATED
 from actors.machines.ids import tagged
 from protocol import (Baseline, Branched, Budget, Drain, Finish, Halted, Lease, LeaseBatch, Message,
                       NeedWork, Open, Progress, RoundClosed, RoundRecord, Settled,
@@ -317,7 +318,10 @@ class Planner:
             self.history.append(record)
             out.append((DRIVER, Progress(record=record, rollouts=self.rollouts,
                                          calls=self.calls)))
-            self.without_commit = 0 if msg.committed else self.without_commit + 1
+            # A merge that carried its chains on ungated is no failed gate: patience
+            # counts gates.
+            if UNGATED not in msg.outcomes:
+                self.without_commit = 0 if msg.committed else self.without_commit + 1
         elif self._paced():
             self.without_commit += 1   # a settled wave that proposed nothing
         if self.asynchronous:
