@@ -245,8 +245,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     strategy = strategy if strategy is not None else AppendRules()
     if uses_branches(branches, strategy, chain=chain, conflicts=conflicts):
         modes.gate["branches"] = True   # recorded only when on: older headers replay without
-        if round_tasks(strategy) is not None:   # one gate per the strategy's round
-            modes.gate["gate_rollouts"] = round_tasks(strategy)
+        if round_tasks(strategy) is not None:   # one gate per the strategy's round (at
+            # most the train split: a round of fewer tasks than that is gated every time)
+            modes.gate["gate_rollouts"] = min(round_tasks(strategy), len(tasks) - n_heldout)
     if modes.gate["hold"] and len(declared_keys(strategy) or "several") == 1:
         # One key: every two diffs conflict, so a held diff never shares a gate.
         modes = dataclasses.replace(modes, gate={**modes.gate, "hold": False})
