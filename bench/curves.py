@@ -211,7 +211,7 @@ def evobus_variant(spec: str):
         elif name == "gate":   # held-out tasks a gate scores (full: the whole split)
             kw["gate_tasks"] = WHOLE_SPLIT if value == "full" else int(value)
         else:   # a rule switched on, or given a number (noise_z=1)
-            kw[name] = float(value) if value else True
+            kw[name] = (int(value) if value.isdigit() else float(value)) if value else True
 
     def run(domain, calls, seed):
         if "_waves" in kw:   # async waves ahead of the last merge (0: unpaced)

@@ -733,3 +733,59 @@ def test_a_held_diff_that_loses_its_gate_is_counted_as_carried():
     assert not second.committed and second.outcomes == {}
     assert second.carried == {"below-threshold": 1}
     assert m.outcomes == {"below-threshold": 1}
+
+
+def _lucky_first(lucky_state: dict, lucky_tasks: set):
+    """``solves``, but the first held-out sample of ``lucky_state`` also passes
+    ``lucky_tasks`` (the model's noise in its favour, once)."""
+    seen: set = set()
+
+    def score(m: Merger, out: list, log: list) -> list:
+        def noisy(state, task):
+            base = solves(state, task)
+            if state == lucky_state and task in lucky_tasks and task not in seen:
+                seen.add(task)
+                return 1.0
+            return base
+        return answer_evals(m, out, noisy, log)
+    return score
+
+
+def test_a_stalled_head_is_scored_again_and_gated_on_the_mean_of_its_samples():
+    """A head committed on a lucky sample (4/8; 2/8 is what it solves) keeps out a
+    candidate that solves 4/8 (a tie is not a gain). After two merges that commit
+    nothing on a model seen to be noisy, the head is scored afresh (one held-out eval)
+    and its score is the mean of its samples (3/8): the candidate then beats it."""
+    answer_lucky = _lucky_first({"g0": "on"}, {"h6", "h7"})
+    m = Merger(rescore=3)
+    answer_lucky(m, m.handle(Open(heldout_ids=HELD)), [])
+
+    def merge(r: int, diffs, log=None):
+        m.handle(LeaseDone(lease_id=f"r{r}.u0", worker="w", round=r, results=[
+            RolloutResult(task_id="t", score=0.0, diff=x) for x in diffs]))
+        out = answer_lucky(m, m.handle(Barrier(round=r)), [] if log is None else log)
+        return [msg for _, msg in out if isinstance(msg, RoundClosed)][-1]
+
+    assert merge(0, [d("g0")]).committed and m.score == 4 / 8
+    # The same train task at this head: failed once, passed once (the model is noisy).
+    stuck(m, 1, ["t"], score=1.0)
+    stuck(m, 1, ["t"], score=0.0)
+    solves_two_more = Diff("w:u", "w", 1, {"bad": "on", "g1": "on"})   # h3 h4 h6 h7
+    assert not merge(1, [solves_two_more]).committed   # 4/8 against a lucky 4/8
+    log: list = []
+    second = merge(2, [solves_two_more], log)
+    assert not second.committed
+    assert [r.task_ids for r in log] == [HELD] and log[0].state == {"g0": "on"}
+    assert m.score == 3 / 8 and m.head_samples == 2
+    assert merge(3, [solves_two_more]).committed and m.score == 4 / 8
+
+
+def test_a_deterministic_model_never_rescores_its_head():
+    m = opened(rescore=3)
+    merge_round(m, 0, [d("g0")])
+    stuck(m, 1, ["t"])
+    stuck(m, 1, ["t"])          # the same score twice: not noisy
+    log: list = []
+    for r in (1, 2, 3):
+        merge_round(m, r, [d("u0")], log=log)
+    assert all(r.state != {"g0": "on"} for r in log) and m.head_samples == 1

@@ -135,13 +135,19 @@ class Merger(ScoreTables, Screening, Probing, Duel):
                  backlog: int | None = None, reuse: bool = False,
                  noise_z: float = 0.0, gate_tasks: int | None = None,
                  branches: bool = False, hold: bool = False,
-                 gate_rollouts: int | None = None) -> None:
+                 gate_rollouts: int | None = None, rescore: int = 1) -> None:
         if conflicts not in CONFLICTS:
             raise ValueError(f"conflicts={conflicts!r}: choose one of {', '.join(CONFLICTS)}")
         self.conflicts = conflicts
         self.noise_z = float(noise_z)
         self.noise = NoiseMeter()
         self.head_samples = 1     # held-out samples the head's score is the mean of
+        # A stalled head on a noisy model is scored afresh, up to this many samples
+        # (probing.py; 1: never, unless the noise test is on).
+        if isinstance(rescore, bool) or not isinstance(rescore, int) or rescore < 1:
+            raise ValueError(f"rescore={rescore!r}: give the most held-out samples a "
+                             "head's score is the mean of, an integer >= 1 (1: off)")
+        self.rescore = rescore
         self.without_gain = 0     # merges in a row that committed nothing
         # Async (actors/machines/staleness.py): a diff none of whose keys a later commit
         # wrote is kept as fresh (``rebase``); with ``waves`` an idle Merger merges when

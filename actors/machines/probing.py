@@ -168,10 +168,20 @@ class Probing:
         m = self.merge
         if m is not None and m.probe is None and m.stage not in ("rescore", "screen"):
             self.without_gain += 1
-            if self.noise_z > 0 and self.without_gain >= RESCORE_AFTER \
-                    and self.head_samples == 1 and self.noise.variance() != 0.0:
+            if self.without_gain >= RESCORE_AFTER and self._rescore_due():
                 return self._rescore()
         return self._retire_stuck()
+
+    def _rescore_due(self) -> bool:
+        """Whether a stalled head is scored afresh: while its score is the mean of fewer
+        than ``rescore`` samples and the model was seen to be noisy (a state scored
+        differently twice on a task; with the noise test on, 2 samples unless the model
+        is measured deterministic). A head was committed for
+        beating the one before on one noisy sample, so that sample is biased upward (the
+        winner's curse) and every candidate after it is gated against a lucky score."""
+        if self.noise_z > 0 and self.head_samples < max(2, self.rescore):
+            return self.noise.variance() != 0.0
+        return self.head_samples < self.rescore and self.noise.noisy()
 
     def _rescore(self) -> list[Out]:
         """Score the head afresh on the held-out split: its score becomes the mean of
@@ -188,14 +198,20 @@ class Probing:
         m = self.merge
         key = state_key(self.state)
         fresh = self._scores_again()[key]
-        first = self._detail.get(key, {}) if self.head_samples == 1 else {}
-        for task, score in m.per_task.get("rescore", {}).items():
-            if task in first:
-                self.noise.add(("heldout", key), task, first[task])
-        for task, score in m.per_task.get("rescore", {}).items():
+        n = self.head_samples
+        detail = self._detail.get(key, {})
+        again = m.per_task.get("rescore", {})
+        if n == 1:
+            for task in again:
+                if task in detail:
+                    self.noise.add(("heldout", key), task, detail[task])
+        for task, score in again.items():
             self.noise.add(("heldout", key), task, score)
-        self.score = (self.score * self.head_samples + fresh) / (self.head_samples + 1)
-        self.head_samples += 1
+        if self.rescore > 1 and detail:   # the head's per-task scores: means too
+            self._detail[key] = {t: (v * n + again.get(t, v)) / (n + 1)
+                                 for t, v in detail.items()}
+        self.score = (self.score * n + fresh) / (n + 1)
+        self.head_samples = n + 1
         return self._retire_stuck()
 
     def _retire_stuck(self) -> list[Out]:

@@ -69,6 +69,11 @@ class NoiseMeter:
         if len(self._seen) > self.max_keys:
             del self._seen[next(iter(self._seen))]
 
+    def noisy(self) -> bool:
+        """Whether some (state, task) was seen to score differently twice (the model is
+        noisy, however few repeats there are yet)."""
+        return self.sum_sq > 0
+
     def variance(self) -> float | None:
         """The variance of one sample of a (state, task) (None: too few repeats yet)."""
         if self.df < NOISE_MIN_DF:

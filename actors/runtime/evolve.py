@@ -164,7 +164,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            conflicts: str = "first", chain: bool = True,
            deterministic: bool = False, noise_z: float = 0.0,
            gate_tasks: int | None = None,
-           branches: bool | None = None, hold: bool = True) -> EvolveResult:
+           branches: bool | None = None, hold: bool = True,
+           rescore: int = 1) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
@@ -209,6 +210,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     ``hold`` (default on; synchronous runs): a merge left with fewer than two diffs
     after the screen pays no held-out gate, its diffs join the next merge's (one merge at most;
     off for a strategy of one declared key, whose diffs all conflict).
+    ``rescore``: a head that commits nothing for two merges in a row, on a model measured
+    noisy, is scored afresh on the held-out split, until its score is the mean of this
+    many samples (1: never; docs/concepts.md).
 
     ``parallel`` (default ``DataParallel(per_worker=4)`` with up to 4 workers, a round
     of 16 tasks shared by more, chosen by the benchmarks in docs/parallelism.md, or the
@@ -233,6 +237,11 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                                                       hold))
     if deterministic:   # recorded only when declared: older headers replay without it
         modes.gate["reuse"] = True
+    if isinstance(rescore, bool) or not isinstance(rescore, int) or rescore < 1:
+        raise ConfigError(f"evolve(rescore={rescore!r}): give the most held-out samples a "
+                          "head's score is the mean of, an integer >= 1 (1: off), e.g. 3")
+    if rescore > 1:   # recorded only when on: older headers replay without it
+        modes.gate["rescore"] = rescore
     _check_numbers(solved_threshold, lease_size)
     tasks = _validate(tasks, reward, agent, run, propose, n_workers, modes.rounds,
                       held_out_frac, max_concurrency)
