@@ -8,8 +8,8 @@ from actors.addresses import PLANNER, SCHEDULER
 from actors.machines.attribution import Probe, without
 from actors.machines.merger import Merger
 from actors.machines.scoring import NOISE_MIN_DF, NoiseMeter
-from protocol import Barrier, Commit, Diff, EvalDone, EvalRequest, Finish, LeaseDone, Open, \
-    RolloutResult, RoundClosed
+from protocol import REMOVE, Barrier, Commit, Diff, EvalDone, EvalRequest, Finish, LeaseDone, \
+    Open, RolloutResult, RoundClosed
 from tests.merger_drive import answer_evals
 
 HELD = [f"h{i}" for i in range(8)]
@@ -789,3 +789,54 @@ def test_a_deterministic_model_never_rescores_its_head():
     for r in (1, 2, 3):
         merge_round(m, r, [d("u0")], log=log)
     assert all(r.state != {"g0": "on"} for r in log) and m.head_samples == 1
+
+
+def _needs_g9(state: dict[str, str], task: str) -> float:
+    """``solves``, with train tasks x9a, x9b that need a key (g9) no held-out task needs."""
+    if task in ("x9a", "x9b"):
+        return 1.0 if "g9" in state else 0.0
+    return solves(state, task)
+
+
+def test_an_edit_the_held_out_split_cannot_see_is_judged_on_failing_train_tasks():
+    """With ``level``, a candidate level with the head on the held-out split (no
+    held-out task needs g9) is scored, with the head afresh, on the train tasks seen
+    failing at the head: it passes both, the head neither, so it is committed. Without
+    ``level`` it is ``below-threshold``."""
+    for level, want in ((True, {"committed": 1}), (False, {"below-threshold": 1})):
+        m = Merger(level=level)
+        answer_evals(m, m.handle(Open(heldout_ids=HELD)), _needs_g9)
+        stuck(m, 0, ["x9a", "x9b"])
+        m.handle(LeaseDone(lease_id="r0.u0", worker="w", round=0, results=[
+            RolloutResult(task_id="x9a", score=0.0, diff=d("g9"))]))
+        log: list = []
+        out = answer_evals(m, m.handle(Barrier(round=0)), _needs_g9, log)
+        (closed,) = [msg for _, msg in out if isinstance(msg, RoundClosed)]
+        assert closed.outcomes == want and closed.committed == level
+        if level:
+            assert sorted(r.task_ids for r in log[1:]) == [["x9a", "x9b"]] * 2
+            assert m.state == {"g9": "on"} and m.stats["level-committed"] == 1
+
+
+def test_a_level_candidate_that_fixes_no_failing_train_task_is_below_threshold():
+    m = Merger(level=True)
+    answer_evals(m, m.handle(Open(heldout_ids=HELD)), _needs_g9)
+    stuck(m, 0, ["x9a", "x9b"])
+    m.handle(LeaseDone(lease_id="r0.u0", worker="w", round=0, results=[
+        RolloutResult(task_id="x9a", score=0.0, diff=d("u0"))]))
+    out = answer_evals(m, m.handle(Barrier(round=0)), _needs_g9)
+    (closed,) = [msg for _, msg in out if isinstance(msg, RoundClosed)]
+    assert closed.outcomes == {"below-threshold": 1} and m.stats["level-checked"] == 1
+
+
+def test_a_candidate_behind_the_head_is_not_judged_on_train_tasks():
+    """Behind by more than one held-out task (g0 taken out and g9 put in: 4/8 against
+    6/8), a candidate is not level: no train check, whatever it fixes there."""
+    m = opened(level=True)
+    merge_round(m, 0, [d("g0"), d("g1"), d("g2")])
+    stuck(m, 1, ["x9a", "x9b"])
+    log: list = []
+    swap = Diff("w:swap", "w", 1, {"g0": REMOVE, "g9": "on"})
+    _, closed = merge_round(m, 1, [swap], log=log)
+    assert closed.outcomes == {"below-threshold": 1} and [r.task_ids for r in log] == [HELD]
+    assert "level-checked" not in m.stats

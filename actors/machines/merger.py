@@ -135,7 +135,8 @@ class Merger(ScoreTables, Screening, Probing, Duel):
                  backlog: int | None = None, reuse: bool = False,
                  noise_z: float = 0.0, gate_tasks: int | None = None,
                  branches: bool = False, hold: bool = False,
-                 gate_rollouts: int | None = None, rescore: int = 1) -> None:
+                 gate_rollouts: int | None = None, rescore: int = 1,
+                 level: bool = False) -> None:
         if conflicts not in CONFLICTS:
             raise ValueError(f"conflicts={conflicts!r}: choose one of {', '.join(CONFLICTS)}")
         self.conflicts = conflicts
@@ -148,6 +149,10 @@ class Merger(ScoreTables, Screening, Probing, Duel):
             raise ValueError(f"rescore={rescore!r}: give the most held-out samples a "
                              "head's score is the mean of, an integer >= 1 (1: off)")
         self.rescore = rescore
+        # ``level`` (screening.py): a gate candidate level with the head on the held-out
+        # split is judged on the train tasks seen failing at the head (most recent last).
+        self.level = level
+        self._failed: dict[str, None] = {}
         self.without_gain = 0     # merges in a row that committed nothing
         # Async (actors/machines/staleness.py): a diff none of whose keys a later commit
         # wrote is kept as fresh (``rebase``); with ``waves`` an idle Merger merges when
@@ -305,6 +310,7 @@ class Merger(ScoreTables, Screening, Probing, Duel):
             for result in msg.results:
                 if result.score is not None:
                     self.noise.add(key, result.task_id, result.score)
+                    self._failed_at_head(result.task_id, result.score)
         for position, result in enumerate(msg.results):
             diff = result.diff
             if diff is None:
@@ -547,6 +553,8 @@ class Merger(ScoreTables, Screening, Probing, Duel):
             return self._rechecked()
         if m.stage == "duel":
             return self._dueled()
+        if m.stage == "train-check":
+            return self._train_checked()
         if m.stage == "verify":
             for diff, task_id in m.verify:
                 scores = self.cache[(task_id,)]
@@ -589,8 +597,7 @@ class Merger(ScoreTables, Screening, Probing, Duel):
             if self._beats(score):
                 return self._accept(m.fused, m.fused_state, m.fused_key, score)
             if len(m.fused) == 1:
-                self._decide("below-threshold", m.fused)
-                return self._no_commit()
+                return self._level_or_below(m.fused, m.fused_state, m.fused_key, score)
             if self.attribute:
                 return self._attribute_failed()
             return self._bisect(m.fused)

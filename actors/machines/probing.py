@@ -76,8 +76,7 @@ class Probing:
         m = self.merge
         score = self._gate_score(m.fused_key)
         if score is None or not self._regressions(m.fused_key):
-            self._decide("below-threshold", m.fused)
-            return self._no_commit()
+            return self._level_or_below(m.fused, m.fused_state, m.fused_key, score)
         return self._attribute(m.fused, m.fused_state, m.fused_key, score, [], passed=False)
 
     def _regressed(self) -> list[Out]:
@@ -143,8 +142,7 @@ class Probing:
             self._decide("committed", m.cand)
             self._decide("below-threshold", m.below)
             return self._commit(m.cand_state, m.cand_score)
-        self._decide("below-threshold", m.cand)
-        return self._no_commit()
+        return self._level_or_below(m.cand, m.cand_state, m.cand_key, m.cand_score)
 
     def _rechecked(self) -> list[Out]:
         m = self.merge

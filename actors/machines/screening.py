@@ -24,6 +24,15 @@ SEQUENTIAL_SLACK = 1.0
 SCREEN_TRIAL = 4
 SCREEN_KEEP = 0.1
 SCREEN_SAMPLE = 4
+#: With ``level``, a gate candidate that does not beat the head but is behind it by at
+#: most ``LEVEL_TASKS`` held-out tasks is scored, with the head afresh, on at most
+#: ``LEVEL_TRAIN`` train tasks seen failing at the head; it is committed when it passes
+#: more than ``LEVEL_MARGIN`` tasks more than the head there.
+LEVEL_TASKS = 1.0
+LEVEL_TRAIN = 24
+LEVEL_MARGIN = 1.0
+#: Train tasks remembered as failing at the head (the most recent).
+FAILED_KEEP = 256
 
 
 class Screening:
@@ -212,3 +221,48 @@ class Screening:
         if key in self.merge.stopped:
             return None
         return self._scores(None)[key]
+
+    # -- a candidate level with the head: the train tasks the head fails -------------
+
+    def _failed_at_head(self, task_id: str, score: float) -> None:
+        """A rollout at the head: remember the train tasks it failed (most recent last),
+        forget those it passed."""
+        self._failed.pop(task_id, None)
+        if score < 1.0:
+            self._failed[task_id] = None
+            if len(self._failed) > FAILED_KEEP:
+                del self._failed[next(iter(self._failed))]
+
+    def _level_or_below(self, diffs: list[Diff], state: dict[str, str], key: frozenset,
+                        score: float | None) -> list[Out]:
+        """The gate's candidate did not beat the head. With ``level``, a candidate of one
+        diff behind it by at most ``LEVEL_TASKS`` held-out tasks (an edit the held-out
+        split holds no task for scores level, give or take the noise) is judged on the
+        train tasks seen failing at the head, it and the head scored there afresh; else
+        (and without ``level``) its diffs are ``below-threshold``. (A fused candidate
+        level with the head may be a good diff and a harmful one that cancel out.)"""
+        m = self.merge
+        n = max(1, len(self.heldout))
+        tasks = list(self._failed)[-LEVEL_TRAIN:]
+        if not (self.level and len(diffs) == 1 and score is not None and tasks
+                and score * n >= self.score * n - LEVEL_TASKS):
+            self._decide("below-threshold", diffs)
+            return self._no_commit()
+        m.cand, m.cand_state, m.cand_key, m.cand_score = diffs, state, key, score
+        m.stage = "train-check"
+        m.control_tasks = sorted(tasks)
+        m.waiting = {("tc", "cand"), ("tc", "head")}
+        return (self._request(("tc", "cand"), state, m.control_tasks)
+                + self._request(("tc", "head"), self.state, m.control_tasks, fresh=True))
+
+    def _train_checked(self) -> list[Out]:
+        m = self.merge
+        scores = self._scores(m.control_tasks)
+        gain = (scores[m.cand_key] - scores[state_key(self.state)]) * len(m.control_tasks)
+        self.stats["level-checked"] = self.stats.get("level-checked", 0) + 1
+        if gain > LEVEL_MARGIN:
+            self.stats["level-committed"] = self.stats.get("level-committed", 0) + 1
+            self._decide("committed", m.cand)
+            return self._commit(m.cand_state, m.cand_score)
+        self._decide("below-threshold", m.cand)
+        return self._no_commit()

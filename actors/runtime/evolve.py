@@ -165,7 +165,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            deterministic: bool = False, noise_z: float = 0.0,
            gate_tasks: int | None = None,
            branches: bool | None = None, hold: bool = True,
-           rescore: int = 1) -> EvolveResult:
+           rescore: int = 3, level: bool = True) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
@@ -210,9 +210,12 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     ``hold`` (default on; synchronous runs): a merge left with fewer than two diffs
     after the screen pays no held-out gate, its diffs join the next merge's (one merge at most;
     off for a strategy of one declared key, whose diffs all conflict).
-    ``rescore``: a head that commits nothing for two merges in a row, on a model measured
-    noisy, is scored afresh on the held-out split, until its score is the mean of this
-    many samples (1: never; docs/concepts.md).
+    ``rescore`` (default 3): a head that commits nothing for two merges in a row, on a
+    model seen to be noisy, is scored afresh on the held-out split, until its score is the mean of this
+    many samples (1: never; docs/concepts.md). ``level`` (default on): a gate candidate
+    of one diff level with the head on the held-out split (behind by one task at most)
+    is judged on the train tasks seen failing at the head, it and the head scored there
+    afresh (docs/concepts.md).
 
     ``parallel`` (default ``DataParallel(per_worker=4)`` with up to 4 workers, a round
     of 16 tasks shared by more, chosen by the benchmarks in docs/parallelism.md, or the
@@ -242,6 +245,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                           "head's score is the mean of, an integer >= 1 (1: off), e.g. 3")
     if rescore > 1:   # recorded only when on: older headers replay without it
         modes.gate["rescore"] = rescore
+    if level:   # recorded only when on: older headers replay without it
+        modes.gate["level"] = True
     _check_numbers(solved_threshold, lease_size)
     tasks = _validate(tasks, reward, agent, run, propose, n_workers, modes.rounds,
                       held_out_frac, max_concurrency)
