@@ -800,9 +800,9 @@ def _needs_g9(state: dict[str, str], task: str) -> float:
 
 def test_an_edit_the_held_out_split_cannot_see_is_judged_on_failing_train_tasks():
     """With ``level``, a candidate level with the head on the held-out split (no
-    held-out task needs g9) is scored, with the head afresh, on the train tasks seen
-    failing at the head: it passes both, the head neither, so it is committed. Without
-    ``level`` it is ``below-threshold``."""
+    held-out task needs g9) is scored on the train tasks seen failing at the head (the
+    head afresh there once the model was seen noisy): it passes both, the head neither,
+    so it is committed. Without ``level`` it is ``below-threshold``."""
     for level, want in ((True, {"committed": 1}), (False, {"below-threshold": 1})):
         m = Merger(level=level)
         answer_evals(m, m.handle(Open(heldout_ids=HELD)), _needs_g9)
@@ -813,8 +813,8 @@ def test_an_edit_the_held_out_split_cannot_see_is_judged_on_failing_train_tasks(
         out = answer_evals(m, m.handle(Barrier(round=0)), _needs_g9, log)
         (closed,) = [msg for _, msg in out if isinstance(msg, RoundClosed)]
         assert closed.outcomes == want and closed.committed == level
-        if level:
-            assert sorted(r.task_ids for r in log[1:]) == [["x9a", "x9b"]] * 2
+        if level:   # the candidate there; the head fails them again (never seen noisy)
+            assert [r.task_ids for r in log[1:]] == [["x9a", "x9b"]]
             assert m.state == {"g9": "on"} and m.stats["level-committed"] == 1
 
 
@@ -840,3 +840,24 @@ def test_a_candidate_behind_the_head_is_not_judged_on_train_tasks():
     _, closed = merge_round(m, 1, [swap], log=log)
     assert closed.outcomes == {"below-threshold": 1} and [r.task_ids for r in log] == [HELD]
     assert "level-checked" not in m.stats
+
+
+def test_a_fused_candidate_level_with_the_head_keeps_only_the_diffs_train_tasks_back():
+    """g9 (no held-out task needs it) fused with "bad" (5/8 against the head's 6/8) is
+    level; each diff is scored alone on the train tasks failing at the head: g9 passes
+    both, "bad" neither, so g9 alone is gated (6/8, level) and committed."""
+    m = Merger(level=True, attribute=True)
+    answer_evals(m, m.handle(Open(heldout_ids=HELD)), _needs_g9)
+
+    def merge(r: int, diffs):
+        m.handle(LeaseDone(lease_id=f"r{r}.u0", worker="w", round=r, results=[
+            RolloutResult(task_id="t", score=0.0, diff=x) for x in diffs]))
+        out = answer_evals(m, m.handle(Barrier(round=r)), _needs_g9)
+        return out, [msg for _, msg in out if isinstance(msg, RoundClosed)][-1]
+
+    merge(0, [d("g0"), d("g1"), d("g2")])
+    stuck(m, 1, ["x9a", "x9b"])
+    out, closed = merge(1, [d("g9"), d("bad")])
+    assert closed.outcomes == {"committed": 1, "below-threshold": 1}
+    assert commits(out)[-1].state == {"g0": "on", "g1": "on", "g2": "on", "g9": "on"}
+    assert m.stats["level-committed"] == 1 and m.score == 6 / 8

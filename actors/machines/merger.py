@@ -555,6 +555,8 @@ class Merger(ScoreTables, Screening, Probing, Duel):
             return self._dueled()
         if m.stage == "train-check":
             return self._train_checked()
+        if m.stage == "level-confirm":
+            return self._level_confirmed()
         if m.stage == "verify":
             for diff, task_id in m.verify:
                 scores = self.cache[(task_id,)]

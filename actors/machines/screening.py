@@ -235,34 +235,69 @@ class Screening:
 
     def _level_or_below(self, diffs: list[Diff], state: dict[str, str], key: frozenset,
                         score: float | None) -> list[Out]:
-        """The gate's candidate did not beat the head. With ``level``, a candidate of one
-        diff behind it by at most ``LEVEL_TASKS`` held-out tasks (an edit the held-out
-        split holds no task for scores level, give or take the noise) is judged on the
-        train tasks seen failing at the head, it and the head scored there afresh; else
-        (and without ``level``) its diffs are ``below-threshold``. (A fused candidate
-        level with the head may be a good diff and a harmful one that cancel out.)"""
+        """The gate's candidate did not beat the head. With ``level``, one behind it by at
+        most ``LEVEL_TASKS`` held-out tasks (an edit the held-out split holds no task for
+        scores level, give or take the noise) has each of its diffs scored on top of the
+        head on the train tasks seen failing at the head, the head there afresh (a
+        failure met once may be the noise); else (and without ``level``) its diffs are
+        ``below-threshold``. Each diff is judged alone: a fused candidate level with
+        the head may be a good diff and a harmful one cancelling out."""
         m = self.merge
         n = max(1, len(self.heldout))
-        tasks = list(self._failed)[-LEVEL_TRAIN:]
-        if not (self.level and len(diffs) == 1 and score is not None and tasks
+        tasks = sorted(list(self._failed)[-LEVEL_TRAIN:])
+        if not (self.level and score is not None and tasks
                 and score * n >= self.score * n - LEVEL_TASKS):
             self._decide("below-threshold", diffs)
             return self._no_commit()
         m.cand, m.cand_state, m.cand_key, m.cand_score = diffs, state, key, score
         m.stage = "train-check"
-        m.control_tasks = sorted(tasks)
-        m.waiting = {("tc", "cand"), ("tc", "head")}
-        return (self._request(("tc", "cand"), state, m.control_tasks)
-                + self._request(("tc", "head"), self.state, m.control_tasks, fresh=True))
+        m.control_tasks = tasks
+        m.probe_keys = {j: self._candidate_key(d.ops, None) for j, d in enumerate(diffs)}
+        m.waiting = {("tc", j) for j in range(len(diffs))} | {("tc", "head")}
+        if not self.noise.noisy():   # never seen noisy: the head fails them again
+            self._scores(tasks)[state_key(self.state)] = 0.0
+            m.waiting.discard(("tc", "head"))
+        out: list[Out] = []
+        for j, d in enumerate(diffs):
+            out += self._request(("tc", j), apply(self.state, [d]), tasks, key=m.probe_keys[j])
+        if ("tc", "head") not in m.waiting:
+            return out
+        return out + self._request(("tc", "head"), self.state, tasks, fresh=True)
 
     def _train_checked(self) -> list[Out]:
+        """The diffs that pass more than ``LEVEL_MARGIN`` train tasks more than the head
+        are committed: all of the candidate at its held-out score, or those alone once
+        their own candidate is level on the held-out split too (``level-confirm``)."""
         m = self.merge
-        scores = self._scores(m.control_tasks)
-        gain = (scores[m.cand_key] - scores[state_key(self.state)]) * len(m.control_tasks)
+        scores, k = self._scores(m.control_tasks), len(m.control_tasks)
+        head = scores[state_key(self.state)]
+        m.flagged = [j for j in range(len(m.cand))
+                     if (scores[m.probe_keys[j]] - head) * k > LEVEL_MARGIN]
         self.stats["level-checked"] = self.stats.get("level-checked", 0) + 1
-        if gain > LEVEL_MARGIN:
-            self.stats["level-committed"] = self.stats.get("level-committed", 0) + 1
-            self._decide("committed", m.cand)
-            return self._commit(m.cand_state, m.cand_score)
-        self._decide("below-threshold", m.cand)
-        return self._no_commit()
+        if len(m.flagged) == len(m.cand):
+            return self._level_commit(m.cand, m.cand_state, m.cand_score)
+        if not m.flagged:
+            self._decide("below-threshold", m.cand)
+            return self._no_commit()
+        m.confirm_state = apply(self.state, [m.cand[j] for j in m.flagged])
+        m.confirm_key = state_key(m.confirm_state)
+        m.stage = "level-confirm"
+        m.waiting = {"level"}
+        return self._held_out("level", m.confirm_state, m.confirm_key)
+
+    def _level_confirmed(self) -> list[Out]:
+        m = self.merge
+        score = self._gate_score(m.confirm_key)
+        n = max(1, len(self.heldout))
+        if score is None or score * n < self.score * n - LEVEL_TASKS:
+            self._decide("below-threshold", m.cand)
+            return self._no_commit()
+        kept = [m.cand[j] for j in m.flagged]
+        self._decide("below-threshold", [d for j, d in enumerate(m.cand) if j not in m.flagged])
+        return self._level_commit(kept, m.confirm_state, score)
+
+    def _level_commit(self, diffs: list[Diff], state: dict[str, str],
+                      score: float) -> list[Out]:
+        self.stats["level-committed"] = self.stats.get("level-committed", 0) + len(diffs)
+        self._decide("committed", diffs)
+        return self._commit(state, score)
