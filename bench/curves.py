@@ -303,14 +303,14 @@ def one(name: str, domain_name: str, budget: int, seed: int, latency_ms: float =
 
 
 def measure(systems, domains, budgets, seeds, latency_ms: float = 0.0,
-            repeatable: bool = False) -> list[dict]:
+            repeatable: bool = False, first_seed: int = 0) -> list[dict]:
     out = []
     for domain in domains:
         for budget in budgets:
             for system in systems:
                 if available(system):
                     continue
-                for seed in range(seeds):
+                for seed in range(first_seed, first_seed + seeds):
                     try:
                         out.append(one(system, domain, budget, seed, latency_ms, repeatable))
                     except NotApplicable:
@@ -461,6 +461,9 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--repeatable", action="store_true",
                    help="draw each call's noise from (seed, task, prompt, k-th call) so one "
                         "seed is one run whatever the thread timing (same statistics)")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="seeds first_seed .. first_seed + seeds - 1 (more seeds for a "
+                        "comparison without running the first ones again)")
     p.add_argument("-v", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.v else logging.WARNING)
@@ -480,7 +483,8 @@ def main(argv=None) -> list[dict]:
             points = json.load(f)
         systems = [s for s in systems if any(p["system"] == s for p in points)]
     else:
-        points = measure(systems, domains, budgets, seeds, args.latency_ms, args.repeatable)
+        points = measure(systems, domains, budgets, seeds, args.latency_ms, args.repeatable,
+                         args.first_seed)
     header = ("domain", "budget") + tuple(systems)
     rows = summary(points, systems, seconds=args.latency_ms > 0 or args.seconds)
     show(rows, header, args.markdown)

@@ -800,9 +800,9 @@ def _needs_g9(state: dict[str, str], task: str) -> float:
 
 def test_an_edit_the_held_out_split_cannot_see_is_judged_on_failing_train_tasks():
     """With ``level``, a candidate level with the head on the held-out split (no
-    held-out task needs g9) is scored on the train tasks seen failing at the head (the
-    head afresh there once the model was seen noisy): it passes both, the head neither,
-    so it is committed. Without ``level`` it is ``below-threshold``."""
+    held-out task needs g9) is scored on the train tasks seen failing at the head, the
+    head afresh there unless the model is measured deterministic: it passes both, the
+    head neither, so it is committed. Without ``level`` it is ``below-threshold``."""
     for level, want in ((True, {"committed": 1}), (False, {"below-threshold": 1})):
         m = Merger(level=level)
         answer_evals(m, m.handle(Open(heldout_ids=HELD)), _needs_g9)
@@ -813,8 +813,8 @@ def test_an_edit_the_held_out_split_cannot_see_is_judged_on_failing_train_tasks(
         out = answer_evals(m, m.handle(Barrier(round=0)), _needs_g9, log)
         (closed,) = [msg for _, msg in out if isinstance(msg, RoundClosed)]
         assert closed.outcomes == want and closed.committed == level
-        if level:   # the candidate there; the head fails them again (never seen noisy)
-            assert [r.task_ids for r in log[1:]] == [["x9a", "x9b"]]
+        if level:   # the candidate there, and the head afresh (the noise is not known)
+            assert [r.task_ids for r in log[1:]] == [["x9a", "x9b"]] * 2
             assert m.state == {"g9": "on"} and m.stats["level-committed"] == 1
 
 
@@ -861,3 +861,16 @@ def test_a_fused_candidate_level_with_the_head_keeps_only_the_diffs_train_tasks_
     assert closed.outcomes == {"committed": 1, "below-threshold": 1}
     assert commits(out)[-1].state == {"g0": "on", "g1": "on", "g2": "on", "g9": "on"}
     assert m.stats["level-committed"] == 1 and m.score == 6 / 8
+
+
+def test_a_model_measured_deterministic_pays_no_head_eval_in_the_train_check():
+    m = Merger(level=True)
+    answer_evals(m, m.handle(Open(heldout_ids=HELD)), _needs_g9)
+    for _ in range(NOISE_MIN_DF + 1):   # the same score every time: variance 0
+        stuck(m, 0, ["x9a", "x9b"])
+    assert m.noise.variance() == 0.0
+    m.handle(LeaseDone(lease_id="r0.u0", worker="w", round=0, results=[
+        RolloutResult(task_id="x9a", score=0.0, diff=d("g9"))]))
+    log: list = []
+    answer_evals(m, m.handle(Barrier(round=0)), _needs_g9, log)
+    assert [r.task_ids for r in log[1:]] == [["x9a", "x9b"]] and m.state == {"g9": "on"}

@@ -254,7 +254,7 @@ class Screening:
         m.control_tasks = tasks
         m.probe_keys = {j: self._candidate_key(d.ops, None) for j, d in enumerate(diffs)}
         m.waiting = {("tc", j) for j in range(len(diffs))} | {("tc", "head")}
-        if not self.noise.noisy():   # never seen noisy: the head fails them again
+        if self.noise.variance() == 0.0:   # measured deterministic: it fails them again
             self._scores(tasks)[state_key(self.state)] = 0.0
             m.waiting.discard(("tc", "head"))
         out: list[Out] = []

@@ -165,7 +165,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            deterministic: bool = False, noise_z: float = 0.0,
            gate_tasks: int | None = None,
            branches: bool | None = None, hold: bool = True,
-           rescore: int = 3, level: bool = True) -> EvolveResult:
+           rescore: int = 3, level: bool = False) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
@@ -212,10 +212,10 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     off for a strategy of one declared key, whose diffs all conflict).
     ``rescore`` (default 3): a head that commits nothing for two merges in a row, on a
     model seen to be noisy, is scored afresh on the held-out split, until its score is the mean of this
-    many samples (1: never; docs/concepts.md). ``level`` (default on): a gate candidate
-    of one diff level with the head on the held-out split (behind by one task at most)
-    is judged on the train tasks seen failing at the head, it and the head scored there
-    afresh (docs/concepts.md).
+    many samples (1: never; docs/concepts.md). ``level`` (default off): a gate candidate
+    level with the head on the held-out split (behind by one task at most) has each of
+    its diffs judged on the train tasks seen failing at the head, the head scored there
+    afresh; those that pass go in (docs/concepts.md).
 
     ``parallel`` (default ``DataParallel(per_worker=4)`` with up to 4 workers, a round
     of 16 tasks shared by more, chosen by the benchmarks in docs/parallelism.md, or the
