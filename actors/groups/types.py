@@ -139,6 +139,7 @@ def converter(r: Any) -> Callable[[int, Any], Any] | None:
             raise TypeError(f"branch {index} returned {type(value).__name__} {shown}, not "
                             f"{label} ({exc}): return a value of type {label}, or declare the "
                             "type the target returns") from None
+    convert.exact = exact   # a caller may pass a value of exactly this type as it is
     return convert
 
 

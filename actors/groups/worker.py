@@ -98,10 +98,20 @@ class _Run:
                     self.left = [part]
                 return None
             left, self.left = self.left, ()
-        for other in left:   # the parts that ended before, with values only
-            part = (part[0] + other[0],) + tuple(a + b for a, b in zip(part[1:6], other[1:6])) \
-                + (part[6] + other[6],)
-        return part
+        if not left:
+            return part
+        # The parts that ended before, with values only, joined to this one (whose lists
+        # are its runner's, done with once it answers).
+        took, done, values, cancelled, effects, waiting, elapsed = part
+        for other in left:
+            took += other[0]
+            done += other[1]
+            values += other[2]
+            cancelled += other[3]
+            effects += other[4]
+            waiting += other[5]
+            elapsed += other[6]
+        return took, done, values, cancelled, effects, waiting, elapsed
 
 
 class _LeaseBox:
@@ -361,7 +371,11 @@ class BranchRunner:
         order = host.order      # every start is marked in it, whatever the lease
         in_order = order is not None and lease.in_order   # this lease waits for its turn
         steal = self.steal
+        steal_run = (lambda _need: steal(run)) if steal is not None else None
+        if order is not None:
+            bound, started = order.bound, order.started
         convert = host.convert
+        exact = getattr(convert, "exact", None)   # a value of exactly R needs no call
         suspend_all = host.suspend_all
         waiting: list[Suspension] = []
         took = 0 if taken is None else 1   # branches of the lease this part took
@@ -400,9 +414,14 @@ class BranchRunner:
                         break
                     # Before taking a live-branch slot: a worker waiting for its turn holds
                     # none (and has not taken the branch: another may, once it may start).
-                    if in_order and not order.wait(indices[pos], give_up,
-                                                   steal and (lambda _need: steal(run))):
-                        return answer(rest())
+                    # (Its turn has come when ``low`` reached ``_StartOrder.need``: most
+                    # often so, read here without a call.)
+                    if in_order:
+                        j = indices[pos]
+                        if j >= bound and order.low < (j - bound + 1 if j >= 2 * bound - 1
+                                                       else bound) \
+                                and not order.wait(j, give_up, steal_run):
+                            return answer(rest())
                     if not run.take(pos, not took):
                         continue   # taken meanwhile by a waiting worker
                     took += 1
@@ -426,8 +445,10 @@ class BranchRunner:
                     if verdict is not _GO:
                         after = host.fail(index, verdict)
                         return answer(rest(), failed=(index, verdict, after))
-                    if order is not None:
-                        order.mark(index)
+                    if order is not None:   # _StartOrder.mark, its wake-ups only if any wait
+                        started[index] = 1
+                        if order.waiting:
+                            order.mark(index)
                     ctx = None
                     try:
                         if wants_ctx:
@@ -437,7 +458,7 @@ class BranchRunner:
                             value = target(items[pos])
                         if hasattr(value, "__await__"):   # an async target: run it here
                             value = settle(value)
-                        if convert is not None:
+                        if convert is not None and type(value) is not exact:
                             value = convert(index, value)
                     except _Suspend as suspend:
                         if ctx is not None:
