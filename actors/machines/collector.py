@@ -853,14 +853,14 @@ class Collector:
         if self.pending:
             return [(self.driver, self._suspended())]
         n = len(self.state)
-        if any(s != FINISHED for s in self.state):  # defensive: never publish a partial join
+        if self.state.count(FINISHED) != n:  # defensive: never publish a partial join
             missing = [i for i, s in enumerate(self.state) if s != FINISHED]
             self.first = (None, f"branches {missing[:10]} ended without a result",
                           "IncompleteJoin")
             return [(self.driver, self._failed_result())]
         values = self.values
         return [(self.driver, GroupResult(group_id=self.gid, status="completed",
-                                          results=[values[i] for i in range(n)],
+                                          results=list(map(values.__getitem__, range(n))),
                                           effects=self.effects, leases=self.n_leases,
                                           peak_leases=self.peak_leases, late=self.late))]
 

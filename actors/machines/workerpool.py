@@ -176,11 +176,14 @@ class WorkerPool:
     def _compact(self) -> None:
         """Drop the stale entries (each heap mostly stale by now), keeping the live once."""
         self.pushed = 0
-        rank, held = self.rank, self.held
+        rank, workers = self.rank, self.table.workers
+        # Each member's count read once (not once an entry: the heaps hold many).
+        held = {name: len(workers[name].held) if name in workers else 0 for name in rank}
+        get = held.get
         for count, heap in enumerate(self.fewest_by):
             heap[:] = sorted({e for e in heap
-                              if rank.get(e[1]) == e[0] and held(e[1]) == count})
+                              if rank.get(e[1]) == e[0] and get(e[1]) == count})
         self.queued[:] = sorted({e for e in self.queued
-                                 if rank.get(e[1]) == e[0] and held(e[1]) >= 2})
+                                 if rank.get(e[1]) == e[0] and get(e[1], 0) >= 2})
         self.last[:] = sorted({e for e in self.last
-                               if rank.get(e[1]) == -e[0] and held(e[1]) == 0})
+                               if rank.get(e[1]) == -e[0] and get(e[1]) == 0})
