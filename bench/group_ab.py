@@ -328,7 +328,7 @@ def main(argv=None) -> dict[str, list[float]]:
                         "(the first 32 starts), tail and gaps, and its efficiency against "
                         "the measured sleep")
     args = p.parse_args(argv)
-    roots = list(dict.fromkeys([os.path.abspath(args.a), os.path.abspath(args.b)]))
+    roots = [os.path.abspath(args.a), os.path.abspath(args.b)]
     for root in roots:
         if not (os.path.isfile(os.path.join(root, "actors", "groups.py"))
                 or os.path.isdir(os.path.join(root, "actors", "groups"))):
@@ -361,10 +361,9 @@ def main(argv=None) -> dict[str, list[float]]:
               f"{med(g / p for g, p in zip(v, w)):.3f}x warm threads; CPU per item "
               + ", ".join(f"{name} {med(cpu[root][name]) * 1e6:.1f} us" for name in RUNNERS))
     if args.timeline:
-        _print_shapes(roots, shapes)
-    if len(roots) == 2:   # (one checkout given twice runs once)
-        diff = med(effs[roots[1]]["group"]) - med(effs[roots[0]]["group"])
-        print(f"b - a: {diff:+.4f} (medians)")
+        _print_shapes(list(dict.fromkeys(roots)), shapes)
+    diff = med(effs[roots[1]]["group"]) - med(effs[roots[0]]["group"])
+    print(f"b - a: {diff:+.4f} (medians)")
     return {root: effs[root]["group"] for root in roots}
 
 

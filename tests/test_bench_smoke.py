@@ -42,13 +42,14 @@ def test_group_ab_compares_two_checkouts_in_alternating_processes(root, tmp_path
 
     with pytest.raises(SystemExit, match="not a checkout of evobus"):
         group_ab.main([str(tmp_path), str(root)])
-    effs = group_ab.main([str(root), str(root), "--rounds", "2", "--calls", "1"])
+    effs = group_ab.main([str(root), str(root), "--rounds", "2", "--calls", "1", "--timeline"])
     # One key per checkout (here the same one twice: one key), a call per round each.
     assert list(effs) == [str(root)] and len(effs[str(root)]) == 4
     assert all(0 < e < 1 for e in effs[str(root)])
     out = capsys.readouterr().out
     assert "b - a:" in out and "ThreadPoolExecutor(32) beside it" in out and "load average" in out
-    assert "32 bare threads" in out and "CPU per item" in out
+    assert "32 bare threads" in out and "CPU per item" in out and "32 warm threads" in out
+    assert "efficiency against the measured sleep" in out and "ramp" in out
     rows = group_ab.main([str(root), str(root), "--slots", "--rounds", "1", "--calls", "1"])
     assert len(rows[str(root)]) == 2   # (the same checkout twice: one key)
     call = rows[str(root)][0]
