@@ -243,13 +243,19 @@ class GroupWorker(Worker):
         self.collector = collector
         self.box = box
         self.settle = Awaiter()   # async targets: one event loop for this worker's thread
+        self._runner: BranchRunner | None = None
 
     def _run(self, lease: "Branch | _Run", owner: str | None = None,
              taken: int | None = None) -> None:
-        # Built per lease: a pooled worker is bound to another group's names and host
-        # between two groups (actors.groups.pool).
-        BranchRunner(self._send, self.name, self.host, self.box, self.settle,
-                     self._steal).run(lease, owner, taken)
+        # Built again when the worker is bound to another group's names, host and box
+        # (a pooled worker, between two groups: actors.groups.pool); a runner only reads
+        # what it was given, so a steal may run a branch with it inside one of its runs.
+        runner = self._runner
+        if runner is None or runner.host is not self.host or runner.box is not self.box \
+                or runner.name != self.name:
+            runner = self._runner = BranchRunner(self._send, self.name, self.host, self.box,
+                                                 self.settle, self._steal)
+        runner.run(lease, owner, taken)
 
     def _send(self, name: str, msg) -> None:
         self.bus.send(name, self.collector, msg)
@@ -361,8 +367,12 @@ class BranchRunner:
         effects: list[tuple[int, str]] = []
         t0 = time.monotonic()
         previous = getattr(_ambient, "host", None)
-        _ambient.host = host
-        outer_meter = usage.swap(getattr(host.ledger, "meter", None))   # counted with the caller
+        # A steal, run while this thread waits in a lease of the same group, finds the
+        # group's host and meter bound already.
+        nested = previous is host
+        if not nested:
+            _ambient.host = host
+            outer_meter = usage.swap(getattr(host.ledger, "meter", None))   # with the caller
         fast = host.fast
         parent = host.parent
         box = self.box
@@ -371,7 +381,8 @@ class BranchRunner:
         order = host.order      # every start is marked in it, whatever the lease
         in_order = order is not None and lease.in_order   # this lease waits for its turn
         steal = self.steal
-        steal_run = (lambda _need: steal(run)) if steal is not None else None
+        steal_run = (lambda _need: steal(run)) \
+            if steal is not None and in_order and taken is None else None
         if order is not None:
             bound, started = order.bound, order.started
         convert = host.convert
@@ -491,8 +502,9 @@ class BranchRunner:
                             gate.leave()
             return answer([])
         finally:
-            _ambient.host = previous
-            usage.swap(outer_meter)
+            if not nested:
+                _ambient.host = previous
+                usage.swap(outer_meter)
 
     @staticmethod
     def _unencodable(done, values) -> tuple[int, BaseException] | None:
