@@ -18,7 +18,7 @@ from protocol import (Branch, BranchDone, BranchFailed, Cancel, Hold, Interactio
 from actors import usage
 from actors.errors import BranchCancelled, ResultTooLarge, _Suspend, describe
 from actors.groups.context import BranchContext
-from actors.groups.host import _GO, _Host, _NOT_NOW, _ambient
+from actors.groups.host import _GO, _Host, _NOT_NOW, _StartOrder, _ambient
 from actors.groups.limits import MAX_RESULT_BYTES
 from actors.groups.store import _encoder, _enter_all
 
@@ -383,7 +383,10 @@ class BranchRunner:
         steal = self.steal
         steal_run = (lambda _need: steal(run)) \
             if steal is not None and in_order and taken is None else None
-        if order is not None:
+        # This process's start order is read and marked here without a call; another
+        # process's (actors.groups.served.RemoteOrder) is asked and told each time.
+        local = type(order) is _StartOrder
+        if local:
             bound, started = order.bound, order.started
         convert = host.convert
         exact = getattr(convert, "exact", None)   # a value of exactly R needs no call
@@ -429,8 +432,8 @@ class BranchRunner:
                     # often so, read here without a call.)
                     if in_order:
                         j = indices[pos]
-                        if j >= bound and order.low < (j - bound + 1 if j >= 2 * bound - 1
-                                                       else bound) \
+                        if (not local or j >= bound and order.low < (
+                                j - bound + 1 if j >= 2 * bound - 1 else bound)) \
                                 and not order.wait(j, give_up, steal_run):
                             return answer(rest())
                     if not run.take(pos, not took):
@@ -456,10 +459,12 @@ class BranchRunner:
                     if verdict is not _GO:
                         after = host.fail(index, verdict)
                         return answer(rest(), failed=(index, verdict, after))
-                    if order is not None:   # _StartOrder.mark, its wake-ups only if any wait
+                    if local:   # _StartOrder.mark, its wake-ups only if a worker waits
                         started[index] = 1
                         if order.waiting:
                             order.mark(index)
+                    elif order is not None:
+                        order.mark(index)
                     ctx = None
                     try:
                         if wants_ctx:
