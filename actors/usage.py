@@ -72,21 +72,21 @@ def swap(meter: dict[str, list] | None) -> dict[str, list] | None:
     return outer
 
 
-def take(meter: dict[str, list], phase: str) -> list[Usage]:
+def take(meter: dict[str, list], phase: str) -> tuple[Usage, ...]:
     """What was reported into ``meter`` since the last take, as ``Usage`` of ``phase``
     (one per model); empties it."""
     if not meter:
-        return []
+        return ()
     with _ADD:
-        out = [Usage(phase=phase, model=model, input_tokens=e[0], output_tokens=e[1],
-                     cost=e[2], attempts=e[3], throttled=round(e[4], 6), calls=e[5])
-               for model, e in meter.items()]
+        out = tuple(Usage(phase=phase, model=model, input_tokens=e[0], output_tokens=e[1],
+                          cost=e[2], attempts=e[3], throttled=round(e[4], 6), calls=e[5])
+                    for model, e in meter.items())
         meter.clear()
     return out
 
 
 def metered(phase: str, fn: Callable[..., Any], *args: Any
-            ) -> tuple[Any, list[Usage], BaseException | None]:
+            ) -> tuple[Any, tuple[Usage, ...], BaseException | None]:
     """Call ``fn(*args)`` with a fresh meter: (its value or None, what it reported, the
     exception it raised or None). The exception is returned, not raised, so that what a
     failed call reported is kept too."""

@@ -73,14 +73,15 @@ class RolloutResult(msgspec.Struct, frozen=True, omit_defaults=True):
     proposal the worker derived from the rollout, if any. ``calls`` counts backend
     calls (run + propose, and the branches of parallel groups they started:
     ``group_calls`` of them) for the ``max_calls`` budget; ``usage`` is what those calls
-    reported (empty when they reported nothing)."""
+    reported (empty when they reported nothing: a tuple, so that a result of scalars
+    is not tracked by the garbage collector)."""
 
     task_id: str
     score: float | None = None
     diff: Diff | None = None
     error: str | None = None
     calls: int = 0
-    usage: list[Usage] = []
+    usage: tuple[Usage, ...] = ()
     group_calls: int = 0
 
 

@@ -177,7 +177,7 @@ class WorkerCore:
         except Exception as exc:  # a flaky backend is evidence: reported in the result
             return RolloutResult(task_id=task.id, error=describe(exc), calls=1,
                                  usage=take(meter, "run"))
-        usage = take(meter, "run") if meter else []
+        usage = take(meter, "run") if meter else ()
         score = self.reward(task, output)
         if score.__class__ is not float:   # an int, or an async reward's coroutine
             score = self.settle(score)
