@@ -185,24 +185,34 @@ class Ledger:
         with no price)."""
         self.release(reservation or lease.lease_id)
         scoring = lease.kind != "rollout"
+        b = self.limits
+        check = b is not None and (b.max_tokens is not None or b.max_cost is not None)
+        # One pass, the counts summed in locals (a Scheduler settles every lease here).
+        calls = proposals = 0
         for r in results:
-            if r.calls:
-                if scoring:
-                    self.calls["scoring"] += r.calls
-                else:  # run, at most one propose, then the calls of groups run inside
-                    proposal = min(1, r.calls - r.group_calls - 1)
-                    self.calls["proposal"] += proposal
-                    self.calls["rollout"] += r.calls - proposal
+            n = r.calls
+            if n and not scoring:  # run, at most one propose, then the calls of groups
+                proposals += min(1, n - r.group_calls - 1)
+            calls += n
             for u in r.usage:
                 self._count(u, "scoring" if scoring else
                             "proposal" if u.phase == "propose" else "rollout")
-            if self.limits is not None and (self.limits.max_tokens is not None
-                                            or self.limits.max_cost is not None):
+            if check:
                 fatal = self._check_reported(r, scoring)
                 if fatal:
+                    self._add_calls(scoring, calls, proposals)
                     return fatal
-        self._note_passed(sum(r.calls for r in results))
+        self._add_calls(scoring, calls, proposals)
+        if b is not None:
+            self._note_passed(calls)
         return None
+
+    def _add_calls(self, scoring: bool, calls: int, proposals: int) -> None:
+        if scoring:
+            self.calls["scoring"] += calls
+        else:
+            self.calls["proposal"] += proposals
+            self.calls["rollout"] += calls - proposals
 
     def _note_passed(self, calls: int) -> None:
         """A token or cost budget passed by this lease's end: the calls in flight then
