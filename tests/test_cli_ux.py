@@ -12,12 +12,14 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 
 from actors.cli.progress import RunProgress, interrupt_guard, outcome_text
-from protocol import RoundRecord
+from bus.log import TornTailWarning, read_log
+from protocol import RoundClosed, RoundRecord, RunDone, decode
 from protocol.scenario import parse_scenario
 from scenarios.router import RouterAgent
 
@@ -341,6 +343,34 @@ def test_the_output_a_page_shows_is_what_the_command_prints(page, command, tmp_p
         f"it prints:\n{out.stdout}")
 
 
+def messages_on_disk(log: Path) -> list[tuple[str, object]]:
+    """(receiver, message) of every record the log on disk holds; a torn tail is the
+    writer mid-flush or the kill, not damage (resume cuts it back too)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TornTailWarning)
+        return [(r.receiver, decode(r.body)) for r in read_log(log).records]
+
+
+def closed_rounds_on_disk(log: Path) -> list[int]:
+    """The rounds whose RoundClosed to the planner the log on disk holds (the rounds
+    `evobus resume` goes on from)."""
+    return [m.round for receiver, m in messages_on_disk(log)
+            if receiver == "planner" and isinstance(m, RoundClosed)]
+
+
+def wait_for_closed_round(log: Path, proc: subprocess.Popen, deadline_s: float) -> None:
+    """Poll the growing log until it holds a closed round (bounded), the run still on."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended (rc {proc.returncode}) before {log} "
+                                 "held a closed round")
+        if closed_rounds_on_disk(log):
+            return
+        time.sleep(0.01)  # polling period, not a synchronisation
+    raise AssertionError(f"{log} held no RoundClosed {deadline_s} s after the round line")
+
+
 @pytest.mark.slow
 def test_a_resumed_run_shows_what_a_run_shows(tmp_path, env):
     """kill -9 after the first round, then `evobus resume`: the same round lines (going
@@ -356,11 +386,17 @@ def test_a_resumed_run_shows_what_a_run_shows(tmp_path, env):
         for line in proc.stdout:  # the first round has closed: kill it there
             if "  round " in line:
                 break
+        # The round line is printed when the RoundClosed is delivered, but the log hands
+        # it to the OS only at the writer's next flush (within FLUSH_EVERY_S): a kill at
+        # once could leave a log with no closed round, and resume would redo round 0.
+        wait_for_closed_round(log, proc, deadline_s=20)
         proc.kill()
         proc.wait(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
+    assert not any(isinstance(m, RunDone) for _, m in messages_on_disk(log)), \
+        "the run finished before the kill: slow SlowAgent down or add rounds"
     out = evobus("resume", str(log), cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()

@@ -29,6 +29,10 @@ from tests import group_remote_domain as domain
 from tests.test_remote import ROOT, env_with, free_port, wait_for
 
 HEARTBEAT, DEADLINE = 0.2, 1.0
+#: How long a group waits for its `evobus worker --connect` processes to register (and a
+#: worker for the coordinator): a bound on that event, wide enough for a Python start on
+#: a loaded 2-core machine, and with the waits after it still inside pytest-timeout.
+REGISTER_S = 45
 
 
 class Workers_:
@@ -43,7 +47,7 @@ class Workers_:
 
     def start(self, name: str, *extra: str) -> subprocess.Popen:
         argv = [sys.executable, "-m", "actors.cli", "worker", "--connect", self.addr,
-                "--id", name, "--allow", "tests.group_remote_domain", "--give-up", "30",
+                "--id", name, "--allow", "tests.group_remote_domain", "--give-up", str(REGISTER_S),
                 "--broker-timeout", "2", *extra]
         if self.keys is not None:
             argv += ["--key", str(self.keys / f"{name}.key_secret"),
@@ -57,7 +61,7 @@ class Workers_:
     def section(self, n: int, **kw) -> Workers:
         return Workers(local=0, remote=n, bind=self.addr,
                        keys=str(self.keys) if self.keys else None, heartbeat=HEARTBEAT,
-                       deadline=DEADLINE, wait_seconds=20, **kw)
+                       deadline=DEADLINE, wait_seconds=REGISTER_S, **kw)
 
     def said(self) -> str:
         return "\n".join(f"{p.name}:\n{p.read_text()[-1500:]}"
@@ -95,6 +99,34 @@ def keys(tmp_path) -> Path:
     return root
 
 
+def start_group(box: dict, *args, **kw) -> threading.Thread:
+    """`run_group(*args, **kw)` on a thread: its outcome in ``box["out"]``, or what it
+    raised in ``box["error"]`` (a group whose workers never registered, say)."""
+    def run() -> None:
+        try:
+            box["out"] = run_group(*args, **kw)
+        except Exception as exc:  # noqa: BLE001 - the test's thread reports it
+            box["error"] = exc
+
+    group = threading.Thread(target=run, daemon=True)
+    group.start()
+    return group
+
+
+def wait_for_hang(box: dict, marker: Path, w: Workers_, what: str) -> int:
+    """The pid of the worker whose branch wrote ``marker`` and hangs. The bound covers
+    the workers' registration (REGISTER_S) and the branches before it; a group that
+    raised (no workers registered) fails at once with its error."""
+    try:
+        pid = wait_for(lambda: "error" in box or (marker.exists()
+                                                  and marker.read_text().strip()),
+                       REGISTER_S + 25, f"{what} to hang")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{w.said()}") from None
+    assert "error" not in box, f"{box['error']!r}\n{w.said()}"
+    return int(pid)
+
+
 def test_a_group_of_200_items_over_two_curve_workers_returns_results_in_input_order(
         fleet, keys):
     w = fleet(keys)
@@ -119,14 +151,10 @@ def test_a_worker_killed_mid_group_has_its_branches_finish_elsewhere_each_effect
     items = [{"i": i, "log": str(count), "hang_at": 25, "marker": str(marker)}
              for i in range(60)]
     box: dict = {}
-    group = threading.Thread(target=lambda: box.update(out=run_group(
-        "tests.group_remote_domain:counted", items, max_concurrency=4, max_items=60,
-        workers=w.section(2))), daemon=True)
-    group.start()
+    group = start_group(box, "tests.group_remote_domain:counted", items, max_concurrency=4,
+                        max_items=60, workers=w.section(2))
     # Branch 25 ran its effect (journaled with the coordinator) and hangs on one worker.
-    hung = wait_for(lambda: marker.exists() and marker.read_text().strip(), 30,
-                    f"branch 25 to hang\n{w.said()}")
-    os.kill(int(hung), signal.SIGKILL)
+    os.kill(wait_for_hang(box, marker, w, "branch 25"), signal.SIGKILL)
     group.join(30)
     assert not group.is_alive(), w.said()
     out = box["out"]
@@ -319,15 +347,11 @@ def test_store_writes_count_once_when_a_remote_worker_is_killed_mid_group(fleet,
     w.start("w1")
     marker = tmp_path / "hanging"
     box: dict = {}
-    group = threading.Thread(target=lambda: box.update(out=run_group(
-        "tests.group_remote_domain:tallied", _tally_items(40, marker), max_concurrency=4,
-        max_items=40, chunk=4, workers=w.section(2))), daemon=True)
-    group.start()
+    group = start_group(box, "tests.group_remote_domain:tallied", _tally_items(40, marker),
+                        max_concurrency=4, max_items=40, chunk=4, workers=w.section(2))
     # Branch 20 wrote the store (with the coordinator) and hangs on one worker, its
     # lease's earlier branches done there but not answered: all of them run again.
-    hung = wait_for(lambda: marker.exists() and marker.read_text().strip(), 30,
-                    f"branch 20 to hang\n{w.said()}")
-    os.kill(int(hung), signal.SIGKILL)
+    os.kill(wait_for_hang(box, marker, w, "branch 20"), signal.SIGKILL)
     group.join(30)
     assert not group.is_alive(), w.said()
     out = box["out"]
@@ -431,13 +455,9 @@ def test_a_remote_branch_killed_after_its_nested_group_runs_it_again_without_dou
     effects, marker = tmp_path / "inner.txt", tmp_path / "hanging"
     items = [{"i": i, "hang_at": 5, "marker": str(marker)} for i in range(12)]
     box: dict = {}
-    group = threading.Thread(target=lambda: box.update(out=run_group(
-        "tests.group_remote_domain:fans_out", items, max_concurrency=4, max_items=12,
-        store={"log": str(effects)}, workers=w.section(2))), daemon=True)
-    group.start()
-    hung = wait_for(lambda: marker.exists() and marker.read_text().strip(), 30,
-                    f"branch 5 to hang\n{w.said()}")
-    os.kill(int(hung), signal.SIGKILL)
+    group = start_group(box, "tests.group_remote_domain:fans_out", items, max_concurrency=4,
+                        max_items=12, store={"log": str(effects)}, workers=w.section(2))
+    os.kill(wait_for_hang(box, marker, w, "branch 5"), signal.SIGKILL)
     group.join(30)
     assert not group.is_alive(), w.said()
     out = box["out"]
