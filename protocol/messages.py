@@ -241,6 +241,9 @@ class EvalDone(Msg, frozen=True):
     #: Every call of this scoring failed (``errors`` of them): the first error, in task
     #: order. Unset when any call succeeded, so a partly failed scoring reads as before.
     failed: str | None = None
+    #: Some calls failed (``errors`` of them, scored 0): the first error, in task order,
+    #: as ``"task_id: error"``; unset when none did. Set with ``failed`` too.
+    first_error: str | None = None
 
 
 class Commit(Msg, frozen=True):

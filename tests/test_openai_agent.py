@@ -301,3 +301,39 @@ target_reward = 1.0
     assert len(server.requests) > 100
     assert all(r["json"]["model"] == "fake-router" for r in server.requests)
     assert all(r["headers"]["Authorization"] == f"Bearer {key}" for r in server.requests)
+
+
+@pytest.mark.slow   # ~6 s under load: a whole run over HTTP
+def test_a_baseline_with_some_failed_calls_says_so_in_the_summary(tmp_path, key, capsys):
+    """Two of the baseline's held-out calls get a 400 (the first two requests of the run:
+    the baseline is scored before any round plans): they score 0 and the summary says
+    how many failed and the first error, over real HTTP on 127.0.0.1."""
+    from actors.cli.main import main
+
+    server = FakeServer(default=router_model)
+    server.script += [(400, {"error": {"message": "bad request, on purpose"}}, {}, 0)] * 2
+    try:
+        scenario = tmp_path / "llm.toml"
+        scenario.write_text(f'''name = "router-llm"
+rounds = 1
+[domain]
+tasks = "scenarios.router:tasks"
+reward = "scenarios.router:reward"
+[domain.agent]
+ref = "actors.openai_agent:OpenAIAgent"
+[domain.agent.kwargs]
+base_url = "{server.url}"
+model = "fake-router"
+api_key_env = "{KEY_ENV}"
+[strategy]
+kind = "KeyedRules"
+categories = ["billing", "shipping", "technical", "account"]
+''')
+        assert main(["run", str(scenario), "--log", str(tmp_path / "llm.evolog")]) == 0
+    finally:
+        server.close()
+    out = capsys.readouterr().out
+    line = next((x for x in out.splitlines() if x.startswith("baseline: ")), None)
+    assert line is not None, out
+    assert re.match(r"baseline: 2 of \d+ held-out call\(s\) failed and scored 0", line), line
+    assert "first error: " in line and "400" in line, line

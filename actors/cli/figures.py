@@ -18,8 +18,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from actors.machines.budget import Ledger
-from protocol import (Budget, Commit, EvalDone, EvalRequest, Lease, LeaseBatch, LeaseDone,
-                      RoundClosed, Settled, SettledBatch, Start)
+from protocol import (Baseline, Budget, Commit, EvalDone, EvalRequest, Lease, LeaseBatch,
+                      LeaseDone, RoundClosed, Settled, SettledBatch, Start)
 
 __all__ = ["Closed", "RunFigures"]
 
@@ -65,6 +65,12 @@ class RunFigures:
     started: float | None = None   # when work began (the caller's clock)
     last: float = 0.0
     asynchronous: bool = False
+    #: The baseline's held-out calls: how many, how many failed (scored 0), the first
+    #: error; None until the Planner has the baseline.
+    baseline_calls: int | None = None
+    baseline_errors: int = 0
+    baseline_error: str | None = None
+    _last_eval: EvalDone | None = None   # the scoring a Baseline reports (just before it)
     _pending: list[int] = field(default_factory=lambda: [0, 0])   # rollouts, leases
     _answered: set[str] = field(default_factory=set)
     _dispatched: Counter = field(default_factory=Counter)
@@ -110,6 +116,11 @@ class RunFigures:
                 self.evals_asked += 1
             case EvalDone() if receiver == "merger":
                 self.evals_done += 1
+                self._last_eval = msg
+            case Baseline() if receiver == "planner" and self._last_eval is not None:
+                done = self._last_eval
+                self.baseline_calls, self.baseline_errors = len(done.scores), done.errors
+                self.baseline_error = done.first_error or done.failed
             case RoundClosed() if receiver == "planner":
                 self._close(msg, t)
             case Commit() if sender == "merger":

@@ -387,6 +387,7 @@ class RunProgress(_Lines):
                 f"({result.stop_reason}; {result.rollouts} rollouts in {result.elapsed:.2f} s"
                 f"{self._waited(result.elapsed)})")
         lines = [f"outcomes: {outcome_text(result.outcomes())}"]
+        lines += baseline_lines(self.in_round.fold())
         usage = getattr(result, "usage", None)
         if usage:
             # The agent's own count: of this process, so of a resume only since then.
@@ -415,7 +416,7 @@ class RunProgress(_Lines):
         for line in lines:
             key, _, rest = line.partition(": ")
             text = Text(f"{key}: ", style="dim")
-            text.append(rest, style="red" if key == "backend errors" else "")
+            text.append(rest, style="red" if key in ("backend errors", "baseline") else "")
             c.print(text)
         c.print(Panel(Text(result.rendered), title=f"artifact v{result.version}",
                       title_align="left", border_style="dim", expand=False))
@@ -598,6 +599,16 @@ def _usage_rows(b: Any, now: RoundSnapshot) -> list[tuple[Any, float, str, Any]]
     return [(b.max_calls, now.calls, "calls", lambda v: f"{int(v):,}"),
             (getattr(b, "max_tokens", None), now.tokens, "tokens", lambda v: f"{int(v):,}"),
             (getattr(b, "max_cost", None), now.cost, "cost", lambda v: f"${v:,.4f}")]
+
+
+def baseline_lines(figures: Any) -> list[str]:
+    """A line when some of the baseline's held-out calls failed: they scored 0, so the
+    reward the run starts from is partly unscored (none when every call answered)."""
+    if not figures.baseline_errors:
+        return []
+    return [f"baseline: {figures.baseline_errors} of {figures.baseline_calls} held-out "
+            f"call(s) failed and scored 0, so the starting reward is partly unscored; "
+            f"first error: {figures.baseline_error}"]
 
 
 def budget_lines(budget: dict) -> list[str]:

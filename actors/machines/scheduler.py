@@ -477,11 +477,10 @@ class Scheduler:
         # Summed in task-id order: the mean must not depend on which chunk came back first.
         ordered = {k: agg.scores[k] for k in sorted(agg.scores)}
         mean = sum(ordered.values()) / len(ordered) if ordered else 0.0
-        failed = None
-        if ordered and agg.errors == len(ordered):   # nothing scored: say why, once
-            failed = "{}: {}".format(*agg.first_error)
+        first = "{}: {}".format(*agg.first_error) if agg.first_error else None
+        failed = first if ordered and agg.errors == len(ordered) else None  # nothing scored
         return [(MERGER, EvalDone(eval_id=eval_id, score=mean, scores=ordered,
-                                  errors=agg.errors, failed=failed))]
+                                  errors=agg.errors, failed=failed, first_error=first))]
 
     # -- dispatch -------------------------------------------------------------------------
 
