@@ -269,30 +269,36 @@ def router_model(body: dict):
     return 200, completion(text, prompt_tokens=len(system) // 4 + 5, completion_tokens=2), {}, 0
 
 
-def test_a_scenario_runs_the_agent_against_the_endpoint(tmp_path, key, capsys):
-    from actors.cli.main import main
-
-    server = FakeServer(default=router_model)
-    try:
-        scenario = tmp_path / "llm.toml"
-        scenario.write_text(f'''name = "router-llm"
-rounds = 15
+def agent_scenario(tmp_path, url: str, *, rounds: int, kwargs: str = "", tail: str = ""):
+    """A router scenario whose agent is OpenAIAgent against ``url``, written to tmp_path."""
+    scenario = tmp_path / "llm.toml"
+    scenario.write_text(f'''name = "router-llm"
+rounds = {rounds}
 [domain]
 tasks = "scenarios.router:tasks"
 reward = "scenarios.router:reward"
 [domain.agent]
 ref = "actors.openai_agent:OpenAIAgent"
 [domain.agent.kwargs]
-base_url = "{server.url}"
+base_url = "{url}"
 model = "fake-router"
 api_key_env = "{KEY_ENV}"
-edit_format = "Write it as category: keywords."
+{kwargs}
 [strategy]
 kind = "KeyedRules"
 categories = ["billing", "shipping", "technical", "account"]
-[budgets]
-target_reward = 1.0
-''')
+{tail}''')
+    return scenario
+
+
+def test_a_scenario_runs_the_agent_against_the_endpoint(tmp_path, key, capsys):
+    from actors.cli.main import main
+
+    server = FakeServer(default=router_model)
+    try:
+        scenario = agent_scenario(tmp_path, server.url, rounds=15,
+                                  kwargs='edit_format = "Write it as category: keywords."',
+                                  tail="[budgets]\ntarget_reward = 1.0\n")
         assert main(["run", str(scenario), "--log", str(tmp_path / "llm.evolog")]) == 0
     finally:
         server.close()
@@ -313,22 +319,7 @@ def test_a_baseline_with_some_failed_calls_says_so_in_the_summary(tmp_path, key,
     server = FakeServer(default=router_model)
     server.script += [(400, {"error": {"message": "bad request, on purpose"}}, {}, 0)] * 2
     try:
-        scenario = tmp_path / "llm.toml"
-        scenario.write_text(f'''name = "router-llm"
-rounds = 1
-[domain]
-tasks = "scenarios.router:tasks"
-reward = "scenarios.router:reward"
-[domain.agent]
-ref = "actors.openai_agent:OpenAIAgent"
-[domain.agent.kwargs]
-base_url = "{server.url}"
-model = "fake-router"
-api_key_env = "{KEY_ENV}"
-[strategy]
-kind = "KeyedRules"
-categories = ["billing", "shipping", "technical", "account"]
-''')
+        scenario = agent_scenario(tmp_path, server.url, rounds=1)
         assert main(["run", str(scenario), "--log", str(tmp_path / "llm.evolog")]) == 0
     finally:
         server.close()
