@@ -149,9 +149,9 @@ def test_groups_in_one_lease_in_a_run_count_its_calls_land_in_its_log_and_replay
     would measure it again): every group goes in one lease to one worker, and its
     branches still count against the run's calls, its messages are in the run's log,
     replay verifies them, and max_calls still stops a group as its error."""
-    from actors.groups import driver
+    from actors.groups import driver, target
 
-    facts = driver._facts_of(domain.score_words)
+    facts = target._facts_of(domain.score_words)
     before, facts[3] = facts[3], 1e-6   # seconds a branch
     monkeypatch.setattr(driver, "_remember", lambda fn, seconds: None)
     try:

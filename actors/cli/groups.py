@@ -26,7 +26,7 @@ from actors.workers import code as refs
 from actors.groups.api import run_group
 from actors.groups.fleet import elsewhere
 from actors.runtime.launch import group_log_path
-from actors.groups.driver import _resolve_target
+from actors.groups.target import _resolve_target
 from actors.groups.types import output_type
 
 log = logging.getLogger(__name__)

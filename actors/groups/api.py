@@ -20,7 +20,8 @@ from actors.errors import ResumeRefused
 from actors.groups.outcome import GroupOutcome, results_of
 from actors.groups.store import Store
 from actors.groups.driver import (
-                                  _FIXED_AT_START, _OPTIONS, _Plan, _RESUME_ONLY, _ambient_parent, _check_bounds, _check_items, _check_options, _execute, _resolve_target, _take_items, _target_returns, NO_BUDGETS)
+                                  _FIXED_AT_START, _OPTIONS, _Plan, _RESUME_ONLY, _ambient_parent, _check_bounds, _check_items, _check_options, _execute, _take_items, NO_BUDGETS)
+from actors.groups.target import _resolve_target, _target_returns
 from actors.groups.host import _Host
 from actors.groups.checkpoint import (EffectLog, _exclusive, _write_checkpoint, check_code,
                                       load_checkpoint, running_checkpoint)

@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import atexit
 import functools
-import inspect
 import itertools
 import logging
 import os
 import queue
-import sys
 import tempfile
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple
@@ -37,7 +34,6 @@ from typing import Any, Callable, Iterable, NamedTuple
 import msgspec
 import pykka
 
-from actors.workers import code as refs
 from actors.machines.collector import Collector
 from actors.errors import ConfigError, RunFailed
 from actors.runtime.shell import pass_to
@@ -55,7 +51,8 @@ from actors.groups.pool import _Bind, pool_of, pooled_deliver
 from actors.groups.worker import _LeaseBox
 from actors.groups.store import _encoder, Store, _Gate, _enter_all
 from actors.groups.host import _Host, _StartOrder, _ambient
-from actors.groups.types import as_partial, as_results, converter, output_type, type_name
+from actors.groups.types import as_partial, as_results, type_name
+from actors.groups.target import (_converter, _measured, _remember, _target_wants_ctx)
 from actors.version import PACKAGE_VERSION
 from actors.runtime.clock import Ticker
 from actors.runtime.runtime import Runtime, make_log_directory
@@ -142,118 +139,6 @@ def _check_options(options: dict[str, Any], allowed: dict[str, str], where: str)
                 hint = f" ({name} is fixed when the group starts and kept in its checkpoint)"
             raise ConfigError(f"{where}: unknown option {name!r}{hint}; accepted: "
                               f"{', '.join(sorted(allowed))}")
-
-
-def _wants_ctx(fn: Callable) -> bool:
-    """Pass ``ctx`` when the target has a parameter named ``ctx`` or at least two
-    positional parameters without defaults."""
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin without a signature: item only
-        return False
-    if "ctx" in sig.parameters:
-        return True
-    positional = [p for p in sig.parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-                  and p.default is p.empty]
-    return len(positional) >= 2
-
-
-#: What a target's signature says (whether it takes ctx; its return annotation as R),
-#: per function: reading a signature costs more than a small group's whole work; and
-#: what its branches were measured to take on its last group that completed here.
-_facts: "weakref.WeakKeyDictionary[Callable, list]" = weakref.WeakKeyDictionary()
-_UNREAD = object()
-
-
-def _facts_of(fn: Callable) -> list | None:
-    """[key, R or _UNREAD, takes ctx or _UNREAD, seconds a branch or None] remembered
-    for ``fn`` while its code, annotations and signature stay the same objects (a
-    redefinition, or annotations assigned anew, are read again); None for a callable
-    that cannot be weakly referenced (a builtin): read every time."""
-    key = (getattr(fn, "__code__", None), getattr(fn, "__annotations__", None),
-           getattr(fn, "__signature__", None))
-    try:
-        known = _facts.get(fn)
-        if known is None or known[0] != key:
-            known = _facts[fn] = [key, _UNREAD, _UNREAD, None]
-    except TypeError:
-        return None
-    return known
-
-
-def _target_returns(fn: Callable, returns: Any, where: str) -> Any:
-    """The output type R: ``returns`` if given, else ``fn``'s return annotation."""
-    known = _facts_of(fn) if returns is None else None
-    if known is None:
-        return output_type(fn, returns, where)
-    if known[1] is _UNREAD:
-        known[1] = output_type(fn, None, where)   # raises when there is none: not kept
-    return known[1]
-
-
-@functools.lru_cache(maxsize=256)
-def _cached_converter(r: Any) -> Callable | None:
-    return converter(r)
-
-
-def _converter(r: Any) -> Callable | None:
-    """The check and conversion to R (types.converter), made once per R."""
-    try:
-        return _cached_converter(r)
-    except TypeError:   # an R that cannot be hashed: made every time
-        return converter(r)
-
-
-def _measured(fn: Callable) -> float | None:
-    """Seconds a branch of ``fn`` took on its last group that completed on threads of
-    this process (the workers' own measure, ``BranchDone.elapsed``), or None."""
-    known = _facts_of(fn)
-    return None if known is None else known[3]
-
-
-def _remember(fn: Callable, seconds: float) -> None:
-    known = _facts_of(fn)
-    if known is not None:
-        known[3] = seconds
-
-
-def _target_wants_ctx(fn: Callable) -> bool:
-    known = _facts_of(fn)
-    if known is None:
-        return _wants_ctx(fn)
-    if known[2] is _UNREAD:
-        known[2] = _wants_ctx(fn)
-    return known[2]
-
-
-def _infer_ref(fn: Callable) -> Ref | None:
-    """The import path of a module-level function or class, if it names this object."""
-    module = getattr(fn, "__module__", None)
-    qualname = getattr(fn, "__qualname__", None)
-    if not module or not qualname or "<" in qualname or module == "__main__":
-        return None
-    obj: Any = sys.modules.get(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-    return Ref(ref=f"{module}:{qualname}", call=False) if obj is fn else None
-
-
-def _resolve_target(target, allow) -> tuple[Callable, Ref | None]:
-    if isinstance(target, (str, Ref)):
-        ref = refs.parse(target)
-        fn = refs.resolve(ref, allow, what="target")
-        if not callable(fn):
-            raise ConfigError(f"target {ref.ref!r} names a {type(fn).__name__}, not a callable")
-        return fn, ref
-    if not callable(target):
-        raise ConfigError(f"target must be a callable taking item or (item, ctx), or an "
-                          f"import path 'package.module:function'; got {type(target).__name__}")
-    if allow is not None:
-        raise ConfigError("allow would be ignored: it checks a target named by import path "
-                          "('package.module:function'), and this target is a callable; "
-                          "remove allow, or name the target by its path")
-    return target, _infer_ref(target)
 
 
 def _check_bounds(max_concurrency, max_items) -> None:
@@ -345,7 +230,7 @@ class _Crash:
 
 def _execute(plan: _Plan) -> GroupOutcome:
     """Run one group to its end (or its suspension) and tell what happened."""
-    opts, parent = plan.options, plan.parent
+    parent = plan.parent
     settings = _settings(plan)
     ledger = _Ledger(plan.budgets, plan.consumed,
                      parent=parent.ledger if parent is not None else None,
@@ -353,7 +238,6 @@ def _execute(plan: _Plan) -> GroupOutcome:
     store = plan.store if plan.store is not None else (
         parent.store if parent is not None else Store())
     live, external = _gates(plan, settings.limits)
-    gid = plan.group_id
     fleet = start_fleet(plan)   # None: every branch runs on a thread of this process
     try:
         return _execute_on(plan, settings, ledger, store, live, external, fleet)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import builtins
 import logging
-import sys
 import threading
 import time
 import uuid
