@@ -5,6 +5,7 @@ stay distinct."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
 import enum
@@ -212,33 +213,46 @@ def test_a_target_measured_slow_is_spread_over_the_bound_from_its_next_call():
     assert driver._measured(naps) >= 0.002
 
 
+class Tally:
+    """Branches running at once (and the most ever), and how often each item ran."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = self.peak = 0
+        self.calls: collections.Counter = collections.Counter()
+
+    @contextlib.contextmanager
+    def entered(self, i: int):
+        with self.lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+            self.calls[i] += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
 @pytest.mark.parametrize("bus", ["zmq", "memory"])
 def test_branches_slower_than_measured_are_taken_by_helpers_within_the_bound(bus):
     """Branch 0 waits until branch 5 has run: in one lease on one worker it would wait for
     ever; helpers take the next branches meanwhile, never more at once than the bound."""
     last = threading.Event()
-    lock = threading.Lock()
-    running, peak, calls = [0], [0], collections.Counter()
+    tally = Tally()
 
     def target(i: int) -> int:
-        with lock:
-            running[0] += 1
-            peak[0] = max(peak[0], running[0])
-            calls[i] += 1
-        try:
+        with tally.entered(i):
             if i == 0:
                 assert last.wait(WAIT), "branch 0 waited for ever: nobody ran branch 5"
             elif i == 5:
                 last.set()
             return i
-        finally:
-            with lock:
-                running[0] -= 1
 
     driver._remember(target, 1e-5)
     out = run_group(target, list(range(8)), max_concurrency=3, max_items=8, bus=bus)
     assert out.results == list(range(8)) and out.stats["leases"] == 1
-    assert peak[0] <= 3 and set(calls.values()) == {1} and len(calls) == 8
+    assert tally.peak <= 3 and set(tally.calls.values()) == {1} and len(tally.calls) == 8
 
 
 @pytest.mark.parametrize("bus", ["zmq", "memory"])
@@ -273,30 +287,22 @@ def test_property_one_lease_keeps_the_bound_the_partition_and_no_start_after_an_
     """A target measured cheap whose branches turn out slow (3 ms, past the helpers'
     delay) or failing: never more than the bound at once, nothing twice, no start after
     the first error, every branch accounted for once."""
-    lock = threading.Lock()
-    running, peak, calls = [0], [0], collections.Counter()
+    tally = Tally()
     failing = {i for i in failures if i < n}
 
     def target(i: int) -> int:
-        with lock:
-            running[0] += 1
-            peak[0] = max(peak[0], running[0])
-            calls[i] += 1
-        try:
+        with tally.entered(i):
             if i in slow:
                 time.sleep(0.003)      # simulated work, not synchronisation
             if i in failing:
                 raise ValueError(f"item {i}")
             return i
-        finally:
-            with lock:
-                running[0] -= 1
 
     driver._remember(target, 1e-6)
     out = run_group(target, list(range(n)), max_concurrency=bound, max_items=max(n, bound),
                     bus=bus, trace=True)
     assert out.stats["workers"] == 1                     # it went in one lease
-    assert peak[0] <= bound and set(calls.values()) <= {1}
+    assert tally.peak <= bound and set(tally.calls.values()) <= {1}
     if not failing:
         assert out.status == "completed" and out.results == list(range(n))
         return
@@ -305,7 +311,7 @@ def test_property_one_lease_keeps_the_bound_the_partition_and_no_start_after_an_
     assert all(kind != "start" for kind, _ in out.trace[first_error:])
     parts = [list(out.finished), out.failed, out.cancelled, out.never_started, out.abandoned]
     assert sorted(i for part in parts for i in part) == list(range(n))
-    assert set(out.never_started).isdisjoint(calls)
+    assert set(out.never_started).isdisjoint(tally.calls)
 
 
 @pytest.mark.parametrize("bus", ["zmq", "memory"])
