@@ -17,6 +17,8 @@ import struct
 
 import zmq
 
+from bus.base import MAX_FRAME_BYTES
+
 SNDMORE = int(zmq.SNDMORE)
 NOBLOCK = int(zmq.NOBLOCK)
 _RCVMORE = int(zmq.RCVMORE)
@@ -111,3 +113,21 @@ def open_batch(frame: bytes) -> list[bytes] | None:
         out.append(frame[pos:pos + n])
         pos += n
     return out
+
+
+#: Connections the kernel queues for a listening socket before the broker's I/O thread
+#: accepts them (capped by net.core.somaxconn). ZeroMQ's default is 100: a fleet of 256
+#: workers connecting at once to a busy broker overflowed it, and each dropped SYN
+#: cost that worker the kernel's 1 s retransmit before it could join.
+LISTEN_BACKLOG = 4096
+
+
+def router_socket(ctx: zmq.Context) -> zmq.Socket:
+    """A ROUTER for peers to connect to: no linger, unroutable sends raise, frames
+    bounded by MAX_FRAME_BYTES, and a listen queue deep enough for a fleet joining at once."""
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
+    sock.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)
+    return sock

@@ -80,6 +80,7 @@ from bus.frames import (
     open_delivery,
     open_envelope,
     recv_frames,
+    router_socket,
     send_frames,
 )
 from bus.security import (
@@ -167,10 +168,7 @@ class PeerPort:
         self.stats = broker.stats
         if self.keys is not None:
             self._auth = start_authenticator(broker.ctx, self.keys)
-        sock = broker.ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
+        sock = router_socket(broker.ctx)
         if self.keys is not None:
             secure_server(sock, self.keys)
         self.socket = sock

@@ -35,6 +35,7 @@ from bus.frames import envelope as _envelope
 from bus.frames import open_batch as _open_batch
 from bus.frames import open_envelope as _open
 from bus.frames import recv_frames as _recv_frames
+from bus.frames import router_socket
 from bus.frames import send_frames as _send_frames
 from bus.log import UNDELIVERED
 from bus.security import loopback_only
@@ -176,10 +177,7 @@ class Broker:
 
     def _run(self) -> None:
         self.ident = threading.get_ident()
-        router = self.ctx.socket(zmq.ROUTER)
-        router.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
+        router = router_socket(self.ctx)
         try:
             for addr in self._binds:
                 router.bind(addr)

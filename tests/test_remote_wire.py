@@ -23,6 +23,7 @@ from test_bus_conformance import WAIT_S, Inbox  # deliveries collected, waits bo
 from actors.workers.remote import EXIT_LOST, EXIT_STOPPED, RemoteWorker
 from actors.runtime.shell import ControlActor
 from bus.frames import (
+    LISTEN_BACKLOG,
     batch,
     delivery,
     envelope,
@@ -79,6 +80,14 @@ def port_bus():
     bus = ZmqBus(peers=(port,))
     yield port, bus
     bus.close()
+
+
+def test_both_listening_sockets_queue_a_fleet_joining_at_once(port_bus):
+    # ZeroMQ's default listen queue (100) overflowed when 256 workers connected to a
+    # busy broker at once; every dropped SYN cost its worker the kernel's 1 s retransmit.
+    port, bus = port_bus
+    assert port.socket.getsockopt(zmq.BACKLOG) == LISTEN_BACKLOG
+    assert bus.broker._router.getsockopt(zmq.BACKLOG) == LISTEN_BACKLOG
 
 
 def test_a_remote_worker_and_the_broker_exchange_one_frame_messages(port_bus):
