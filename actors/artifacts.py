@@ -13,9 +13,10 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol, Sequence, runtime_checkable
+from typing import Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
 from protocol import REMOVE, Diff
+from protocol.domain import FOLDER
 
 
 def rule_id(text: str) -> str:
@@ -47,9 +48,8 @@ def round_tasks(strategy: object) -> int | None:
 def declared_keys(strategy: object) -> list[str] | None:
     """The strategy's declared key space, normalised; None when it declares none."""
     keys = getattr(strategy, "keys", None)
-    if keys is None:
-        return None
-    return list(keys())
+    found = keys() if keys is not None else None
+    return None if found is None else list(found)
 
 
 def normaliser(strategy: object):
@@ -60,9 +60,82 @@ def normaliser(strategy: object):
 @dataclass
 class AppendRules:
     """A deduplicated list of rules, content-addressed; complementary rules fuse.
-    ``"remove: <rule>"`` proposes deleting a rule the artifact holds."""
+    ``"remove: <rule>"`` proposes deleting a rule the artifact holds.
+
+    ``sections`` (optional) declares what the rules are about, so that tensor
+    parallelism can split them: a rule is filed under the one declared section its
+    text names (a whole word, any case; ``section_of(text) -> name | None`` decides
+    instead when given), its key becomes ``"name/<rule id>"``, and ``keys()`` declares
+    the folders ``"name/"``, each owning every rule filed under it. A rule naming no
+    section (or several) keeps its bare content address, outside the declared space:
+    under tensor parallelism it is a ``section-violation``. Sections change no rule's
+    text nor the render order (rules render by content address, as without them)."""
 
     title: str = "# Playbook"
+    sections: Sequence[str] = ()
+    section_of: Callable[[str], str | None] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sections, str):
+            raise TypeError(f"AppendRules(sections={self.sections!r}): sections is a list of "
+                            "section names, not one string")
+        names = [self.normalise_section(s) for s in self.sections]
+        bad = [s for s in names if not s or FOLDER in s]
+        if bad or len(set(names)) != len(names):
+            raise ValueError(
+                f"AppendRules(sections={list(self.sections)!r}): section names must be "
+                f"distinct (in any case), non-empty and without {FOLDER!r}")
+        if self.section_of is not None and not callable(self.section_of):
+            raise TypeError(f"AppendRules(section_of={self.section_of!r}): section_of is "
+                            "a function rule text -> section name (or None)")
+        if self.section_of is not None and not names:
+            raise ValueError("AppendRules(section_of=...) needs the declared sections= it "
+                             "chooses from (the key space tensor parallelism splits)")
+        self._names = frozenset(names)
+        self._named = (re.compile(r"\b(" + "|".join(map(re.escape, sorted(names, key=len,
+                                                                      reverse=True)))
+                                  + r")\b", re.IGNORECASE) if names else None)
+
+    @staticmethod
+    def normalise_section(name: str) -> str:
+        return name.strip().lower()
+
+    def keys(self) -> Sequence[str] | None:
+        """The declared folders ``"name/"`` (None: no sections, no key space)."""
+        if not self._names:
+            return None
+        return [self.normalise_section(s) + FOLDER for s in self.sections]
+
+    def normalise_key(self, key: str) -> str:
+        """The declared key ``key`` counts as: a section's name, or a rule filed under
+        it, is its folder ``"name/"``; any other key is itself."""
+        name = self.normalise_section(key.partition(FOLDER)[0])
+        return name + FOLDER if name in self._names else key
+
+    def section(self, text: str) -> str | None:
+        """The declared section a rule's text is filed under (None: none, or several
+        named). A ``section_of`` answer outside the declared sections is refused."""
+        if self.section_of is not None:
+            found = self.section_of(text)
+            if found is None:
+                return None
+            name = self.normalise_section(str(found))
+            if name not in self._names:
+                raise ValueError(
+                    f"AppendRules section_of({text!r}) returned {found!r}, which is not a "
+                    f"declared section ({sorted(self._names)}): return one of them, or "
+                    "None for a rule about no section")
+            return name
+        if self._named is None:
+            return None
+        named = {m.lower() for m in self._named.findall(text)}
+        return named.pop() if len(named) == 1 else None
+
+    def key_of(self, text: str) -> str:
+        """The state key of a rule: its content address, filed under its section."""
+        section = self.section(text) if self._names else None
+        rid = rule_id(text)
+        return rid if section is None else f"{section}{FOLDER}{rid}"
 
     def initial(self) -> dict[str, str]:
         return {}
@@ -70,7 +143,8 @@ class AppendRules:
     def render(self, state: dict[str, str]) -> str:
         if not state:
             return f"{self.title}\n(empty)"
-        return "\n".join([self.title] + [f"- {state[k]}" for k in sorted(state)])
+        order = sorted(state, key=lambda k: (k.rpartition(FOLDER)[2], k))
+        return "\n".join([self.title] + [f"- {state[k]}" for k in order])
 
     def to_diff(self, state, proposal, author, base_version) -> Diff | None:
         """A rule to add, or ``"remove: <rule>"``: a diff deleting that rule (None
@@ -80,15 +154,21 @@ class AppendRules:
             return None
         removed = _removal(text)
         if removed is not None:
-            rid = rule_id(removed)
-            if rid not in state:
+            key = self.key_of(removed)
+            if key not in state:
                 return None
-            return Diff(f"{author}:-{rid}:{base_version}", author, base_version,
-                        {rid: REMOVE})
-        rid = rule_id(text)
-        if rid in state:
+            return Diff(f"{author}:-{_tail(key)}:{base_version}", author, base_version,
+                        {key: REMOVE})
+        key = self.key_of(text)
+        if key in state:
             return None
-        return Diff(f"{author}:{rid}:{base_version}", author, base_version, {rid: text})
+        return Diff(f"{author}:{_tail(key)}:{base_version}", author, base_version,
+                    {key: text})
+
+
+def _tail(key: str) -> str:
+    """A rule key's content address (the diff id names it as without sections)."""
+    return key.rpartition(FOLDER)[2]
 
 
 @dataclass

@@ -20,6 +20,7 @@ noise-free model, on test items no library sees, as a fraction of the best reach
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import logging
@@ -120,8 +121,9 @@ def split(domain: Domain, seed: int):
 def run_evobus(domain: Domain, calls: Calls, seed: int, n_workers: int = N_WORKERS,
                **kw) -> str:
     rounds = {} if kw.get("asynchronous") else {"rounds": 100_000}
+    strategy = kw.pop("strategy", None) or domain.strategy()
     result = evolve(domain.tasks, calls.reward, run=calls.run, propose=calls.propose,
-                    strategy=domain.strategy(), n_workers=n_workers, held_out_frac=HELD_OUT,
+                    strategy=strategy, n_workers=n_workers, held_out_frac=HELD_OUT,
                     seed=seed, max_calls=calls.budget, max_seconds=MAX_SECONDS,
                     **rounds, **kw)
     return result.rendered
@@ -226,9 +228,10 @@ def evobus_variant(spec: str):
 
     def run_one(domain, calls, seed, kw):
         if "_tp" in kw:
-            return run_evobus(domain, calls, seed, parallel=tensor_parallel(
-                domain, kw.get("n_workers", N_WORKERS), _per_unit(kw["_tp"], kw)),
-                **{k: v for k, v in kw.items() if k != "_tp"})
+            parallel, strategy = tensor_parallel(domain, kw.get("n_workers", N_WORKERS),
+                                                 _per_unit(kw["_tp"], kw))
+            return run_evobus(domain, calls, seed, parallel=parallel, strategy=strategy,
+                              **{k: v for k, v in kw.items() if k != "_tp"})
         if clustered is not None:
             per_worker = clustered.get("per_worker")
             if per_worker == -1:   # cp=auto: a round of DEFAULT_ROUND over the clusters
@@ -248,18 +251,29 @@ def _per_unit(value: int, kw: dict) -> int | None:
     return value or None
 
 
-def tensor_parallel(domain: Domain, n_workers: int,
-                    per_worker: int | None = None) -> TensorParallel:
-    """TensorParallel routed over a keyed domain's settings: a task goes to the first
-    setting it needs (its proposals edit its first unmet one, often that one); one
-    section per worker, at most one per setting."""
-    keys = domain.extra.get("keys")
-    if not keys:
-        raise NotApplicable(f"{domain.name}: TensorParallel needs a key space "
-                            f"({domain.shape} declares none)")
-    first = {t.id: min(t.meta["need"]) for t in domain.tasks}
-    return TensorParallel(min(n_workers, len(keys)), route=first.__getitem__,
-                          per_worker=per_worker)
+def tensor_parallel(domain: Domain, n_workers: int, per_worker: int | None = None):
+    """``(TensorParallel, artifact strategy)`` for a domain, one section per worker (at
+    most one per declared key or section):
+
+    - a keyed domain (``extra["keys"]``, the settings): routed over its settings, a task
+      going to the first setting it needs (its proposals edit its first unmet one, often
+      that one); the domain's own strategy;
+    - a rule list with sections (``extra["sections"]``, the router's categories): the
+      domain's ``AppendRules`` with those sections declared (a rule is filed under the
+      category its text routes to), a task routed to the category it wants, the section
+      its right rule lands in. The tasks, the model and the proposer are the domain's."""
+    keys, sections = domain.extra.get("keys"), domain.extra.get("sections")
+    if keys:
+        first = {t.id: min(t.meta["need"]) for t in domain.tasks}
+        return (TensorParallel(min(n_workers, len(keys)), route=first.__getitem__,
+                               per_worker=per_worker), None)
+    if sections:
+        want = {t.id: t.meta["want"] for t in domain.tasks}
+        return (TensorParallel(min(n_workers, len(sections)), route=want.__getitem__,
+                               per_worker=per_worker),
+                dataclasses.replace(domain.strategy(), sections=tuple(sections)))
+    raise NotApplicable(f"{domain.name}: TensorParallel needs a key space "
+                        f"({domain.shape} declares none)")
 
 
 def cluster_of(domain: Domain):

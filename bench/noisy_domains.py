@@ -136,7 +136,7 @@ def router(seed: int = 0) -> Domain:
         strategy=AppendRules, ad_strategy=lambda ad: ad.AppendRules(),
         answer=_router_answer, noise=lambda task, r: r.choice(CATEGORIES),
         right=lambda rendered, task: _rule(task.meta["kw"], task.meta["want"]),
-        harmful=_router_harmful)
+        harmful=_router_harmful, extra={"sections": CATEGORIES})
 
 
 # -- settings: KeyedRules, edits that interact ----------------------------------------

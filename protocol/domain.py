@@ -39,6 +39,21 @@ class WorkUnit(msgspec.Struct, frozen=True):
 REMOVE = ""
 
 
+#: How a section's name ends in a key space: a declared key ``"name/"`` is a folder,
+#: owning every key under it (``"name/r0a1b..."``, a rule filed under that section).
+FOLDER = "/"
+
+
+def key_section(sections: dict[str, int], key: str) -> int | None:
+    """The section a key belongs to in a tensor-parallel sections map (``Start.sections``:
+    declared key -> section): the key's own entry, else its folder's (for
+    ``"name/rest"``, the entry ``"name/"``); None when no section owns it."""
+    found = sections.get(key)
+    if found is None and FOLDER in key:
+        found = sections.get(key[:key.index(FOLDER) + 1])
+    return found
+
+
 class Diff(msgspec.Struct, frozen=True):
     """A proposed edit of the artifact: ``ops`` maps artifact keys to new text; an op
     whose text is :data:`REMOVE` (empty) deletes its key."""

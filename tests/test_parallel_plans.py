@@ -237,7 +237,8 @@ def test_tensor_parallel_validation_names_the_fix():
         TensorParallel(2).validate()
     assert str(no_keys.value) == (
         "TensorParallel needs the artifact's key space: pass keys=[...] or use a strategy "
-        "that declares keys (KeyedRules); AppendRules content-addresses its keys")
+        "that declares keys (KeyedRules); AppendRules content-addresses its keys unless it "
+        "declares sections (AppendRules(sections=[...]))")
     with pytest.raises(ParallelConfigError) as too_many:
         TensorParallel(8, keys=CATEGORIES).validate()
     assert str(too_many.value) == ("TensorParallel(n_sections=8) but the key space has 4 keys: "

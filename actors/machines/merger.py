@@ -74,6 +74,7 @@ from actors.machines.scoring import SCORE_CACHE_STATES, NoiseMeter, ScoreTables
 from actors.machines.gatesize import gate_tasks as sized_gate
 from actors.machines.screening import SEQUENTIAL_FIRST, SEQUENTIAL_SLACK, Screening
 from actors.machines.staleness import KeyHistory, merge_ready
+from protocol.domain import key_section
 from protocol import (
     Barrier,
     Baseline,
@@ -319,7 +320,7 @@ class Merger(ScoreTables, Screening, Probing, Duel):
                     self._stuck.add(result.task_id)
                 continue
             if sections is not None:
-                outside = [k for k in diff.ops if sections.get(k) != msg.section]
+                outside = [k for k in diff.ops if key_section(sections, k) != msg.section]
                 if outside:
                     self._count(early, "section-violation")
                     continue

@@ -38,7 +38,7 @@ from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from actors.artifacts import declared_keys, round_tasks
 from actors.errors import ParallelConfigError, SectionViolation
-from protocol.domain import REMOVE, Diff, WorkUnit
+from protocol.domain import REMOVE, Diff, WorkUnit, key_section
 from .sampling import PASS_THRESHOLD, check_score, difficulty_weight
 
 
@@ -47,7 +47,7 @@ T = TypeVar("T")
 
 _NO_KEY_SPACE = ("TensorParallel needs the artifact's key space: pass keys=[...] or use a "
                  "strategy that declares keys (KeyedRules); AppendRules content-addresses "
-                 "its keys")
+                 "its keys unless it declares sections (AppendRules(sections=[...]))")
 
 
 @runtime_checkable
@@ -346,8 +346,11 @@ class TensorParallelMerge:
     declared key space ``keys``, a key's owner is its section in
     ``assign_key_sections(keys, n_sections)`` after ``normalise``; a key outside
     that space has **no** owner, so writing it is always a violation (whatever
-    section the diff came from). Without ``keys`` the owner is
-    ``section_of(key, n_sections)``, a hash bucket (see its caveat).
+    section the diff came from). A declared key ending in ``/`` is a folder: it owns
+    every key under it (``"billing/"`` owns ``"billing/r0a1b..."``, a sectioned
+    ``AppendRules`` rule), the rule the Merger applies too (``protocol.domain.key_section``).
+    Without ``keys`` the owner is ``section_of(key, n_sections)``, a hash bucket (see
+    its caveat).
     """
 
     n_sections: int
@@ -368,7 +371,7 @@ class TensorParallelMerge:
         """The section that may write ``key``; None when no section may."""
         norm = (self.normalise or _identity)(key)
         if self.keys:
-            return self._sections.get(norm)
+            return key_section(self._sections, norm)
         return section_of(norm, self.n_sections)
 
     def validate(self, diff: Diff, section: int) -> None:
