@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
+from actors.errors import ConfigError
 from protocol import REMOVE, Diff
 from protocol.domain import FOLDER
 
@@ -77,19 +78,19 @@ class AppendRules:
 
     def __post_init__(self) -> None:
         if isinstance(self.sections, str):
-            raise TypeError(f"AppendRules(sections={self.sections!r}): sections is a list of "
+            raise ConfigError(f"AppendRules(sections={self.sections!r}): sections is a list of "
                             "section names, not one string")
         names = [self.normalise_section(s) for s in self.sections]
         bad = [s for s in names if not s or FOLDER in s]
         if bad or len(set(names)) != len(names):
-            raise ValueError(
+            raise ConfigError(
                 f"AppendRules(sections={list(self.sections)!r}): section names must be "
                 f"distinct (in any case), non-empty and without {FOLDER!r}")
         if self.section_of is not None and not callable(self.section_of):
-            raise TypeError(f"AppendRules(section_of={self.section_of!r}): section_of is "
+            raise ConfigError(f"AppendRules(section_of={self.section_of!r}): section_of is "
                             "a function rule text -> section name (or None)")
         if self.section_of is not None and not names:
-            raise ValueError("AppendRules(section_of=...) needs the declared sections= it "
+            raise ConfigError("AppendRules(section_of=...) needs the declared sections= it "
                              "chooses from (the key space tensor parallelism splits)")
         self._names = frozenset(names)
         self._named = (re.compile(r"\b(" + "|".join(map(re.escape, sorted(names, key=len,
@@ -121,7 +122,7 @@ class AppendRules:
                 return None
             name = self.normalise_section(str(found))
             if name not in self._names:
-                raise ValueError(
+                raise ConfigError(
                     f"AppendRules section_of({text!r}) returned {found!r}, which is not a "
                     f"declared section ({sorted(self._names)}): return one of them, or "
                     "None for a rule about no section")

@@ -44,6 +44,12 @@ class KeyedRulesSpec(_Section, frozen=True, tag="KeyedRules", tag_field="kind"):
 
 class AppendRulesSpec(_Section, frozen=True, tag="AppendRules", tag_field="kind"):
     title: str = "# Playbook"
+    #: Sections the rules are filed under (what a rule is about), the key space tensor
+    #: parallelism splits; omitted, none (rules are content-addressed only).
+    sections: list[str] = []
+    #: ``section_of(rule text) -> section name | None``; omitted, the one declared
+    #: section the rule's text names.
+    section_of: Reference | None = None
 
 
 class SingleSlotSpec(_Section, frozen=True, tag="SingleSlot", tag_field="kind"):

@@ -57,6 +57,12 @@ NOTES = {
                                  "rewrites one category.",
     "KeyedRulesSpec.title": "First line of the rendered artifact.",
     "AppendRulesSpec.title": "First line of the rendered artifact.",
+    "AppendRulesSpec.sections": "What the rules are about: a rule is filed under the one "
+                                "section its text names, so TensorParallel can split and "
+                                "route the rules ([concepts](concepts.md)); omitted, none.",
+    "AppendRulesSpec.section_of": "`section_of(rule text)`: the rule's section (one of "
+                                  "`sections`) or None, instead of the section the text "
+                                  "names.",
     "SingleSlotSpec.initial_value": "The artifact's starting text.",
     "SingleSlotSpec.key": "The one key the artifact's state uses.",
     "DataParallelSpec.per_worker": "Tasks each worker rolls out per round, a minibatch "

@@ -725,9 +725,12 @@ def strategy_spec(strategy: Any) -> dict[str, Any] | None:
             or not dataclasses.is_dataclass(strategy):
         return None
     fields = {f.name: getattr(strategy, f.name) for f in dataclasses.fields(strategy)
-              if f.name in ("title", "categories", "initial_value", "key")}
-    if "categories" in fields:
-        fields["categories"] = list(fields["categories"])
+              if f.name in ("title", "categories", "initial_value", "key", "sections")}
+    for name in ("categories", "sections"):   # a sectioned AppendRules: its key space
+        if name in fields:
+            fields[name] = list(fields[name])
+    if fields.get("sections") == []:
+        del fields["sections"]   # as a header without sections records it
     return {"kind": type(strategy).__name__, **fields}
 
 

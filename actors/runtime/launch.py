@@ -27,8 +27,9 @@ def build_strategy(spec: sc.Strategy):
     match spec:
         case sc.KeyedRulesSpec(categories=categories, title=title):
             return KeyedRules(categories=list(categories), title=title)
-        case sc.AppendRulesSpec(title=title):
-            return AppendRules(title=title)
+        case sc.AppendRulesSpec(title=title, sections=sections, section_of=section_of):
+            return AppendRules(title=title, sections=tuple(sections), section_of=_resolve(
+                section_of, "$.strategy.section_of") if section_of else None)
         case sc.SingleSlotSpec(initial_value=value, key=key):
             return SingleSlot(initial_value=value, key=key)
     raise AssertionError(f"unknown strategy spec {spec!r}")
