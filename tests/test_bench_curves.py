@@ -47,3 +47,25 @@ def test_repeatable_noise_makes_one_seed_one_run_and_the_shared_stream_draws_per
     first = [a._noise("run", "p", task).random() for _ in range(3)]
     assert first == [b._noise("run", "p", task).random() for _ in range(3)]
     assert len(set(first)) == 3            # the k-th call of a pair draws anew
+
+
+def test_tensor_parallel_on_the_router_files_rules_under_the_category_they_route_to():
+    from bench import noisy_domains
+
+    domain = curves.DOMAINS["router"]()
+    for n_workers, n_sections in ((4, 4), (16, 6)):
+        tp, strategy = curves.tensor_parallel(domain, n_workers, per_worker=1)
+        assert tp.n_sections == n_sections and tp.per_worker == 1
+        assert strategy.keys() == [f"{c}/" for c in noisy_domains.CATEGORIES]
+    task = domain.tasks[0]
+    assert tp.route(task.id) == task.meta["want"]
+    right = domain.right("", task)
+    wrong = noisy_domains._rule(task.meta["kw"], "sales" if task.meta["want"] != "sales"
+                                else "billing")
+    assert strategy.section(right) == task.meta["want"] and strategy.section(wrong) != \
+        task.meta["want"]
+    # the model reads the same text as with the domain's own (unsectioned) strategy
+    plain = domain.strategy()
+    assert strategy.render(strategy.to_diff({}, right, "w", 0).ops) == plain.render(
+        plain.to_diff({}, right, "w", 0).ops)
+    assert curves.one("evobus[tp=auto]", "router", 300, seed=1, repeatable=True)["calls"] > 0
