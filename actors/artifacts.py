@@ -78,8 +78,8 @@ class AppendRules:
 
     def __post_init__(self) -> None:
         if isinstance(self.sections, str):
-            raise ConfigError(f"AppendRules(sections={self.sections!r}): sections is a list of "
-                            "section names, not one string")
+            raise ConfigError(f"AppendRules(sections={self.sections!r}): sections is a list "
+                              "of section names, not one string")
         names = [self.normalise_section(s) for s in self.sections]
         bad = [s for s in names if not s or FOLDER in s]
         if bad or len(set(names)) != len(names):
@@ -87,11 +87,11 @@ class AppendRules:
                 f"AppendRules(sections={list(self.sections)!r}): section names must be "
                 f"distinct (in any case), non-empty and without {FOLDER!r}")
         if self.section_of is not None and not callable(self.section_of):
-            raise ConfigError(f"AppendRules(section_of={self.section_of!r}): section_of is "
-                            "a function rule text -> section name (or None)")
+            raise ConfigError(f"AppendRules(section_of={self.section_of!r}): section_of "
+                              "is a function rule text -> section name (or None)")
         if self.section_of is not None and not names:
             raise ConfigError("AppendRules(section_of=...) needs the declared sections= it "
-                             "chooses from (the key space tensor parallelism splits)")
+                              "chooses from (the key space tensor parallelism splits)")
         self._names = frozenset(names)
         self._named = (re.compile(r"\b(" + "|".join(map(re.escape, sorted(names, key=len,
                                                                       reverse=True)))
@@ -144,7 +144,7 @@ class AppendRules:
     def render(self, state: dict[str, str]) -> str:
         if not state:
             return f"{self.title}\n(empty)"
-        order = sorted(state, key=lambda k: (k.rpartition(FOLDER)[2], k))
+        order = sorted(state, key=lambda k: (_tail(k), k)) if self._names else sorted(state)
         return "\n".join([self.title] + [f"- {state[k]}" for k in order])
 
     def to_diff(self, state, proposal, author, base_version) -> Diff | None:
