@@ -271,3 +271,13 @@ def test_a_scenario_declares_the_sections_and_runs_tensor_parallel(tmp_path):
     assert result.error is None and result.final_reward == 1.0
     assert result.outcomes()["section-violation"] > 0
     assert Path(tmp_path / "s.evolog").exists()
+
+
+def test_declared_sections_cross_a_process_as_data_and_a_section_of_function_does_not():
+    from actors.workers.code import code_ref, resolve
+
+    ref = code_ref(sectioned(), "strategy")
+    assert ref.kwargs["sections"] == SECTIONS and resolve(ref).keys() == sectioned().keys()
+    with pytest.raises(ConfigError, match="not all JSON values"):
+        code_ref(AppendRules(sections=rules_domain.CATEGORIES,
+                             section_of=rules_domain.section_of), "strategy")
