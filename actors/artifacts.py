@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Protocol, Sequence, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 from actors.errors import ConfigError
 from protocol import REMOVE, Diff

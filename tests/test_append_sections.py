@@ -139,6 +139,7 @@ def test_prepare_parallel_hands_the_merger_the_folders():
                                            AppendRules(sections=rules_domain.CATEGORIES),
                                            [t.id for t in rules_domain.tasks()], 4)
     assert sections == {"account/": 0, "billing/": 1, "shipping/": 2, "technical/": 0}
+    assert plan_with.route("billing-refund-0") == "billing"
     with pytest.raises(ConfigError, match="unless it declares sections"):
         prepare_parallel(TensorParallel(2), AppendRules(), [], 2)
 
@@ -213,16 +214,15 @@ def test_routed_tensor_parallel_on_a_sectioned_rule_list_learns_and_rejects_the_
     assert result.error is None and result.final_reward == 1.0
     # every wrong-category rule (a task's fourth phrasing) was out of its worker's section
     assert result.outcomes()["section-violation"] > 0
-    leases = [m for m in map(decode, (r.body for r in read_log(log).records))
-              if isinstance(m, Lease) and m.kind == "rollout"]
+    messages = [decode(r.body) for r in read_log(log).records]
+    leases = [m for m in messages if isinstance(m, Lease) and m.kind == "rollout"]
     owner = dict(zip(sorted(rules_domain.CATEGORIES), range(4)))
     assert leases and all(owner[rules_domain.route(t)] == lease.section
                           for lease in leases for t in lease.task_ids)
-    for _, body in ((r.sender, r.body) for r in read_log(log).records):
-        msg = decode(body)
-        if isinstance(msg, Commit):
-            assert all(k.split("/")[0] in owner and rules_domain._RULE.search(v).group(2)
-                       == k.split("/")[0] for k, v in msg.state.items())
+    committed = {k: v for m in messages if isinstance(m, Commit) for k, v in m.state.items()}
+    # every committed rule is filed under the category it sends its keyword to
+    assert committed and all(k.split("/")[0] == rules_domain.section_of(v)
+                             for k, v in committed.items())
 
 
 def test_data_parallel_on_a_sectioned_rule_list_counts_no_violation():
