@@ -225,6 +225,23 @@ def test_routed_tensor_parallel_on_a_sectioned_rule_list_learns_and_rejects_the_
                              for k, v in committed.items())
 
 
+def test_asynchronous_tensor_parallel_on_a_sectioned_rule_list_learns_and_counts(tmp_path):
+    log = tmp_path / "async.evolog"
+    result = evolve(rules_domain.tasks(), rules_domain.reward, run=rules_domain.run,
+                    propose=rules_domain.propose,
+                    strategy=AppendRules(sections=rules_domain.CATEGORIES),
+                    parallel=TensorParallel(4, route=rules_domain.route), n_workers=4,
+                    seed=0, target_reward=1.0, asynchronous=True, max_rollouts=400,
+                    log=str(log))
+    assert result.error is None and result.final_reward == 1.0
+    # whatever the timing: the proposals of fourth phrasings (another category's rule)
+    # the workers sent are exactly the violations counted
+    wrong = sum(1 for r in read_log(log).records if r.receiver == "scheduler"
+                for m in [decode(r.body)] if isinstance(m, LeaseDone)
+                for x in m.results if x.diff is not None and x.task_id.endswith("-3"))
+    assert result.outcomes().get("section-violation", 0) == wrong
+
+
 def test_data_parallel_on_a_sectioned_rule_list_counts_no_violation():
     result = run_rules(DataParallel(per_worker=4), AppendRules(sections=rules_domain.CATEGORIES))
     assert result.error is None and "section-violation" not in result.outcomes()
