@@ -298,3 +298,16 @@ def test_declared_sections_cross_a_process_as_data_and_a_section_of_function_doe
     with pytest.raises(ConfigError, match="not all JSON values"):
         code_ref(AppendRules(sections=rules_domain.CATEGORIES,
                              section_of=rules_domain.section_of), "strategy")
+
+
+def test_validate_refuses_bad_sections_as_run_does_naming_the_strategy():
+    from actors.runtime.checks import scenario_problems
+
+    bad = SCENARIO.format(extra="").replace('"technical", "account"]', '"Billing"]')
+    for parallel in ("", 'kind = "DataParallel"\n'):
+        text = bad if not parallel else bad.split("[parallel]")[0] + "[parallel]\n" + \
+            parallel + "\n[workers]" + bad.split("[workers]")[1]
+        assert scenario_problems(parse_scenario(text)) == [
+            "at `$.strategy`: AppendRules(sections=['billing', 'shipping', 'Billing']): "
+            "section names must be distinct (in any case), non-empty and without '/'"]
+    assert scenario_problems(parse_scenario(SCENARIO.format(extra=""))) == []

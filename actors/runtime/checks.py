@@ -114,7 +114,8 @@ def scenario_problems(scenario: sc.Scenario, source: str = "", *, log: str | Non
     found: list[tuple[str, str]] = []
     found += _logs(scenario, log, overwrite)
     if scenario.domain is not None:
-        found += _parallel(scenario, refs_ok=not problems)
+        built = _strategy(scenario, refs_ok=not problems)
+        found += built or _parallel(scenario, refs_ok=not problems)
         found += workers_problems(scenario.workers, insecure=insecure)
         if not problems:
             found += _budgets(scenario)
@@ -172,6 +173,18 @@ def log_problems(path: str, where: str, *, overwrite: bool = False,
         return []
     return [(where, f"cannot create the directory of {what}: {why}; fix: choose a "
                     "log path in a directory you can write")]
+
+
+def _strategy(scenario: sc.Scenario, *, refs_ok: bool) -> list[tuple[str, str]]:
+    """The artifact strategy's own refusals (an AppendRules' sections), as run makes
+    them when it builds the strategy (a reference in it must resolve first)."""
+    if not refs_ok:
+        return []
+    try:
+        build_strategy(scenario.strategy)
+    except ConfigError as exc:
+        return [("$.strategy", str(exc))]
+    return []
 
 
 def _parallel(scenario: sc.Scenario, *, refs_ok: bool) -> list[tuple[str, str]]:
