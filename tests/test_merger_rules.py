@@ -874,3 +874,108 @@ def test_a_model_measured_deterministic_pays_no_head_eval_in_the_train_check():
     log: list = []
     answer_evals(m, m.handle(Barrier(round=0)), _needs_g9, log)
     assert [r.task_ids for r in log[1:]] == [["x9a", "x9b"]] and m.state == {"g9": "on"}
+
+
+def _vouch_round(m: Merger, r: int, task: str, diff: Diff, solves_fn) -> RoundClosed:
+    m.handle(LeaseDone(lease_id=f"r{r}.u0", worker="w", round=r, results=[
+        RolloutResult(task_id=task, score=0.0, diff=diff)]))
+    out = answer_evals(m, m.handle(Barrier(round=r)), solves_fn)
+    return [msg for _, msg in out if isinstance(msg, RoundClosed)][-1]
+
+
+def test_an_edit_the_held_out_split_cannot_see_is_vouched_for_by_two_train_tasks():
+    """With ``vouch=2``, g9 (no held-out task needs it: level with the head there)
+    passes the screen on x9a and is ``below-threshold``; proposed again from x9b it has
+    fixed two distinct train tasks, and the level candidate is committed at no call of
+    its own. Without ``vouch`` it is turned down both times."""
+    for vouch, second in ((2, {"committed": 1}), (0, {"below-threshold": 1})):
+        m = Merger(screen=True, vouch=vouch)
+        answer_evals(m, m.handle(Open(heldout_ids=HELD)), _needs_g9)
+        first = _vouch_round(m, 0, "x9a", d("g9"), _needs_g9)
+        assert first.outcomes == {"below-threshold": 1} and not first.committed
+        closed = _vouch_round(m, 1, "x9b", d("g9"), _needs_g9)
+        assert closed.outcomes == second and closed.committed == bool(vouch)
+        assert (m.state == {"g9": "on"}) == bool(vouch)
+        assert m.stats.get("vouched", 0) == (1 if vouch else 0)
+
+
+def test_an_edit_proposed_again_from_the_same_task_is_not_vouched_for():
+    m = Merger(screen=True, vouch=2)
+    answer_evals(m, m.handle(Open(heldout_ids=HELD)), _needs_g9)
+    for r in range(3):   # the same evidence task every time: one task, not three
+        closed = _vouch_round(m, r, "x9a", d("g9"), _needs_g9)
+        assert closed.outcomes == {"below-threshold": 1}
+    assert m.state == {} and "vouched" not in m.stats
+
+
+def _costs_two(state: dict[str, str], task: str) -> float:
+    """``_needs_g9``, where g9 also breaks h0 and h3 (two held-out tasks g0 solves)."""
+    if task in ("h0", "h3") and "g9" in state:
+        return 0.0
+    return _needs_g9(state, task)
+
+
+def test_a_vouched_edit_behind_the_head_by_more_than_a_task_is_not_committed():
+    """g9 fixes x9a and x9b (vouched for) but costs two held-out tasks (6/8 -> 4/8):
+    not level, so the train evidence does not carry it in."""
+    m = Merger(screen=True, vouch=2)
+    answer_evals(m, m.handle(Open(heldout_ids=HELD)), _costs_two)
+    m.handle(LeaseDone(lease_id="r0.u0", worker="w", round=0, results=[   # unscreened
+        RolloutResult(task_id="t", score=None, diff=x) for x in (d("g0"), d("g1"), d("g2"))]))
+    answer_evals(m, m.handle(Barrier(round=0)), _costs_two)
+    assert m.score == 6 / 8
+    _vouch_round(m, 1, "x9a", d("g9"), _costs_two)
+    closed = _vouch_round(m, 2, "x9b", d("g9"), _costs_two)
+    assert closed.outcomes == {"below-threshold": 1} and "g9" not in m.state
+    assert len(m._vouch[frozenset(d("g9").ops.items())]) == 2   # vouched, and still out
+
+
+def test_vouch_names_its_values():
+    for bad in (-1, True, 1.5):
+        try:
+            Merger(vouch=bad)
+        except ValueError as e:
+            assert "vouch=" in str(e) and ">= 0" in str(e)
+        else:
+            raise AssertionError(f"vouch={bad!r} accepted")
+
+
+def _junk(state: dict[str, str], task: str) -> float:
+    """``solves``, where "junk" breaks the train tasks x0, x1 and no held-out task."""
+    if task in TRAIN_BROKEN_BY_BAD and "junk" in state:
+        return 0.0
+    return solves(state, task)
+
+
+def test_a_key_that_blocks_two_train_tasks_is_retired_level_on_the_held_out_split():
+    """"junk" came in fused with g0..g2 (6/8); it breaks the stuck train tasks x0, x1
+    and no held-out task, so the head without it is level (6/8), not better. With
+    ``vouch=2`` the probe's evidence (its removal alone repaired both stuck tasks)
+    retires it; without ``vouch`` the level confirmation keeps it."""
+    for vouch in (2, 0):
+        m = Merger(retire=True, vouch=vouch)
+        answer_evals(m, m.handle(Open(heldout_ids=HELD)), _junk)
+        m.handle(LeaseDone(lease_id="r0.u0", worker="w", round=0, results=[
+            RolloutResult(task_id="t", score=0.0, diff=x)
+            for x in (d("g0"), d("g1"), d("g2"), d("junk"))]))
+        answer_evals(m, m.handle(Barrier(round=0)), _junk)
+        assert "junk" in m.state and m.score == 6 / 8
+        stuck(m, 1, ["x0", "x1"])
+        closed = _vouch_round(m, 1, "t", d("useless"), _junk)
+        assert ("junk" in m.state) == (not vouch)
+        assert closed.outcomes == ({"below-threshold": 1, "retired": 1} if vouch
+                                   else {"below-threshold": 1})
+        assert m.stats.get("vouched-retired", 0) == (1 if vouch else 0)
+
+
+def test_a_level_removal_that_repaired_one_stuck_task_is_not_retired():
+    """Only x0 is stuck: the removal repaired one train task, fewer than ``vouch``."""
+    m = Merger(retire=True, vouch=2)
+    answer_evals(m, m.handle(Open(heldout_ids=HELD)), _junk)
+    m.handle(LeaseDone(lease_id="r0.u0", worker="w", round=0, results=[
+        RolloutResult(task_id="t", score=0.0, diff=x)
+        for x in (d("g0"), d("g1"), d("g2"), d("junk"))]))
+    answer_evals(m, m.handle(Barrier(round=0)), _junk)
+    stuck(m, 1, ["x0", "h6"])   # h6: only "bad" solves it; removing keys does not
+    closed = _vouch_round(m, 1, "t", d("useless"), _junk)
+    assert "junk" in m.state and "retired" not in closed.outcomes

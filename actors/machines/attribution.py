@@ -60,6 +60,8 @@ class Probe:
     parents: list[tuple[list[int], bool]] = field(default_factory=list)
     level: int = 0
     scores: dict[int, float] = field(default_factory=dict)
+    #: A unit flagged alone -> what its removal repaired (the score above the base's).
+    repaired: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.units)
@@ -110,6 +112,7 @@ class Probe:
                 continue
             if len(g) == 1:
                 self.flagged.append(g[0])
+                self.repaired[g[0]] = self.scores.get(i, self.base_score) - self.base_score
                 continue
             mid = (len(g) + 1) // 2
             parent = None

@@ -137,7 +137,7 @@ class Merger(ScoreTables, Screening, Probing, Duel):
                  noise_z: float = 0.0, gate_tasks: int | None = None,
                  branches: bool = False, hold: bool = False,
                  gate_rollouts: int | None = None, rescore: int = 1,
-                 level: bool = False) -> None:
+                 level: bool = False, vouch: int = 0, screen_again: bool = False) -> None:
         if conflicts not in CONFLICTS:
             raise ValueError(f"conflicts={conflicts!r}: choose one of {', '.join(CONFLICTS)}")
         self.conflicts = conflicts
@@ -154,6 +154,17 @@ class Merger(ScoreTables, Screening, Probing, Duel):
         # split is judged on the train tasks seen failing at the head (most recent last).
         self.level = level
         self._failed: dict[str, None] = {}
+        # ``vouch`` (screening.py): a candidate level with the head is committed when
+        # each of its diffs passed the screen on that many distinct train tasks (0: off).
+        if isinstance(vouch, bool) or not isinstance(vouch, int) or vouch < 0:
+            raise ValueError(f"vouch={vouch!r}: give the distinct train tasks a diff must "
+                             "have passed the screen on, an integer >= 0 (0: off)")
+        self.vouch = vouch
+        self._vouch: dict[frozenset, set[str]] = {}
+        # ``screen_again`` (screening.py): a diff passing the screen is kept only when
+        # the head, scored afresh on its evidence task, fails it too.
+        self.screen_again = screen_again
+        self._again: tuple | None = None
         self.without_gain = 0     # merges in a row that committed nothing
         # Async (actors/machines/staleness.py): a diff none of whose keys a later commit
         # wrote is kept as fresh (``rebase``); with ``waves`` an idle Merger merges when
@@ -534,6 +545,8 @@ class Merger(ScoreTables, Screening, Probing, Duel):
             return self._screen_done()
         if m.stage == "screen-head":
             return self._screen_head_done()
+        if m.stage == "screen-again":
+            return self._screen_again_done()
         if m.stage == "probe":
             return self._probe_scored()
         if m.stage == "control":

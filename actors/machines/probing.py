@@ -10,6 +10,7 @@ from actors.addresses import Out
 from actors.machines.attribution import DELETE, Probe, without
 from actors.machines.candidates import apply, state_key
 from actors.machines.scoring import AGAIN, RESCORE_AFTER
+from actors.machines.screening import VOUCH_TASKS
 from protocol import Diff
 
 #: A probe (attribution, retiring) scores on at most this many failing held-out tasks,
@@ -20,6 +21,7 @@ PROBE_EVALS = 24
 RETIRE_MIN = 2
 #: With ``recheck``, a gain of at most this many held-out tasks is scored again.
 RECHECK_TASKS = 3
+VOUCH_RETIRE = True
 
 
 class Probing:
@@ -143,6 +145,20 @@ class Probing:
             self._decide("below-threshold", m.below)
             return self._commit(m.cand_state, m.cand_score)
         return self._level_or_below(m.cand, m.cand_state, m.cand_key, m.cand_score)
+
+    def _retire_vouched(self, score: float) -> bool:
+        """With ``vouch``, a removal level with the head on the held-out split (behind
+        by at most ``VOUCH_TASKS``) retires its keys when each was flagged alone and its
+        removal repaired ``vouch`` of the stuck train tasks or more."""
+        probe, n = self.merge.probe, max(1, len(self.heldout))
+        if not (self.vouch and VOUCH_RETIRE) or score * n < self.score * n - VOUCH_TASKS:
+            return False
+        k = len(probe.tasks)
+        if not all(probe.repaired.get(u, 0.0) * k >= self.vouch - 1e-9
+                   for u in probe.flagged):
+            return False
+        self.stats["vouched-retired"] = self.stats.get("vouched-retired", 0) + len(probe.flagged)
+        return True
 
     def _rechecked(self) -> list[Out]:
         m = self.merge
@@ -322,7 +338,7 @@ class Probing:
         that scores higher on the held-out split (by the noise test when it is on)."""
         m = self.merge
         score = self._scores(None)[m.confirm_key]
-        if not self._beats(score):
+        if not self._beats(score) and not self._retire_vouched(score):
             return self._close(committed=False)
         self._count(m.outcomes, "retired", len(m.probe.flagged))
         self._count(m.outcomes, "committed", len(m.unblocked))

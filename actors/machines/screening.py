@@ -33,6 +33,12 @@ LEVEL_TRAIN = 24
 LEVEL_MARGIN = 1.0
 #: Train tasks remembered as failing at the head (the most recent).
 FAILED_KEEP = 256
+#: With ``vouch``, a gate candidate that does not beat the head but is behind it by at
+#: most ``VOUCH_TASKS`` held-out tasks is committed when each of its diffs passed the
+#: screen on ``vouch`` distinct train tasks or more (edits the held-out split holds no
+#: task for score level there). The record keeps the last ``VOUCH_KEEP`` diffs.
+VOUCH_TASKS = 1.0
+VOUCH_KEEP = 4096
 
 
 class Screening:
@@ -98,7 +104,8 @@ class Screening:
 
     def _screen_done(self) -> list[Out]:
         m = self.merge
-        keep = []
+        keep: list[Diff] = []
+        passed: list[tuple[Diff, str, float]] = []   # (diff, evidence task, its score)
         for d in m.screened:
             if id(d) in m.noise_failed:
                 self._count(m.outcomes, "screened-out")
@@ -112,15 +119,55 @@ class Screening:
             after = self.cache[task_ids][state_key(apply(self.state, [d]))]
             if after > before:
                 keep.append(d)
+                passed.append((d, task_ids[0], after))
             else:
-                self._count(m.outcomes, "screened-out")
-                self.screen_out += 1
-                if self.retire:   # the head is stuck on this task (probing.py)
-                    self._stuck.add(task_ids[0])
-                    self._blocked[task_ids[0]] = d
+                self._screened_out(d, task_ids[0])
+        if self.screen_again and passed and self.noise.variance() is None:
+            # (a measured noise: the head was scored afresh before; none: no need)
+            return self._screen_again(keep, passed)
+        return self._screen_kept(keep, passed)
+
+    def _screened_out(self, d: Diff, task_id: str) -> None:
+        self._count(self.merge.outcomes, "screened-out")
+        self.screen_out += 1
+        if self.retire:   # the head is stuck on this task (probing.py)
+            self._stuck.add(task_id)
+            self._blocked[task_id] = d
+
+    def _screen_kept(self, keep: list[Diff], passed: list[tuple]) -> list[Out]:
+        for d, task_id, _ in passed:
+            self._vouched_on(d, task_id)
+        self.merge.stage = "screen"
         if not keep and not self._held:
             return self._no_commit()
         return self._variants(keep)
+
+    def _screen_again(self, keep: list[Diff], passed: list[tuple]) -> list[Out]:
+        """With ``screen_again``: the diffs that passed the screen (while the head was
+        not scored afresh first) are kept only when the head, scored afresh on their
+        evidence tasks (one call each), does worse there than the diff did: the rollout
+        that proposed a diff may have failed by the model's noise, and then any diff
+        that changes nothing on its task passes."""
+        m = self.merge
+        self._again = (keep, passed)
+        m.stage = "screen-again"
+        tasks = sorted({t for _, t, _ in passed})
+        m.waiting = {("sa", t) for t in tasks}
+        out: list[Out] = []
+        for t in tasks:
+            out += self._request(("sa", t), self.state, [t], fresh=True)
+        return out
+
+    def _screen_again_done(self) -> list[Out]:
+        keep, passed = self._again
+        self._again = None
+        key = state_key(self.state)
+        out = {id(d) for d, t, after in passed if self.cache[(t,)][key] >= after}
+        self._count(self.merge.outcomes, "screened-out", len(out))
+        self.screen_out += len(out)   # (not stuck: the head passes those tasks)
+        self.stats["screened-again"] = self.stats.get("screened-again", 0) + len(out)
+        return self._screen_kept([d for d in keep if id(d) not in out],
+                                 [p for p in passed if id(p[0]) not in out])
 
     def _score_each(self, diffs: list[Diff]) -> list[Out]:
         """Score each diff alone on top of the head (tagged by identity: diff ids are
@@ -244,6 +291,11 @@ class Screening:
         the head may be a good diff and a harmful one cancelling out."""
         m = self.merge
         n = max(1, len(self.heldout))
+        if self._vouched_for(diffs) and score is not None \
+                and score * n >= self.score * n - VOUCH_TASKS:
+            self.stats["vouched"] = self.stats.get("vouched", 0) + len(diffs)
+            self._decide("committed", diffs)
+            return self._commit(state, score)
         tasks = sorted(list(self._failed)[-LEVEL_TRAIN:])
         if not (self.level and score is not None and tasks
                 and score * n >= self.score * n - LEVEL_TASKS):
@@ -263,6 +315,23 @@ class Screening:
         if ("tc", "head") not in m.waiting:
             return out
         return out + self._request(("tc", "head"), self.state, tasks, fresh=True)
+
+    def _vouched_on(self, diff: Diff, task_id: str) -> None:
+        """``diff`` passed the screen on its evidence task: one more train task it fixed
+        (with ``vouch``; a diff proposed again from the same task adds nothing)."""
+        if not self.vouch:
+            return
+        key = frozenset(diff.ops.items())
+        tasks = self._vouch.pop(key, set())
+        tasks.add(task_id)
+        self._vouch[key] = tasks   # the most recent last
+        if len(self._vouch) > VOUCH_KEEP:
+            del self._vouch[next(iter(self._vouch))]
+
+    def _vouched_for(self, diffs: list[Diff]) -> bool:
+        """Whether every diff passed the screen on ``vouch`` distinct train tasks."""
+        return bool(self.vouch and diffs) and all(
+            len(self._vouch.get(frozenset(d.ops.items()), ())) >= self.vouch for d in diffs)
 
     def _train_checked(self) -> list[Out]:
         """The diffs that pass more than ``LEVEL_MARGIN`` train tasks more than the head
