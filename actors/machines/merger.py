@@ -137,7 +137,7 @@ class Merger(ScoreTables, Screening, Probing, Duel):
                  noise_z: float = 0.0, gate_tasks: int | None = None,
                  branches: bool = False, hold: bool = False,
                  gate_rollouts: int | None = None, rescore: int = 1,
-                 level: bool = False, vouch: int = 0, screen_again: bool = False) -> None:
+                 level: bool = False, vouch: int = 0) -> None:
         if conflicts not in CONFLICTS:
             raise ValueError(f"conflicts={conflicts!r}: choose one of {', '.join(CONFLICTS)}")
         self.conflicts = conflicts
@@ -161,10 +161,6 @@ class Merger(ScoreTables, Screening, Probing, Duel):
                              "have passed the screen on, an integer >= 0 (0: off)")
         self.vouch = vouch
         self._vouch: dict[frozenset, set[str]] = {}
-        # ``screen_again`` (screening.py): a diff passing the screen is kept only when
-        # the head, scored afresh on its evidence task, fails it too.
-        self.screen_again = screen_again
-        self._again: tuple | None = None
         self.without_gain = 0     # merges in a row that committed nothing
         # Async (actors/machines/staleness.py): a diff none of whose keys a later commit
         # wrote is kept as fresh (``rebase``); with ``waves`` an idle Merger merges when
@@ -545,8 +541,6 @@ class Merger(ScoreTables, Screening, Probing, Duel):
             return self._screen_done()
         if m.stage == "screen-head":
             return self._screen_head_done()
-        if m.stage == "screen-again":
-            return self._screen_again_done()
         if m.stage == "probe":
             return self._probe_scored()
         if m.stage == "control":

@@ -21,7 +21,6 @@ PROBE_EVALS = 24
 RETIRE_MIN = 2
 #: With ``recheck``, a gain of at most this many held-out tasks is scored again.
 RECHECK_TASKS = 3
-VOUCH_RETIRE = True
 
 
 class Probing:
@@ -151,7 +150,7 @@ class Probing:
         by at most ``VOUCH_TASKS``) retires its keys when each was flagged alone and its
         removal repaired ``vouch`` of the stuck train tasks or more."""
         probe, n = self.merge.probe, max(1, len(self.heldout))
-        if not (self.vouch and VOUCH_RETIRE) or score * n < self.score * n - VOUCH_TASKS:
+        if not self.vouch or score * n < self.score * n - VOUCH_TASKS:
             return False
         k = len(probe.tasks)
         if not all(probe.repaired.get(u, 0.0) * k >= self.vouch - 1e-9

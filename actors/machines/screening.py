@@ -104,8 +104,7 @@ class Screening:
 
     def _screen_done(self) -> list[Out]:
         m = self.merge
-        keep: list[Diff] = []
-        passed: list[tuple[Diff, str, float]] = []   # (diff, evidence task, its score)
+        keep = []
         for d in m.screened:
             if id(d) in m.noise_failed:
                 self._count(m.outcomes, "screened-out")
@@ -119,55 +118,16 @@ class Screening:
             after = self.cache[task_ids][state_key(apply(self.state, [d]))]
             if after > before:
                 keep.append(d)
-                passed.append((d, task_ids[0], after))
+                self._vouched_on(d, task_ids[0])
             else:
-                self._screened_out(d, task_ids[0])
-        if self.screen_again and passed and self.noise.variance() is None:
-            # (a measured noise: the head was scored afresh before; none: no need)
-            return self._screen_again(keep, passed)
-        return self._screen_kept(keep, passed)
-
-    def _screened_out(self, d: Diff, task_id: str) -> None:
-        self._count(self.merge.outcomes, "screened-out")
-        self.screen_out += 1
-        if self.retire:   # the head is stuck on this task (probing.py)
-            self._stuck.add(task_id)
-            self._blocked[task_id] = d
-
-    def _screen_kept(self, keep: list[Diff], passed: list[tuple]) -> list[Out]:
-        for d, task_id, _ in passed:
-            self._vouched_on(d, task_id)
-        self.merge.stage = "screen"
+                self._count(m.outcomes, "screened-out")
+                self.screen_out += 1
+                if self.retire:   # the head is stuck on this task (probing.py)
+                    self._stuck.add(task_ids[0])
+                    self._blocked[task_ids[0]] = d
         if not keep and not self._held:
             return self._no_commit()
         return self._variants(keep)
-
-    def _screen_again(self, keep: list[Diff], passed: list[tuple]) -> list[Out]:
-        """With ``screen_again``: the diffs that passed the screen (while the head was
-        not scored afresh first) are kept only when the head, scored afresh on their
-        evidence tasks (one call each), does worse there than the diff did: the rollout
-        that proposed a diff may have failed by the model's noise, and then any diff
-        that changes nothing on its task passes."""
-        m = self.merge
-        self._again = (keep, passed)
-        m.stage = "screen-again"
-        tasks = sorted({t for _, t, _ in passed})
-        m.waiting = {("sa", t) for t in tasks}
-        out: list[Out] = []
-        for t in tasks:
-            out += self._request(("sa", t), self.state, [t], fresh=True)
-        return out
-
-    def _screen_again_done(self) -> list[Out]:
-        keep, passed = self._again
-        self._again = None
-        key = state_key(self.state)
-        out = {id(d) for d, t, after in passed if self.cache[(t,)][key] >= after}
-        self._count(self.merge.outcomes, "screened-out", len(out))
-        self.screen_out += len(out)   # (not stuck: the head passes those tasks)
-        self.stats["screened-again"] = self.stats.get("screened-again", 0) + len(out)
-        return self._screen_kept([d for d in keep if id(d) not in out],
-                                 [p for p in passed if id(p[0]) not in out])
 
     def _score_each(self, diffs: list[Diff]) -> list[Out]:
         """Score each diff alone on top of the head (tagged by identity: diff ids are
