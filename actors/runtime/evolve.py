@@ -165,7 +165,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            deterministic: bool = False, noise_z: float = 0.0,
            gate_tasks: int | None = None,
            branches: bool | None = None, hold: bool = True,
-           rescore: int = 3, level: bool = False, vouch: int = 0) -> EvolveResult:
+           rescore: int = 3, level: bool = False, vouch: int = 2) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
@@ -215,9 +215,11 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     many samples (1: never; docs/concepts.md). ``level`` (default off): a gate candidate
     level with the head on the held-out split (behind by one task at most) has each of
     its diffs judged on the train tasks seen failing at the head, the head scored there
-    afresh; those that pass go in (docs/concepts.md). ``vouch`` (default 0: off): a gate
-    candidate level with the head on the held-out split is committed when each of its
-    diffs passed the screen on at least this many distinct train tasks (docs/concepts.md).
+    afresh; those that pass go in (docs/concepts.md). ``vouch`` (default 2; 0: off): a gate
+    candidate level with the head on the held-out split (behind by one task at most) is
+    committed when each of its diffs passed the screen on at least this many distinct
+    train tasks, and a retirement level there goes through when each key's removal alone
+    repaired that many stuck train tasks (docs/concepts.md).
 
     ``parallel`` (default ``DataParallel(per_worker=4)`` with up to 4 workers, a round
     of 16 tasks shared by more, chosen by the benchmarks in docs/parallelism.md, or the
