@@ -31,7 +31,9 @@ look for the diffs behind a fused candidate's regressions (``harmful``) and for 
 head's keys that block edits on the train tasks it is stuck on (``retired``);
 ``recheck`` (probing.py) scores a close call a second time, the head too;
 ``sequential`` (screening.py) scores a gate's candidate on a held-out minibatch first
-and stops there when it is behind the head task for task; ``noise_z``
+and stops there when it is behind the head task for task; ``vouch`` (screening.py)
+commits a candidate level with the head when each of its diffs fixed that many distinct
+train tasks in the screen (a retirement level there, probing.py, likewise); ``noise_z``
 (actors/machines/scoring.py) makes every gate decision a test against the reward noise
 measured from repeated samples of the same (state, task). An op of text ``REMOVE``
 deletes its key.
