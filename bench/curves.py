@@ -196,6 +196,8 @@ def evobus_variant(spec: str):
             kw["_tp"] = -1 if value == "auto" else int(value) if value else 0
         elif name == "pw":
             kw["parallel"] = DataParallel(per_worker=None if value == "shard" else int(value))
+        elif name == "busy":
+            kw["parallel"] = DataParallel(per_worker=kw["parallel"].per_worker, busy=int(value))
         elif name == "w":
             kw["n_workers"] = int(value)
         elif name == "lease":

@@ -39,7 +39,7 @@ def test_async_history_has_one_entry_per_merge_with_the_sync_fields():
         assert h.proposals > 0 or h.committed
         assert set(h.reasons) <= {"committed", "below-threshold", "conflict", "duplicate",
                                   "unchanged", "stale", "stale-rejected", "section-violation",
-                                  "screened-out", "harmful", "retired"}   # the default rules
+                                  "screened-out", "harmful", "retired", "held"}   # the default rules
     assert sum(h.rollouts for h in result.history) <= result.rollouts
 
 

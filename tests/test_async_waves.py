@@ -236,12 +236,19 @@ def test_with_no_lag_budget_a_worker_gets_the_head_before_every_rollout_lease():
 def test_async_pacing_bounds_the_backlog_and_keeps_an_explicit_lag():
     paced = async_pacing(4, 3)
     assert paced == {"planner": {"waves": 1}, "scheduler": {"lag": 0},
-                     "merger": {"rebase": True, "waves": True, "backlog": 12}}
+                     "merger": {"rebase": True, "waves": True, "hold_waves": True,
+                                "backlog": 12}}
     assert async_pacing(4, 3, lag=5)["scheduler"] == {"lag": 5}
 
 
 @pytest.mark.parametrize("n,per_worker", [(1, 4), (2, 4), (4, 4), (8, 2), (16, 1), (64, 1)])
 def test_the_default_round_is_about_sixteen_rollouts_whatever_the_worker_count(n, per_worker):
     assert round_per_worker(n) == per_worker
-    assert default_parallel(n) == DataParallel(per_worker=per_worker)
     assert round_per_worker(16, units=6) == 2   # six non-empty units share the round
+    # evolve()'s own round: four leases of four, on four of the workers beyond four.
+    busy = None if n <= 4 else 4
+    assert default_parallel(n) == DataParallel(per_worker=4, busy=busy)
+    units = default_parallel(n).plan(n, 0, [f"t{i}" for i in range(64)])
+    b = min(n, 4)
+    assert len(units) == n and [len(u.keys) for u in units[:b]] == [4] * b
+    assert not any(u.keys for u in units[b:])

@@ -139,7 +139,8 @@ class Merger(ScoreTables, Screening, Probing, Duel):
                  noise_z: float = 0.0, gate_tasks: int | None = None,
                  branches: bool = False, hold: bool = False,
                  gate_rollouts: int | None = None, rescore: int = 1,
-                 level: bool = False, vouch: int = 0) -> None:
+                 level: bool = False, vouch: int = 0,
+                 hold_waves: bool = False) -> None:
         if conflicts not in CONFLICTS:
             raise ValueError(f"conflicts={conflicts!r}: choose one of {', '.join(CONFLICTS)}")
         self.conflicts = conflicts
@@ -189,8 +190,10 @@ class Merger(ScoreTables, Screening, Probing, Duel):
         # The screen's own record (screening.py): diffs met, looked at, screened out.
         self.screen_seen = self.screen_looked = self.screen_out = 0
         self.attribute = attribute
-        # ``hold``: the diffs of a merge too small for a gate, kept for the next one.
+        # ``hold``: the diffs of a merge too small for a gate, kept for the next one
+        # (asynchronous runs too with ``hold_waves``: a wave's merge, not on the last).
         self.hold = hold
+        self.hold_waves = hold_waves
         self._held: list[Diff] = []
         self._held_merges = 0
         # The held diffs a merge gates (ids), and its decisions about them: a diff's
@@ -487,9 +490,10 @@ class Merger(ScoreTables, Screening, Probing, Duel):
 
     def _variants(self, diffs: list[Diff]) -> list[Out]:
         m = self.merge
-        if self.hold and not self.asynchronous:
+        if self.hold and (not self.asynchronous or self.hold_waves):
             diffs = self._with_held(diffs)
-            if len(diffs) < HOLD_MIN and self._held_merges < HOLD_MERGES:
+            last = self.asynchronous and self.flushing   # no merge after this one
+            if len(diffs) < HOLD_MIN and self._held_merges < HOLD_MERGES and not last:
                 # Too few to pay a held-out gate for: held for the next merge, the
                 # round's outcome for them ("held"; their fate is the run's).
                 self._held, self._held_merges = diffs, self._held_merges + 1
@@ -695,7 +699,8 @@ class Merger(ScoreTables, Screening, Probing, Duel):
         final = self.flushing and not more
         out.append((PLANNER, RoundClosed(round=m.round, version=self.version, committed=committed,
                                          heldout_reward=self.score, proposals=m.proposals,
-                                         outcomes=m.outcomes, final=final, bases=bases)))
+                                         outcomes=m.outcomes, final=final, bases=bases,
+                                         carried=self._carried_out)))
         if (self._due and not final) or (more and self._ready()):
             out += self._start_async()
         return out

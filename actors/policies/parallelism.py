@@ -196,41 +196,57 @@ class DataParallel:
 
     With more workers than tasks, the surplus shards are empty: those workers get
     a unit with no tasks (which worker idles rotates with the round). An empty
-    task list gives every worker an empty unit."""
+    task list gives every worker an empty unit.
+
+    ``busy=b`` plans each round on ``b`` workers only (at most ``n_workers``): the
+    task ids are sharded ``b`` ways and workers ``0..b-1`` roll them out as above;
+    the others get empty units, and every worker still shares the held-out gates
+    (the Scheduler spreads an evaluation over all of them). A round of 16 rollouts is
+    then four chained leases of four on 16 workers as on 4, rather than sixteen
+    leases of one that chain nothing (:func:`default_parallel`)."""
 
     name = "DP"
 
-    def __init__(self, per_worker: int | None = None) -> None:
+    def __init__(self, per_worker: int | None = None, busy: int | None = None) -> None:
         if per_worker is not None and (isinstance(per_worker, bool)
                                        or not isinstance(per_worker, int) or per_worker < 1):
             raise ParallelConfigError(
                 f"DataParallel(per_worker=...) takes tasks per worker per round, an integer "
                 f">= 1, got {per_worker!r}; None rolls out each worker's whole shard")
+        if busy is not None and (isinstance(busy, bool) or not isinstance(busy, int)
+                                 or busy < 1):
+            raise ParallelConfigError(
+                f"DataParallel(busy=...) takes how many workers roll out a round, an "
+                f"integer >= 1, got {busy!r}; None rolls out on every worker")
         self.per_worker = per_worker
+        self.busy = busy
 
     def plan(self, n_workers: int, round_index: int,
              keys: Sequence[str]) -> list[WorkUnit]:
-        shards = _kept_split(self, "DataParallel", n_workers, round_index, keys,
-                             lambda ids: [tuple(s) for s in shard_round_robin(ids, n_workers)])
+        b = n_workers if self.busy is None or n_workers < 1 else min(self.busy, n_workers)
+        shards = _kept_split(self, "DataParallel", b, round_index, keys,
+                             lambda ids: [tuple(s) for s in shard_round_robin(ids, b)])
         k = self.per_worker
         units = []
-        for j in range(n_workers):
-            shard = shards[(j + round_index) % n_workers]
+        for j in range(b):
+            shard = shards[(j + round_index) % b]
             if k is not None and len(shard) > k:
                 start = round_index * k
                 shard = tuple(shard[(start + i) % len(shard)] for i in range(k))
             units.append(WorkUnit(worker=j, keys=shard))
-        return units
+        return units + [WorkUnit(worker=j, keys=()) for j in range(b, n_workers)]
 
     def __repr__(self) -> str:
-        return ("DataParallel()" if self.per_worker is None
-                else f"DataParallel(per_worker={self.per_worker})")
+        args = [f"per_worker={self.per_worker}"] if self.per_worker is not None else []
+        args += [f"busy={self.busy}"] if self.busy is not None else []
+        return f"DataParallel({', '.join(args)})"
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is DataParallel and other.per_worker == self.per_worker
+        return (type(other) is DataParallel and other.per_worker == self.per_worker
+                and other.busy == self.busy)
 
     def __hash__(self) -> int:
-        return hash((DataParallel, self.per_worker))
+        return hash((DataParallel, self.per_worker, self.busy))
 
 
 #: Tasks per worker per round when no ``parallel`` is given, at most (docs/parallelism.md
@@ -256,12 +272,18 @@ def default_parallel(n_workers: int = 4, strategy: object = None) -> DataParalle
     """The parallelism strategy of a run that names none (or names DataParallel without
     ``per_worker``): the strategy's own round when it declares ``round_tasks`` (tasks a
     round over all workers: a single slot's; at least ``ROUND_TASKS_MIN_PER_WORKER`` a
-    worker), else a minibatch round of :func:`round_per_worker` tasks per worker."""
+    worker), else a round of :data:`DEFAULT_ROUND` rollouts in leases of
+    :data:`DEFAULT_PER_WORKER` tasks: on every worker up to four, on four of them
+    with more (``busy``; the others share the gates), so each lease still chains four
+    edits (sixteen leases of one task at 16 workers chained nothing and reached less
+    per call, docs/performance.md)."""
     total = round_tasks(strategy)
     if total is not None:
         return DataParallel(per_worker=max(ROUND_TASKS_MIN_PER_WORKER,
                                            -(-total // max(1, n_workers))))
-    return DataParallel(per_worker=round_per_worker(n_workers))
+    busy = DEFAULT_ROUND // DEFAULT_PER_WORKER
+    return DataParallel(per_worker=DEFAULT_PER_WORKER,
+                        busy=busy if n_workers > busy else None)
 
 
 def uses_branches(branches: bool | None, strategy: object, *, chain: bool,
@@ -289,12 +311,14 @@ def async_pacing(n_workers: int, async_ratio: int, waves: int | None = None, *,
     wave is planned once the one before has settled, at most ``waves`` unmerged), the
     Merger merging a settled wave at once (or before the Scheduler's backpressure,
     ``async_ratio * n_workers`` proposals, would stop rollouts), and a stale diff none
-    of whose keys changed since kept as fresh (``rebase``)."""
+    of whose keys changed since kept as fresh (``rebase``), and a wave's merge left
+    with too few diffs for a gate holding them for the next wave's (``hold_waves``,
+    with the Merger's ``hold``, as a synchronous round's merge does)."""
     waves = ASYNC_WAVES if waves is None else waves
     if waves is None:   # unpaced: a wave on every ask, a merge on every proposal
         return {"planner": {}, "scheduler": {}, "merger": {}}
     return {"planner": {"waves": waves}, "scheduler": {"lag": 0 if lag is None else lag},
-            "merger": {"rebase": True, "waves": True,
+            "merger": {"rebase": True, "waves": True, "hold_waves": True,
                        "backlog": max(1, async_ratio * n_workers)}}
 
 
@@ -303,8 +327,13 @@ def data_parallel_from_repr(text: str) -> DataParallel | None:
     it), or None when ``text`` names something else."""
     if text == "DataParallel()":
         return DataParallel()
-    match = re.fullmatch(r"DataParallel\(per_worker=([1-9][0-9]*)\)", text)
-    return DataParallel(per_worker=int(match.group(1))) if match else None
+    match = re.fullmatch(r"DataParallel\((?:per_worker=([1-9][0-9]*))?(?:, )?"
+                         r"(?:busy=([1-9][0-9]*))?\)", text)
+    if match is None:
+        return None
+    per_worker, busy = (None if g is None else int(g) for g in match.groups())
+    found = DataParallel(per_worker=per_worker, busy=busy)
+    return found if repr(found) == text else None
 
 
 def assign_key_sections(keys: Iterable[str], n: int) -> dict[str, int]:
