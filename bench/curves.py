@@ -175,7 +175,8 @@ def run_gepa(domain: Domain, calls: Calls, seed: int) -> str:
 
 def evobus_variant(spec: str):
     """``evobus[pw=4,screen,attribute,retire]``: evobus with DataParallel(per_worker=4)
-    (``pw=shard``: DataParallel(), the whole shard a round)
+    (``pw=shard``: DataParallel(), the whole shard a round; ``busy=4`` after it: on
+    four workers only, the others sharing the gates)
     and the Merger's optional rules switched on (docs/concepts.md); ``w=16``: 16
     workers; ``async``: asynchronous, ``lease=4`` tasks per lease; ``first``:
     ``conflicts="first"`` (``scored``: ``conflicts="score"``); ``gate=48``: a gate scores
@@ -197,7 +198,8 @@ def evobus_variant(spec: str):
         elif name == "pw":
             kw["parallel"] = DataParallel(per_worker=None if value == "shard" else int(value))
         elif name == "busy":
-            kw["parallel"] = DataParallel(per_worker=kw["parallel"].per_worker, busy=int(value))
+            kw["parallel"] = DataParallel(per_worker=getattr(kw.get("parallel"), "per_worker",
+                                                             4), busy=int(value))
         elif name == "w":
             kw["n_workers"] = int(value)
         elif name == "lease":

@@ -67,8 +67,9 @@ NOTES = {
     "SingleSlotSpec.key": "The one key the artifact's state uses.",
     "DataParallelSpec.per_worker": "Tasks each worker rolls out per round, a minibatch "
                                    "of its shard (1 = agentdescent's round); omitted, "
-                                   "evolve()'s default: 4 with up to 4 workers, a round of "
-                                   "16 tasks shared by more (2 each with 8, 1 with 16); "
+                                   "evolve()'s default: 4 with up to 4 workers, and with "
+                                   "more the same round of 16 tasks on four of them (the "
+                                   "others share the gates); "
                                    "\"shard\": the whole shard, one gate per pass over "
                                    "the train split.",
     "TensorParallelSpec.n_sections": "Number of sections the artifact's keys are cut into; "

@@ -207,8 +207,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     by default sized to ``max_calls`` (a tenth of it, at least 48: a small budget makes
     more decisions on fewer tasks each; actors/machines/gatesize.py), the whole split
     without a call budget or from ten times the split's size on.
-    ``hold`` (default on; synchronous runs): a merge left with fewer than two diffs
-    after the screen pays no held-out gate, its diffs join the next merge's (one merge at most;
+    ``hold`` (default on; synchronous runs and asynchronous waves): a merge left with fewer
+    than two diffs after the screen pays no held-out gate, its diffs join the next merge's
+    (one merge at most; not the last merge of an asynchronous run;
     off for a strategy of one declared key, whose diffs all conflict).
     ``rescore`` (default 3): a head that commits nothing for two merges in a row, on a
     model seen to be noisy, is scored afresh on the held-out split, until its score is the mean of this
