@@ -1,18 +1,35 @@
 """How a round is planned and merged, beyond its size: DataParallel's ``busy`` workers
-(a round of chained leases on some of the workers, the others sharing the gates) and
-an asynchronous wave's merge holding a diff too few for a gate (``hold_waves``), each
-driven through the pure Planner policy or the pure Merger by messages alone."""
+(a round of chained leases on some of the workers, the others sharing the gates),
+ClusterParallel's rotation over every cluster and its round's size, and an
+asynchronous wave's merge holding a diff too few for a gate (``hold_waves``), each
+driven through the pure parallelism policy or the pure Merger by messages alone."""
 
 from __future__ import annotations
 
 import pytest
 
 from actors.addresses import PLANNER
+from actors.artifacts import AppendRules, SingleSlot
 from actors.errors import ParallelConfigError
 from actors.machines.merger import Merger
-from actors.policies.parallelism import DataParallel, async_pacing, data_parallel_from_repr
-from protocol import Diff, EvalRequest, Finish, Flush, LeaseDone, Open, RolloutResult, \
-    RoundClosed, WaveSettled
+from actors.policies.parallelism import (
+    ClusterParallel,
+    DataParallel,
+    async_pacing,
+    cluster_per_worker,
+    data_parallel_from_repr,
+)
+from protocol import (
+    Diff,
+    EvalRequest,
+    Finish,
+    Flush,
+    LeaseDone,
+    Open,
+    RolloutResult,
+    RoundClosed,
+    WaveSettled,
+)
 from tests.merger_drive import answer_evals
 
 TASKS = [f"t{i}" for i in range(40)]
@@ -138,3 +155,45 @@ def test_a_wave_with_nothing_new_gates_what_the_one_before_held():
     second = closed(wave(m, 1, [], log))
     assert [r.task_ids for r in log] == [HELD] and m.state == {"g0": "on"}
     assert second.outcomes == {} and second.carried == {"committed": 1}
+
+
+# -- ClusterParallel's rotation over every cluster -----------------------------------------
+
+CLUSTERS = {f"{c}{i}": c for c in "abcdef" for i in range(4)}
+
+
+def test_fewer_workers_than_clusters_still_meet_every_cluster_over_the_rounds():
+    """Two busy workers, six clusters: each worker's unit walks through all six over six
+    rounds (a chain carried on as its branch learns from each), where dealing only the
+    two top-ranked clusters would have kept it on those two."""
+    cp = ClusterParallel(CLUSTERS.__getitem__, per_worker=1)
+    met: dict[int, set[str]] = {0: set(), 1: set()}
+    for r in range(6):
+        units = cp.plan(2, r, list(CLUSTERS))
+        assert [len(u.keys) for u in units] == [1, 1]
+        assert CLUSTERS[units[0].keys[0]] != CLUSTERS[units[1].keys[0]]   # one each
+        for u in units:
+            met[u.worker].add(CLUSTERS[u.keys[0]])
+    assert met == {0: set("abcdef"), 1: set("abcdef")}
+
+
+def test_whole_clusters_are_still_leased_by_rank():
+    units = ClusterParallel(CLUSTERS.__getitem__).plan(2, 3, list(CLUSTERS))
+    assert [sorted({CLUSTERS[k] for k in u.keys}) for u in units] == [["a"], ["b"]]
+
+
+@pytest.mark.parametrize("n_workers,n_clusters,expected", [(4, 6, 4), (16, 6, 2), (4, 15, 4),
+                                                           (16, 15, 1), (1, 6, 4)])
+def test_a_cluster_round_is_about_sixteen_rollouts(n_workers, n_clusters, expected):
+    assert cluster_per_worker(n_workers, n_clusters, AppendRules()) == expected
+
+
+@pytest.mark.parametrize("n_workers,expected", [(4, 2), (8, 1), (16, 1)])
+def test_a_single_slot_cluster_round_lets_each_chain_meet_every_cluster_within_a_gate(
+        n_workers, expected):
+    """SingleSlot is gated once per 64 rollouts; over 8 clusters, a chain of four busy
+    workers takes 2 tasks of each of the 8 within that gate (16 rollouts a chain)."""
+    per = cluster_per_worker(n_workers, 8, SingleSlot())
+    assert per == expected
+    busy = min(n_workers, 8)
+    assert per * busy * 8 <= SingleSlot().round_tasks

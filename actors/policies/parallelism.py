@@ -268,6 +268,20 @@ def round_per_worker(n_workers: int, units: int | None = None) -> int:
     return min(DEFAULT_PER_WORKER, share)
 
 
+def cluster_per_worker(n_workers: int, n_clusters: int, strategy: object = None) -> int:
+    """Tasks per busy worker a :class:`ClusterParallel` round of the default size takes:
+    a round of about :data:`DEFAULT_ROUND` rollouts over the busy workers (one per
+    cluster, at most ``n_workers``); for a strategy that declares its round
+    (``round_tasks``, gated once per that many rollouts, its chains carried between),
+    few enough that each chain meets every cluster within one gate (the rotation deals
+    each busy worker a new cluster every round)."""
+    busy = max(1, min(n_workers, n_clusters))
+    total = round_tasks(strategy)
+    if total is not None:
+        return max(1, total // (busy * max(1, n_clusters)))
+    return round_per_worker(n_workers, busy)
+
+
 def default_parallel(n_workers: int = 4, strategy: object = None) -> DataParallel:
     """The parallelism strategy of a run that names none (or names DataParallel without
     ``per_worker``): the strategy's own round when it declares ``round_tasks`` (tasks a
@@ -697,10 +711,12 @@ class ClusterParallel:
     ``per_worker=k`` makes the round a minibatch, as for :class:`DataParallel`: a
     worker rolls out ``k`` tasks of its cluster (the ``(r*k + j) mod len``-th for
     ``j < k``), so the artifact is merged and gated after ``k`` rollouts a worker
-    instead of a whole cluster each; the ranked clusters are then dealt in a
-    rotation (in round ``r`` worker ``i`` of the ``b`` busy ones gets the
-    ``(i + r) mod b``-th), so a worker's chain carried over rounds (a branch,
-    actors/machines/branches.py) meets every cluster rather than one.
+    instead of a whole cluster each; the ``k`` ranked clusters are then dealt in a
+    rotation (in round ``r`` busy worker ``i`` gets the ``(i + r) mod k``-th), so a
+    worker's chain carried over rounds (a branch, actors/machines/branches.py)
+    meets every cluster rather than one, and with fewer workers than clusters every
+    cluster rather than only the top-ranked ones (:func:`cluster_per_worker` sizes
+    such a round).
 
     :meth:`observe` learns per rollout. ``plan`` changes no state, so the plan is
     a function of the task ids and of the observations received.
@@ -769,10 +785,11 @@ class ClusterParallel:
         if not self.spread or n_workers <= k:
             busy = min(n_workers, k)
             # A minibatch round deals the ranked clusters to the busy workers in a
-            # rotation: a worker's chain carried over rounds (a branch) meets each.
-            turn = round_index % busy if self.per_worker is not None else 0
-            units = [WorkUnit(worker=i, keys=tuple(grouped[ranked[(i + turn) % busy]])
-                              if i < k else ())
+            # rotation over all of them: a worker's chain carried over rounds (a
+            # branch) meets each cluster, not only the top-ranked ones.
+            turn = round_index % k if self.per_worker is not None else 0
+            units = [WorkUnit(worker=i, keys=tuple(grouped[ranked[(i + turn) % k]])
+                              if i < busy else ())
                      for i in range(n_workers)]
         else:
             units = []
