@@ -32,7 +32,7 @@ import warnings
 
 from actors import ClusterParallel, DataParallel, TensorParallel, evolve
 from actors.policies import parallelism
-from actors.policies.parallelism import cluster_per_worker, round_per_worker
+from actors.policies.parallelism import cluster_round, round_per_worker
 from actors.machines.planner import split_tasks
 from bench import agentdescent_side as ad
 from bench import gepa_side
@@ -238,12 +238,12 @@ def evobus_variant(spec: str):
                               **{k: v for k, v in kw.items() if k != "_tp"})
         if clustered is not None:
             per_worker = clustered.get("per_worker")
-            if per_worker == -1:   # cp=auto: parallelism.cluster_per_worker
+            size = {"per_worker": per_worker}
+            if per_worker == -1:   # cp=auto: parallelism.cluster_round
                 n = len(set(map(cluster_of(domain), (t.id for t in domain.tasks))))
-                per_worker = cluster_per_worker(kw.get("n_workers", N_WORKERS), n,
-                                                domain.strategy())
+                size = cluster_round(kw.get("n_workers", N_WORKERS), n, domain.strategy())
             return run_evobus(domain, calls, seed, parallel=ClusterParallel(
-                cluster_of(domain), per_worker=per_worker), **kw)
+                cluster_of(domain), **size), **kw)
         return run_evobus(domain, calls, seed, **kw)
     return run
 

@@ -16,7 +16,7 @@ from actors.policies.parallelism import (
     ClusterParallel,
     DataParallel,
     async_pacing,
-    cluster_per_worker,
+    cluster_round,
     data_parallel_from_repr,
 )
 from protocol import (
@@ -182,18 +182,34 @@ def test_whole_clusters_are_still_leased_by_rank():
     assert [sorted({CLUSTERS[k] for k in u.keys}) for u in units] == [["a"], ["b"]]
 
 
-@pytest.mark.parametrize("n_workers,n_clusters,expected", [(4, 6, 4), (16, 6, 2), (4, 15, 4),
-                                                           (16, 15, 1), (1, 6, 4)])
-def test_a_cluster_round_is_about_sixteen_rollouts(n_workers, n_clusters, expected):
-    assert cluster_per_worker(n_workers, n_clusters, AppendRules()) == expected
+@pytest.mark.parametrize("n_workers,n_clusters,expected", [
+    (4, 6, {"per_worker": 4, "busy": None}), (16, 6, {"per_worker": 4, "busy": 4}),
+    (16, 15, {"per_worker": 4, "busy": 4}), (16, 3, {"per_worker": 4, "busy": None}),
+    (1, 6, {"per_worker": 4, "busy": None})])
+def test_a_cluster_round_is_sixteen_rollouts_in_leases_of_four(n_workers, n_clusters,
+                                                               expected):
+    """As DataParallel's default round: four chained leases of four, on four workers at
+    most (one cluster each), whatever the worker count."""
+    assert cluster_round(n_workers, n_clusters, AppendRules()) == expected
 
 
-@pytest.mark.parametrize("n_workers,expected", [(4, 2), (8, 1), (16, 1)])
+@pytest.mark.parametrize("n_workers", [4, 8, 16])
 def test_a_single_slot_cluster_round_lets_each_chain_meet_every_cluster_within_a_gate(
-        n_workers, expected):
-    """SingleSlot is gated once per 64 rollouts; over 8 clusters, a chain of four busy
-    workers takes 2 tasks of each of the 8 within that gate (16 rollouts a chain)."""
-    per = cluster_per_worker(n_workers, 8, SingleSlot())
-    assert per == expected
-    busy = min(n_workers, 8)
-    assert per * busy * 8 <= SingleSlot().round_tasks
+        n_workers):
+    """SingleSlot is gated once per 64 rollouts; over 8 clusters, each of four busy
+    workers takes 2 tasks a round, so its chain meets all 8 clusters within the gate."""
+    size = cluster_round(n_workers, 8, SingleSlot())
+    assert size == {"per_worker": 2, "busy": None if n_workers == 4 else 4}
+    assert size["per_worker"] * 4 * 8 <= SingleSlot().round_tasks
+
+
+def test_busy_caps_the_workers_that_lease_a_cluster():
+    wide = ClusterParallel(CLUSTERS.__getitem__, per_worker=4, busy=4)
+    narrow = ClusterParallel(CLUSTERS.__getitem__, per_worker=4)
+    for r in range(8):
+        units = wide.plan(16, r, list(CLUSTERS))
+        assert [len(u.keys) for u in units] == [4] * 4 + [0] * 12
+        assert units[:4] == narrow.plan(4, r, list(CLUSTERS))   # the 4-worker round
+    assert repr(wide) == "ClusterParallel(c=1.4, pass_threshold=0.999, per_worker=4, busy=4)"
+    with pytest.raises(ParallelConfigError, match="busy"):
+        ClusterParallel(CLUSTERS.__getitem__, busy=0)

@@ -268,18 +268,24 @@ def round_per_worker(n_workers: int, units: int | None = None) -> int:
     return min(DEFAULT_PER_WORKER, share)
 
 
-def cluster_per_worker(n_workers: int, n_clusters: int, strategy: object = None) -> int:
-    """Tasks per busy worker a :class:`ClusterParallel` round of the default size takes:
-    a round of about :data:`DEFAULT_ROUND` rollouts over the busy workers (one per
-    cluster, at most ``n_workers``); for a strategy that declares its round
-    (``round_tasks``, gated once per that many rollouts, its chains carried between),
-    few enough that each chain meets every cluster within one gate (the rotation deals
-    each busy worker a new cluster every round)."""
-    busy = max(1, min(n_workers, n_clusters))
+def cluster_round(n_workers: int, n_clusters: int,
+                  strategy: object = None) -> dict[str, int | None]:
+    """The ``per_worker`` and ``busy`` of a :class:`ClusterParallel` round of the default
+    size, as DataParallel's (:func:`default_parallel`): about :data:`DEFAULT_ROUND`
+    rollouts in leases of :data:`DEFAULT_PER_WORKER` tasks, on at most four workers (one
+    cluster each; ``busy`` when more could take one); for a strategy that declares
+    its round (``round_tasks``, gated once per that many rollouts, its chains carried
+    between), few enough tasks a lease that each chain meets every cluster within one
+    gate (the rotation deals each busy worker a new cluster every round)."""
+    cap = DEFAULT_ROUND // DEFAULT_PER_WORKER
+    busy = max(1, min(n_workers, n_clusters, cap))
     total = round_tasks(strategy)
     if total is not None:
-        return max(1, total // (busy * max(1, n_clusters)))
-    return round_per_worker(n_workers, busy)
+        per_worker = max(1, total // (busy * max(1, n_clusters)))
+    else:
+        per_worker = round_per_worker(busy)
+    return {"per_worker": per_worker,
+            "busy": busy if min(n_workers, n_clusters) > busy else None}
 
 
 def default_parallel(n_workers: int = 4, strategy: object = None) -> DataParallel:
@@ -715,8 +721,9 @@ class ClusterParallel:
     rotation (in round ``r`` busy worker ``i`` gets the ``(i + r) mod k``-th), so a
     worker's chain carried over rounds (a branch, actors/machines/branches.py)
     meets every cluster rather than one, and with fewer workers than clusters every
-    cluster rather than only the top-ranked ones (:func:`cluster_per_worker` sizes
-    such a round).
+    cluster rather than only the top-ranked ones (:func:`cluster_round` sizes such a
+    round). ``busy=b``: at most ``b`` workers lease a cluster a round (the others
+    share the gates), as for :class:`DataParallel`.
 
     :meth:`observe` learns per rollout. ``plan`` changes no state, so the plan is
     a function of the task ids and of the observations received.
@@ -726,7 +733,14 @@ class ClusterParallel:
 
     def __init__(self, cluster_of: Callable[[str], Any], c: float = 1.4,
                  pass_threshold: float = PASS_THRESHOLD, *, floor: float = 0.1,
-                 spread: bool = False, per_worker: int | None = None) -> None:
+                 spread: bool = False, per_worker: int | None = None,
+                 busy: int | None = None) -> None:
+        if busy is not None and (isinstance(busy, bool) or not isinstance(busy, int)
+                                 or busy < 1):
+            raise ParallelConfigError(
+                f"ClusterParallel(busy=...) takes how many workers lease a cluster a "
+                f"round, an integer >= 1, got {busy!r}; None: one a cluster, up to all")
+        self.busy = busy
         if per_worker is not None and (isinstance(per_worker, bool)
                                        or not isinstance(per_worker, int) or per_worker < 1):
             raise ParallelConfigError(
@@ -783,7 +797,7 @@ class ClusterParallel:
         ranked = self._rank(list(grouped))
         k = len(ranked)
         if not self.spread or n_workers <= k:
-            busy = min(n_workers, k)
+            busy = min(n_workers, k, self.busy or k)
             # A minibatch round deals the ranked clusters to the busy workers in a
             # rotation over all of them: a worker's chain carried over rounds (a
             # branch) meets each cluster, not only the top-ranked ones.
@@ -823,4 +837,5 @@ class ClusterParallel:
 
     def __repr__(self) -> str:
         return (f"ClusterParallel(c={self.c}, pass_threshold={self.pass_threshold}"
-                + (f", per_worker={self.per_worker})" if self.per_worker else ")"))
+                + (f", per_worker={self.per_worker}" if self.per_worker else "")
+                + (f", busy={self.busy}" if self.busy else "") + ")")
