@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -234,26 +235,60 @@ def test_inspect_follow_prints_records_as_they_are_appended(tmp_path, clean_env)
 # -- evobus worker says what it does; evobus replay is quiet ------------------------------
 
 
-def test_evobus_worker_says_when_it_connects_what_it_runs_and_how_it_ends(tmp_path):
-    from test_remote import Topology   # the remote tests' `evobus run` + workers harness
+def test_a_worker_started_before_its_broker_says_at_once_it_waits_then_when_it_connects(
+        tmp_path):
+    """`evobus worker` started before its coordinator: the first line says it waits for
+    the broker at ADDR and what it will do, long before its first reconnect (a 30 s
+    --broker-timeout: the old worker was silent that long); the coordinator started
+    after that line, the worker says it connected (and after how long), what it runs
+    and how it ended. Real processes over 127.0.0.1."""
+    import time
 
-    t = Topology(tmp_path, 1)
+    from test_remote import Lines, env_with, free_port as below_ephemeral, scenario_text
+
+    addr = f"tcp://127.0.0.1:{below_ephemeral()}"
+    env = env_with()
+    procs = []
     try:
-        t.result()
-        try:   # the coordinator's Stop ends it; without one it gives up after 30 s
-            code = t.workers[0].wait(45)
-        except subprocess.TimeoutExpired:
-            code = None
+        t0 = time.monotonic()
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "actors.cli", "worker", "--connect", addr, "--id", "w0",
+             "--allow", "tests.remote_domain", "--allow", "scenarios", "--give-up", "60",
+             "--broker-timeout", "30"], cwd=TESTS.parent, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
+        procs.append(worker)
+        said = Lines(worker.stdout)
+        waiting = said.wait(r"^evobus worker w0: waiting for the broker", 25)
+        took = time.monotonic() - t0
+        # Before its first reconnect (30 s): what an interpreter's start takes, loaded.
+        assert took < 25, took
+        assert waiting.rstrip() == (
+            f"evobus worker w0: waiting for the broker at {addr} (a new connection after "
+            "each 30 s of silence, --broker-timeout; giving up after 60 s without an "
+            "answer, --give-up) ...")
+        scenario = tmp_path / "remote.toml"
+        scenario.write_text(f'log = "{tmp_path / "remote.evolog"}"\n' + scenario_text(
+            f'local = 0\nremote = 1\nbind = "{addr}"'))
+        coordinator = subprocess.Popen([sys.executable, "-m", "actors.cli", "run",
+                                        str(scenario), "--quiet"], cwd=TESTS.parent,
+                                       env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)
+        procs.append(coordinator)
+        connected = said.wait(r"^evobus worker w0: connected to ", 60)
+        out, err = coordinator.communicate(timeout=60)
+        assert coordinator.returncode == 0, err
+        assert worker.wait(45) == 0, said.text()
     finally:
-        t.close()
-    said = (tmp_path / "worker-0.log").read_text().splitlines()
-    assert code == 0, "\n".join(said[-20:])
-    waiting = [line for line in t.err.lines if "waiting up to 30 s (wait_seconds)" in line]
-    assert waiting and f"start each with `evobus worker --connect {t.addr}" in waiting[0]
-    mine = [line for line in said if line.startswith("evobus worker w0: ")]
-    assert mine[0] == (f"evobus worker w0: connecting to {t.addr} (giving up after 30 s "
-                       "without an answer) ...")
-    assert mine[1] == f"evobus worker w0: connected to {t.addr}; waiting for the run's spec"
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    assert f"waiting up to 30 s (wait_seconds) for 1 remote worker(s) at {addr}" in err
+    assert re.fullmatch(rf"evobus worker w0: connected to {re.escape(addr)} after "
+                        r"\d+\.\d s; waiting for the run's spec", connected.rstrip()), connected
+    mine = [line.rstrip() for line in said.text().splitlines()
+            if line.startswith("evobus worker w0: ")]
+    assert mine[0] == waiting.rstrip() and mine[1] == connected.rstrip(), mine
     assert mine[2].startswith("evobus worker w0: running run tests.remote_domain:run + "
                               "propose tests.remote_domain:propose (run ")
     assert mine[-1].startswith("evobus worker w0: stopped by the coordinator (")
@@ -287,7 +322,8 @@ def test_a_worker_whose_broker_is_not_there_says_it_cannot_reach_it_and_exits_1(
     for part in ("refused: nothing listens there", "for 3 s", "start the coordinator first",
                  f'bind = "{addr}"', "--give-up"):
         assert part in last, (part, last)
-    assert f"no broker at {addr} yet" in out.stdout, said
+    assert f"waiting for the broker at {addr} (" in out.stdout.splitlines()[0], said
+    assert f"no broker at {addr} yet after " in out.stdout, said
     # A logged warning reads as evobus's other lines do, not as Python's logging.
     assert out.stderr.startswith("evobus: warning: no --allow given"), out.stderr
     assert "WARNING" not in said

@@ -1032,11 +1032,11 @@ def test_a_run_whose_every_remote_worker_is_lost_stops_after_wait_seconds(tmp_pa
 
     def drain() -> None:
         for line in worker.stdout:
-            if "connecting to" in line:
+            if "waiting for the broker at" in line:
                 connecting.set()
 
     threading.Thread(target=drain, daemon=True).start()
-    assert connecting.wait(60), "the worker process never said it was connecting"
+    assert connecting.wait(60), "the worker process never said it was waiting for its broker"
 
     def kill_mid_lease() -> None:
         wait_for(lambda: list(gate.glob("started-*")), "the worker mid-lease", 60)

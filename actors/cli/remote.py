@@ -63,8 +63,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not args.allow:
         log.warning("no --allow given: this worker will only run evobus's own strategies; "
                     "allow the modules the coordinator names (e.g. --allow scenarios)")
-    print(f"evobus worker {name}: connecting to {args.connect} (giving up after "
-          f"{args.give_up:g} s without an answer) ...", flush=True)
     code = worker.run()
     if code == 2:
         return _err(f"worker {worker.name}: refused the run: {worker.stop_reason or 'see above'}")

@@ -65,6 +65,8 @@ EXIT_STOPPED, EXIT_LOST, EXIT_REFUSED = 0, 1, 2
 JOIN_RETRY_S = 1.0
 #: The endpoint pings a line quiet this long (seconds); the broker timeout must exceed it.
 PING_S = 1.0
+#: A connection made after this long says how long it took (seconds).
+WAIT_WORTH_SAYING_S = 1.0
 #: How long a leaving worker waits for the calls its slots are in the middle of: a request
 #: cut off mid-flight may still be billed, and its usage would never be reported. What is
 #: queued behind them is dropped (the coordinator re-dispatches or no longer needs it).
@@ -178,7 +180,6 @@ class RemoteWorker:
         self.branch_service = branches
         self.branches = None
         self.started = time.monotonic()   # run() begins trying to reach the broker
-        self._said_waiting = False         # "no broker yet" is said once
 
     # -- the main thread ----------------------------------------------------------------------
 
@@ -186,6 +187,11 @@ class RemoteWorker:
         """Serve until Stop (0), a lost or never reached broker (1) or a refused spec (2);
         ``stop_reason`` says why it ended (the caller reports it)."""
         self.started = time.monotonic()
+        # Said before the first attempt, not once it failed: a silent terminal reads as a
+        # hang. Each new connection while none answered says so again (_on_reconnect).
+        self.say(f"waiting for the broker at {self.connect} (a new connection after each "
+                 f"{self.broker_timeout:g} s of silence, --broker-timeout; giving up after "
+                 f"{self.give_up:g} s without an answer, --give-up) ...")
         self.ep = RemoteEndpoint(self.connect, keys=self.keys, ping_interval=PING_S,
                                  broker_timeout=self.broker_timeout,
                                  on_reconnect=self._on_reconnect, name=self.name,
@@ -206,7 +212,9 @@ class RemoteWorker:
                     self.name, self.allow,
                     lambda receiver, msg: self.ep.send(self.name, receiver, msg))
             log.info("worker %s: connected to %s", self.name, self.connect)
-            self.say(f"connected to {self.connect}; waiting for the run's spec")
+            waited = time.monotonic() - self.started
+            after = f" after {waited:.1f} s" if waited >= WAIT_WORTH_SAYING_S else ""
+            self.say(f"connected to {self.connect}{after}; waiting for the run's spec")
             self._join()
             return self._serve()
         finally:
@@ -409,10 +417,10 @@ class RemoteWorker:
 
     def _on_reconnect(self) -> None:
         if not self.reached:   # never connected: not a reconnect; attach() still waits
-            if not self._said_waiting:
-                self._said_waiting = True
-                self.say(f"no broker at {self.connect} yet ({self._transport()}); trying "
-                         f"again until {self.give_up:g} s have passed (--give-up)")
+            waited = time.monotonic() - self.started
+            self.say(f"no broker at {self.connect} yet after {waited:.0f} s "
+                     f"({self._transport()}); still trying, until {self.give_up:g} s have "
+                     "passed (--give-up)")
             return
         # A new connection: the broker (maybe a restarted one) must hear from us again;
         # the registry answers with the spec and we say hello listing what we hold.
