@@ -96,6 +96,8 @@ def test_json_keeps_stdout_to_one_json_object(root, tmp_path, env):
     assert summary["final_reward"] == 1.0 and summary["stop_reason"] == "target_reward"
     assert summary["log"] == str(tmp_path / "r.evolog")
     assert "round" in out.stderr  # the progress went to stderr
+    # Every held-out call of the baseline answered (docs/budgets.md).
+    assert summary["baseline"] == {"calls": 29, "failed": 0, "first_error": None}
 
 
 def test_a_reader_that_goes_away_does_not_fail_the_run(root, tmp_path, env):

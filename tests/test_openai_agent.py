@@ -328,3 +328,31 @@ def test_a_baseline_with_some_failed_calls_says_so_in_the_summary(tmp_path, key,
     assert line is not None, out
     assert re.match(r"baseline: 2 of \d+ held-out call\(s\) failed and scored 0", line), line
     assert "first error: " in line and "400" in line, line
+
+
+@pytest.mark.slow   # ~6 s under load: a whole run over HTTP
+def test_json_and_inspect_summary_carry_the_baselines_failed_calls(tmp_path, key, capsys):
+    """The same partly failed baseline (two 400s over real HTTP on 127.0.0.1): `evobus
+    run --json` says how many of its held-out calls failed and the first error, and
+    `evobus inspect --summary` (text and --json) reads the same figures from the log."""
+    from actors.cli.main import main
+
+    server = FakeServer(default=router_model)
+    server.script += [(400, {"error": {"message": "bad request, on purpose"}}, {}, 0)] * 2
+    log = tmp_path / "llm.evolog"
+    try:
+        scenario = agent_scenario(tmp_path, server.url, rounds=1)
+        assert main(["run", str(scenario), "--log", str(log), "--json", "--quiet"]) == 0
+    finally:
+        server.close()
+    summary = json.loads(capsys.readouterr().out)
+    baseline = summary["baseline"]
+    assert baseline["failed"] == 2 and baseline["calls"] >= 2, baseline
+    assert "400" in baseline["first_error"] and "on purpose" in baseline["first_error"]
+    assert main(["inspect", str(log), "--summary", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["baseline"] == baseline
+    assert main(["inspect", str(log), "--summary"]) == 0
+    text = capsys.readouterr().out
+    assert (f"baseline: 2 of {baseline['calls']} held-out call(s) failed and scored 0, so "
+            f"the starting reward is partly unscored; first error: "
+            f"{baseline['first_error']}") in text.splitlines(), text

@@ -17,11 +17,12 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from actors.cli.learned import read_chain
 from actors.machines.budget import Ledger
 from protocol import (Baseline, Budget, Commit, EvalDone, EvalRequest, Lease, LeaseBatch,
-                      LeaseDone, RoundClosed, Settled, SettledBatch, Start)
+                      LeaseDone, RoundClosed, Settled, SettledBatch, Start, decode)
 
-__all__ = ["Closed", "RunFigures"]
+__all__ = ["Closed", "RunFigures", "log_baseline"]
 
 
 @dataclass
@@ -162,3 +163,31 @@ class RunFigures:
     def usage(self) -> dict:
         """Calls, tokens and cost so far by kind, with their limits (Ledger.summary)."""
         return self.ledger.summary()
+
+    def baseline(self) -> dict | None:
+        """The baseline's held-out calls as JSON (``--json``, ``inspect --summary
+        --json``): how many, how many failed (scored 0), the first error (None when none
+        failed); None before the Planner had the baseline."""
+        if self.baseline_calls is None:
+            return None
+        return {"calls": self.baseline_calls, "failed": self.baseline_errors,
+                "first_error": self.baseline_error if self.baseline_errors else None}
+
+
+def log_baseline(path: str | None) -> dict | None:
+    """:meth:`RunFigures.baseline` of the run whose (newest) log is ``path``, read from
+    the chain's first segment on (where the baseline is): what ``inspect --summary``
+    says of it, for a verb's ``--json`` (which may run with ``--quiet``: no live fold)."""
+    if not path:
+        return None
+    figures = RunFigures()
+    for contents in read_chain(path):
+        for rec in contents.records:
+            if rec.receiver in ("merger", "planner"):
+                try:
+                    figures.add(rec.sender, rec.receiver, decode(rec.body), rec.t)
+                except ValueError:   # a frame the bus rejects too: not a figure
+                    continue
+                if figures.baseline_calls is not None:
+                    return figures.baseline()
+    return None

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import msgspec
 
+from actors.cli.figures import log_baseline
 from actors.cli.learned import learned_from, read_chain
 from actors.cli.progress import RunProgress, interrupt_guard, stopped
 from actors.errors import ConfigError
@@ -156,7 +157,8 @@ def cmd_fork(args: argparse.Namespace) -> int:
             "stop_reason": result.stop_reason, "final_reward": result.final_reward,
             "initial_reward": result.initial_reward, "version": result.version,
             "rollouts": result.rollouts, "calls": result.calls, "log": result.log_path,
-            "state": result.state, "outcomes": result.outcomes(), "error": result.error},
+            "state": result.state, "outcomes": result.outcomes(), "error": result.error,
+            "baseline": log_baseline(result.log_path)},
             default=msgspec.to_builtins))
     else:
         progress.summary(result)

@@ -206,6 +206,7 @@ def _lines(args, records) -> int:
                               f"rollouts_per_{summary.word}":
                                   summary.figures.rollouts_per_close,
                               "budget": summary.figures.usage(),
+                              "baseline": summary.figures.baseline(),
                               "groups": summary.groups, "messages": dict(counts)},
                              default=dict))
             return 0

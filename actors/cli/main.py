@@ -13,6 +13,7 @@ import time
 import warnings
 from pathlib import Path
 
+from actors.cli.figures import log_baseline
 from actors.cli.groups import check_groups, run_groups
 from actors.cli.progress import RunProgress, exit_code, interrupt_guard, stopped
 from actors.errors import BackendFailing, ConfigError
@@ -152,7 +153,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "version": result.version, "rollouts": result.rollouts, "calls": result.calls,
             "elapsed": result.elapsed, "outcomes": result.outcomes(), "error": result.error,
             "log": result.log_path, "state": result.state, "bus": result.bus,
-            "budget": result.budget}))
+            "budget": result.budget, "baseline": log_baseline(result.log_path)}))
     else:
         progress.summary(result, default_log=getattr(args, "default_log", False))
     code = 1 if result.error and result.rollouts == 0 else 0

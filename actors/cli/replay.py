@@ -17,12 +17,12 @@ from actors.groups.checkpoint import load_checkpoint
 from actors.replay.verify import replay_many
 from actors.errors import BackendFailing, ConfigError, RunFailed
 from actors.replay.resume import ResumePoint, next_log_path, resume_scenario_log
-from actors.cli.progress import RunProgress, interrupt_guard, stopped
+from actors.cli.progress import RunProgress, baseline_lines, interrupt_guard, stopped
 from actors.replay.engine import META_SCENARIO_TOML
 from protocol.scenario import ScenarioError, parse_scenario
 from bus.log import LogCorrupt
 from actors.cli.analysis import _GROUP_KINDS, track_group
-from actors.cli.figures import RunFigures
+from actors.cli.figures import RunFigures, log_baseline
 from actors.cli.fork import cmd_fork
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
             "version": result.version, "rollouts": result.rollouts, "calls": result.calls,
             "elapsed": result.elapsed, "outcomes": result.outcomes(), "error": result.error,
             "log": result.log_path, "state": result.state,
-            "budget": getattr(result, "budget", None)}))
+            "budget": getattr(result, "budget", None),
+            "baseline": log_baseline(result.log_path)}))
     elif not args.quiet:
         if already:
             print(f"{point.path}: the run had already finished; its result:")
@@ -346,6 +347,7 @@ def format_summary(s: LogSummary) -> str:
                      f"({_per_second(s.figures.rollouts, s.figures.working())})"
                      + (f", {per:.1f} per {s.word}" if per is not None else "")
                      + f"; calls {s.figures.usage()['calls']['total']:,}")
+    lines += baseline_lines(s.figures)
     if group_lines:
         lines += [""] + group_lines
     return "\n".join(lines)
