@@ -414,3 +414,58 @@ def test_a_resumed_run_shows_what_a_run_shows(tmp_path, env):
     assert again.returncode == 0, again.stderr
     summary = json.loads(again.stdout)
     assert summary["already_finished"] and "budget" in summary and "elapsed" in summary
+
+
+@pytest.mark.slow   # ~10 s: a run with a remote worker, then a resume waiting for one
+def test_a_resume_refused_for_its_configuration_leaves_the_log_as_it_was(tmp_path, env):
+    """A run with one remote worker (a real `evobus worker` process over 127.0.0.1) is
+    stopped by SIGTERM mid-rollout; `evobus resume` with no worker there is refused for
+    its configuration (the worker never came within wait_seconds, exit 2). The chain on
+    disk is byte for byte what it was: no new segment, the old one untouched."""
+    from test_remote import Lines, env_with, free_port, scenario_text
+
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    log = tmp_path / "remote.evolog"
+    scenario = tmp_path / "remote.toml"
+    # The worker is up and waiting before the coordinator binds: 5 s is plenty to join.
+    scenario.write_text(f'log = "{log}"\n' + scenario_text(
+        f'local = 0\nremote = 1\nbind = "{addr}"').replace("wait_seconds = 30",
+                                                            "wait_seconds = 5"))
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    run_env = env_with(EVOBUS_TEST_GATE=gate)
+    procs = []
+    try:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "actors.cli", "worker", "--connect", addr, "--id", "w0",
+             "--allow", "tests.remote_domain", "--give-up", "30"], cwd=TESTS.parent,
+            env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        procs.append(worker)
+        Lines(worker.stdout).wait(r"waiting for the broker at", 30)
+        run = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", str(scenario)],
+                               cwd=TESTS.parent, env=run_env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+        procs.append(run)
+        deadline = time.monotonic() + 30   # the worker's first rollout waits at the gate
+        while not list(gate.glob("started-*")):
+            assert time.monotonic() < deadline and run.poll() is None, run.stderr.read()
+            time.sleep(0.01)  # polling period, not a synchronisation
+        run.send_signal(signal.SIGTERM)
+        _, run_err = run.communicate(timeout=30)
+        assert run.returncode == 143, run_err
+        worker.kill()   # no worker for the resume
+        worker.wait(10)
+    finally:
+        (gate / "release").touch()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("*.evolog")}
+    assert list(before) == [log.name] and len(before[log.name]) > 0
+    out = evobus("resume", str(log), cwd=tmp_path, env=env)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "expected 1 worker(s)" in out.stderr and "0 registered" in out.stderr, out.stderr
+    after = {p.name: p.read_bytes() for p in tmp_path.glob("*.evolog")}
+    assert after == before, sorted(after)
+    assert f"evobus resume {log}" in out.stderr, out.stderr   # how to go on, once fixed

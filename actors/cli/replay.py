@@ -169,6 +169,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
         return 1
     except (ConfigError, RunFailed) as exc:
         progress.stop()
+        if isinstance(exc, ConfigError) and progress.scenario is not None \
+                and not new_log.exists():   # refused for its configuration (evolve)
+            return _err(f"{exc}. Nothing was written ({point.path} is as it was); once that "
+                        f"is fixed, resume it with: evobus resume {args.log}")
         return _err(str(exc))
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: actors and log closed
         # What `evobus run` says; before this resume wrote a log, the one it resumes.

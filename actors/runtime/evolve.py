@@ -318,8 +318,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                          strategy=strategy, solved=solved_threshold, state0=state0,
                          n_workers=n_workers, remote=remote, modes=modes,
                          run_id=str(meta["run_id"]))
-    # A new run refused for its configuration leaves no log (docs/replay.md).
-    refused_log = (log, topology.run_id) if resume_from is None else None
+    # A run refused for its configuration leaves no log (docs/replay.md): a new run's, or
+    # the segment a resume began; never a segment of the chain it resumes.
+    refused_log = (log, topology.run_id) if not _in_chain(log, resume_from) else None
     try:
         ran = _run(topology, start, plan_with, task_sampler, resume_from, t0,
                    runtime=dict(bus=bus, log_path=log, log_meta=meta, fsync=log_fsync,
@@ -352,6 +353,14 @@ def _fatal(done: RunDone, log: str | None, refused_log) -> str:
     return (f"{done.fatal} (the log {log} keeps the {n} round{'s' if n != 1 else ''} run "
             "before it, for `evobus inspect`; run again with another log path or with "
             "--overwrite, log_overwrite=True)")
+
+
+def _in_chain(log: str | None, resume_from) -> bool:
+    """Whether ``log`` is a segment of the chain ``resume_from`` resumes (its new log is
+    not, unless named so on purpose with log_overwrite)."""
+    if resume_from is None or log is None or not os.path.exists(log):
+        return False
+    return any(os.path.samefile(log, p) for p in resume_from.paths)
 
 
 def _drop_refused_log(refused_log: tuple[str | None, str] | None) -> bool:
