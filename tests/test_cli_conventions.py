@@ -398,6 +398,27 @@ def test_max_cost_without_a_price_for_the_model_is_refused_before_a_log_is_writt
     assert main(["validate", str(path), "--log", str(log)]) == 0
 
 
+def test_an_unset_key_variable_is_refused_by_validate_as_run_refuses_it(tmp_path, capsys,
+                                                                         monkeypatch):
+    """validate said ok and run refused at once (OpenAIAgent built): both refuse it now,
+    naming the variable and the fix, before a log is written."""
+    from actors.cli.main import main
+
+    monkeypatch.delenv("EVOBUS_TEST_UNSET_KEY", raising=False)
+    path, log = tmp_path / "unkeyed.toml", tmp_path / "unkeyed.evolog"
+    path.write_text(UNPRICED.replace('api_key_env = ""', 'api_key_env = "EVOBUS_TEST_UNSET_KEY"')
+                    .replace("max_cost = 0.5", "max_calls = 100"))
+    for verb in ("validate", "run"):
+        assert main([verb, str(path), "--log", str(log)]) == 2, verb
+        err = capsys.readouterr().err
+        assert (f"{path}: at `$.domain.agent`: OpenAIAgent: the environment variable "
+                "EVOBUS_TEST_UNSET_KEY is not set; export EVOBUS_TEST_UNSET_KEY=<your key>") \
+            in err, err
+        assert not log.exists(), verb
+    monkeypatch.setenv("EVOBUS_TEST_UNSET_KEY", "sk-test")
+    assert main(["validate", str(path), "--log", str(log)]) == 0
+
+
 def test_the_worker_help_gives_its_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["worker", "--help"])

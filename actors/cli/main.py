@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ from actors.errors import BackendFailing, ConfigError
 from actors.openai_agent import OpenAIAgent
 from protocol import Ref
 from actors.runtime.checks import scenario_problems
-from actors.runtime.launch import run_scenario
+from actors.runtime.launch import build_parallel, build_strategy, n_workers_of, run_scenario
 from actors.version import PACKAGE_VERSION
 from bus.log import REPAIR_HINT, TornTailWarning
 from protocol.scenario import ScenarioError, json_schema, load_scenario
@@ -53,7 +54,8 @@ def _load_checked(args: argparse.Namespace):
     if not problems and scenario.groups:   # their targets import: do they declare R?
         problems = [p for p in [check_groups(scenario, args.scenario)] if p is not None]
     if not problems:
-        problems = [p for p in [_unpriced(scenario, args.scenario)] if p is not None]
+        problems = [p for p in [_unpriced(scenario, args.scenario),
+                                _unset_key(scenario, args.scenario)] if p is not None]
     for problem in problems:
         _err(problem)
     return 2 if problems else scenario
@@ -63,20 +65,46 @@ def _unpriced(scenario, source: str) -> str | None:
     """``max_cost`` with an OpenAIAgent whose model has no price (neither the agent's
     ``prices`` nor ``[budgets] prices``): the run would refuse at its first call, after
     writing a log; say it before, as validate. Other agents may price their own calls."""
-    d, b = scenario.domain, scenario.budgets
-    if d is None or b.max_cost is None or not isinstance(d.agent, Ref):
+    b, agent = scenario.budgets, _openai_agent(scenario)
+    model = agent[1].get("model") if agent is not None else None
+    if b.max_cost is None or not model:
         return None
-    module, _, name = d.agent.ref.partition(":")
-    cls = getattr(importlib.import_module(module), name, None)   # checked importable
-    model = (d.agent.kwargs or {}).get("model")
-    if not (isinstance(cls, type) and issubclass(cls, OpenAIAgent)) or not model:
-        return None
-    if model in (d.agent.kwargs.get("prices") or {}) or model in (b.prices or {}):
+    if model in (agent[1].get("prices") or {}) or model in (b.prices or {}):
         return None
     return (f"{source}: at `$.budgets.max_cost`: expected a price for the model "
             f"{model!r} (max_cost = {b.max_cost} counts the cost of every call), found none "
             f"in [budgets] prices nor the agent's prices; fix: add under [budgets] prices = "
             f'{{"{model}" = [INPUT, OUTPUT]}} (the price of 1M tokens each), or drop max_cost')
+
+
+def _openai_agent(scenario) -> tuple[type, dict] | None:
+    """(class, kwargs) of the scenario's agent when it is an OpenAIAgent (checked
+    importable by scenario_problems), else None."""
+    d = scenario.domain
+    if d is None or not isinstance(d.agent, Ref):
+        return None
+    module, _, name = d.agent.ref.partition(":")
+    cls = getattr(importlib.import_module(module), name, None)
+    if not (isinstance(cls, type) and issubclass(cls, OpenAIAgent)):
+        return None
+    return cls, dict(d.agent.kwargs or {})
+
+
+def _unset_key(scenario, source: str) -> str | None:
+    """An OpenAIAgent built here (local threads; process workers inherit this
+    environment) whose ``api_key_env`` names a variable that is not set: the run would
+    refuse as it builds the agent; say it as validate. Remote workers need the key on
+    their side, and say so themselves."""
+    agent, w = _openai_agent(scenario), scenario.workers
+    if agent is None or not (w.local or w.processes):
+        return None
+    name = agent[1].get("api_key_env", inspect.signature(agent[0]).parameters[
+        "api_key_env"].default)
+    if not name or name in os.environ:
+        return None
+    return (f"{source}: at `$.domain.agent`: OpenAIAgent: the environment variable {name} "
+            f"is not set; export {name}=<your key>, or set api_key_env to the variable "
+            "that holds it (api_key_env = \"\" for an endpoint that needs no key)")
 
 
 #: Where a run writes its log when neither the scenario's ``log`` nor --log names one.
@@ -175,6 +203,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if scenario.domain is not None:
         parallel = type(scenario.parallel).__name__[:-4]
         per_worker = getattr(scenario.parallel, "per_worker", None)
+        if per_worker is None and parallel == "DataParallel":   # the default round it runs
+            per_worker = build_parallel(scenario.parallel, n_workers_of(scenario.workers),
+                                        build_strategy(scenario.strategy)).per_worker
         if per_worker is not None:
             parallel += f"(per_worker={per_worker})"
         parts = [scenario.mode] + ([f"{scenario.rounds} rounds"] if scenario.mode == "sync"
