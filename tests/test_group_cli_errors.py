@@ -6,6 +6,7 @@ the file and the fix, never a traceback."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -152,10 +153,29 @@ def test_a_checkpoint_given_as_a_log_is_named_once_and_pointed_at_resume(paused,
            "--show`" in text
 
 
-def test_a_missing_log_is_one_line_with_the_reason(tmp_path, capsys):
-    assert main(["inspect", str(tmp_path / "nope.evolog")]) == 2
+def test_a_missing_log_is_one_line_with_the_reason_and_where_logs_are(tmp_path, capsys,
+                                                                        monkeypatch, root):
+    monkeypatch.chdir(tmp_path)
+    assert main(["inspect", "nope.evolog"]) == 2
     assert capsys.readouterr().err.strip() == (
-        f"evobus: {tmp_path / 'nope.evolog'}: cannot read the log (No such file or directory)")
+        "evobus: nope.evolog: cannot read the log (No such file or directory); fix: pass a "
+        "run's log (the `log:` line of `evobus run`'s summary, "
+        "runs/NAME-YYYYmmdd-HHMMSS.evolog by default)")
+    (tmp_path / "runs").mkdir()   # a run's default log there: named, newest first
+    for i, name in enumerate(["router-1.evolog", "router-2.evolog"]):
+        (tmp_path / "runs" / name).write_bytes(b"")
+        os.utime(tmp_path / "runs" / name, (1e9 + i, 1e9 + i))
+    assert main(["inspect", "nope.evolog"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "; the newest under runs/: runs/router-2.evolog, runs/router-1.evolog)")
+
+
+def test_a_scenario_file_given_as_a_log_is_pointed_at_run(capsys, root):
+    path = root / "scenarios" / "router.toml"
+    assert main(["inspect", str(path)]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"not an evobus log: it starts with b'# The ', expected b'EVOLOG'; fix: it is a "
+        f"scenario file: `evobus run {path}` runs it and says where its log is")
 
 
 def test_resume_refuses_flags_for_the_other_kind_of_file(paused, capsys, root, tmp_path):

@@ -24,6 +24,7 @@ from bus.log import LogCorrupt
 from actors.cli.analysis import _GROUP_KINDS, track_group
 from actors.cli.figures import RunFigures, log_baseline
 from actors.cli.fork import cmd_fork
+from actors.cli.main import RUNS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +92,24 @@ def unreadable_log(path: str | Path, exc: Exception) -> str:
     try:
         load_checkpoint(path)
     except ResumeRefused:   # not a checkpoint either
-        return text
+        return text + _log_fix(path, exc)
     return (f"{text}; it is a parallel group's checkpoint, not a log: "
             f"`evobus resume {path} --show` lists what it waits on")
+
+
+def _log_fix(path: str | Path, exc: Exception) -> str:
+    """The fix for a path that is no log: where logs are (the newest few under runs/),
+    or, for a scenario file, the verb that runs it."""
+    if isinstance(exc, OSError) and not isinstance(exc, PermissionError):
+        newest = sorted(Path(RUNS_DIR).glob("*.evolog"), key=os.path.getmtime)[-3:]
+        where = f"; the newest under {RUNS_DIR}/: {', '.join(map(str, reversed(newest)))}" \
+            if newest else ""
+        return (f"; fix: pass a run's log (the `log:` line of `evobus run`'s summary, "
+                f"{RUNS_DIR}/NAME-YYYYmmdd-HHMMSS.evolog by default{where})")
+    if str(path).endswith(".toml"):
+        return (f"; fix: it is a scenario file: `evobus run {path}` runs it and says where "
+                "its log is")
+    return ""
 
 
 # ---------------------------------------------------------------------------
