@@ -435,3 +435,17 @@ def test_worker_timings_that_cannot_work_are_refused_in_one_line(flags, says, ca
     assert main(["worker", "--connect", "tcp://127.0.0.1:9", *flags]) == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_scenario_path_that_is_no_file_says_the_fix(tmp_path, capsys):
+    (tmp_path / "b.toml").write_text("")
+    (tmp_path / "a.toml").write_text("")
+    assert main(["run", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"(Is a directory); fix: pass one of its scenario files: {tmp_path / 'a.toml'}, "
+        f"{tmp_path / 'b.toml'}")
+    assert main(["validate", str(tmp_path / "nothere.toml")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"evobus: {tmp_path / 'nothere.toml'}: cannot read the scenario file (No such file "
+        "or directory); fix: pass the path of a scenario file (TOML: `evobus schema` prints "
+        "its JSON Schema, docs/scenarios.md lists its keys)")

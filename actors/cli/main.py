@@ -48,7 +48,7 @@ def _load_checked(args: argparse.Namespace):
     try:
         scenario = load_scenario(args.scenario)
     except ScenarioError as exc:
-        return _err(str(exc))
+        return _err(str(exc) + _scenario_fix(args.scenario))
     problems = scenario_problems(scenario, args.scenario, log=args.log,
                                  overwrite=args.overwrite, insecure=args.insecure)
     if not problems and scenario.groups:   # their targets import: do they declare R?
@@ -75,6 +75,18 @@ def _unpriced(scenario, source: str) -> str | None:
             f"{model!r} (max_cost = {b.max_cost} counts the cost of every call), found none "
             f"in [budgets] prices nor the agent's prices; fix: add under [budgets] prices = "
             f'{{"{model}" = [INPUT, OUTPUT]}} (the price of 1M tokens each), or drop max_cost')
+
+
+def _scenario_fix(path: str) -> str:
+    """The fix for a scenario path that is no file: the scenario files of a directory
+    given in its place, or what a scenario file is."""
+    if os.path.isfile(path):
+        return ""   # the file's own problem: the message names it and its fix
+    found = sorted(str(p) for p in Path(path).glob("*.toml")) if os.path.isdir(path) else []
+    if found:
+        return f"; fix: pass one of its scenario files: {', '.join(found)}"
+    return ("; fix: pass the path of a scenario file (TOML: `evobus schema` prints its "
+            "JSON Schema, docs/scenarios.md lists its keys)")
 
 
 def _openai_agent(scenario) -> tuple[type, dict] | None:
