@@ -212,3 +212,24 @@ def test_evobus_validate_checks_a_groups_returns_and_refuses_a_target_without_on
     assert main(["validate", path]) == 0
     assert main(["run", path]) == 0
     assert "completed, 3 results" in capsys.readouterr().out
+
+
+def test_a_group_waiting_for_remote_workers_says_so_as_the_wait_begins(caplog):
+    """As a run does: the wait's first line names the address and the command that starts
+    a worker; the error, once wait_seconds ran out, names the same command."""
+    import logging
+
+    from actors import ConfigError, run_group
+    from protocol.scenario import Workers
+    from tests.test_remote import free_port
+
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    command = f"evobus worker --connect {addr} --allow tests.group_remote_domain"
+    with caplog.at_level(logging.WARNING, logger="actors.groups.fleet"), \
+            pytest.raises(ConfigError) as info:
+        run_group("tests.group_remote_domain:square", [1, 2], max_concurrency=2, max_items=2,
+                  workers=Workers(local=0, remote=1, bind=addr, wait_seconds=0.3))
+    said = [r.getMessage() for r in caplog.records if r.name == "actors.groups.fleet"]
+    assert said and said[0] == (f"waiting up to 0.3 s (wait_seconds) for 1 remote worker(s) "
+                                f"at {addr}; start each with `{command}`"), said
+    assert f"start each missing one with `{command}`" in str(info.value)

@@ -286,6 +286,10 @@ class Fleet:
         self._watch.start()
         expected = w.processes + w.remote
         end = time.monotonic() + w.wait_seconds
+        if w.remote:   # said as the wait begins, as a run's does, not only once it ran out
+            log.warning("waiting up to %g s (wait_seconds) for %d remote worker(s) at %s; "
+                        "start each with `%s`", w.wait_seconds, w.remote, w.bind,
+                        self._start_command())
         while self._joined() < expected:
             left = end - time.monotonic()
             if left <= 0 or (self.pool is not None and self.pool.exited()):
@@ -294,6 +298,11 @@ class Fleet:
                 self.events.get(timeout=min(left, 0.1))
             except queue.Empty:
                 pass
+
+    def _start_command(self) -> str:
+        """The `evobus worker` command a remote worker of this group is started with."""
+        return (f"evobus worker --connect {self.workers.bind} "
+                f"--allow {self.allow[0] if self.allow else 'PKG'}")
 
     def _joined(self) -> int:
         with self.lock:
@@ -306,8 +315,7 @@ class Fleet:
                 f"{self.workers.wait_seconds:g} s (wait_seconds), {len(have)} registered"
                 + (f" ({', '.join(have)})" if have else ""))
         if self.workers.remote:
-            text += (f"; start each missing one with `evobus worker --connect "
-                     f"{self.workers.bind} --allow {self.allow[0] if self.allow else 'PKG'}`")
+            text += f"; start each missing one with `{self._start_command()}`"
         if self.pool is not None and self.pool.exited():
             text += f"; process workers exited: {self.pool.exited()} (see their stderr)"
         for worker, why in sorted(self.refused.items()):
