@@ -240,7 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="evobus",
         description="Evolve text artifacts (prompts, skills, rule sets) with parallel "
-                    "workers on a ZeroMQ bus.")
+                    "workers on a ZeroMQ bus.",
+        epilog="Start with `evobus run scenarios/router.toml` (docs/quickstart.md); "
+               "`evobus VERB --help` says what each verb does.")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug output")
     p.add_argument("-V", "--version", action="version",
                    version=f"evobus {PACKAGE_VERSION} (Python {sys.version.split()[0]})")
