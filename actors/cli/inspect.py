@@ -84,8 +84,13 @@ def _err(message: str) -> int:
 
 
 def _summary_of(msg) -> str:
+    """A message's fields, ``key=value``, lists by their length; an optional field left
+    unset (None, or empty, by default) is left out (``--json`` has every field)."""
     parts = []
-    for key, value in msgspec.structs.asdict(msg).items():
+    for field in msgspec.structs.fields(msg):
+        key, value = field.name, getattr(msg, field.name)
+        if not field.required and (value is None or value in ((), [], {}, "")):
+            continue
         if isinstance(value, (list, dict)) and key in (
                 "results", "scores", "task_ids", "leases", "history", "state",
                 "initial_state", "heldout_ids"):
