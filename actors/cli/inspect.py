@@ -85,7 +85,7 @@ def _err(message: str) -> int:
 
 def _summary_of(msg) -> str:
     """A message's fields, ``key=value``, lists by their length; an optional field left
-    unset (None, or empty, by default) is left out (``--json`` has every field)."""
+    unset (None, or empty, by default) is left out, as the wire leaves out defaults."""
     parts = []
     for field in msgspec.structs.fields(msg):
         key, value = field.name, getattr(msg, field.name)
