@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -457,3 +458,26 @@ def test_inspect_lines_leave_out_optional_fields_left_unset(capsys):
     lines = [x for x in capsys.readouterr().out.splitlines() if "->" in x]
     assert lines and all("=None" not in x for x in lines), lines
     assert any("Baseline     version=0 heldout_reward=" in x for x in lines), lines
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM],
+                         ids=["SIGINT", "SIGTERM"])
+def test_a_worker_stopped_by_a_signal_says_so_in_one_line(signum, clean_env):
+    """As `evobus run` does: SIGTERM leaves as Ctrl-C does (its slots drained, one line,
+    128 + the signal), where it used to die silently."""
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "worker", "--connect", addr,
+                             "--id", "w0", "--allow", "scenarios"], cwd=TESTS,
+                            env=clean_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().startswith("evobus worker w0: waiting for the broker")
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    how = "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM"
+    assert proc.returncode == 128 + signum, err
+    assert err.strip() == f"evobus: worker w0: {how} before it reached the broker", err

@@ -12,6 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
+from actors.cli.progress import exit_code, interrupt_guard
 from actors.errors import ConfigError
 from actors.groups.served import BranchService
 from actors.workers.remote import PING_S, RemoteWorker, default_worker_id
@@ -63,7 +64,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not args.allow:
         log.warning("no --allow given: this worker will only run evobus's own strategies; "
                     "allow the modules the coordinator names (e.g. --allow scenarios)")
-    code = worker.run()
+    try:
+        with interrupt_guard():   # SIGTERM and SIGHUP leave as Ctrl-C does: slots drained
+            code = worker.run()
+    except KeyboardInterrupt as exc:
+        how = "interrupted" if exit_code(exc) == 130 else f"stopped by {exc}"
+        held = (f" after {worker.leases_done} lease(s); the coordinator re-dispatches what "
+                "it still held" if worker.reached else " before it reached the broker")
+        return _err(f"worker {worker.name}: {how}{held}", exit_code(exc))
     if code == 2:
         return _err(f"worker {worker.name}: refused the run: {worker.stop_reason or 'see above'}")
     if code == 1 and not worker.reached:
@@ -102,7 +110,10 @@ def register(sub) -> None:
                                    "silent, for --give-up seconds (one line says what it "
                                    "saw and the fix); 2 it refused the run (a module "
                                    "outside --allow, a missing environment variable, "
-                                   "other code) or a flag is wrong.")
+                                   "other code) or a flag is wrong; 130, 143, 129 stopped "
+                                   "by Ctrl-C, SIGTERM, SIGHUP (the calls its slots are "
+                                   "in finish first, up to 3 s; the coordinator "
+                                   "re-dispatches the rest).")
     w.add_argument("--connect", required=True, metavar="tcp://HOST:PORT",
                    help="the coordinator's [workers] bind address")
     w.add_argument("--slots", type=int, default=1,
