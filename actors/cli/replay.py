@@ -187,8 +187,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
         progress.stop()
         if isinstance(exc, ConfigError) and progress.scenario is not None \
                 and not new_log.exists():   # refused for its configuration (evolve)
-            return _err(f"{exc}. Nothing was written ({point.path} is as it was); once that "
-                        f"is fixed, resume it with: evobus resume {args.log}")
+            kept = (f"{point.path} is as it was" if not point.dropped_tail else
+                    f"{point.path} only lost its torn tail, as said above")
+            return _err(f"{exc}. Nothing was written ({kept}); once that is fixed, resume "
+                        f"it with: evobus resume {args.log}")
         return _err(str(exc))
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: actors and log closed
         # What `evobus run` says; before this resume wrote a log, the one it resumes.
