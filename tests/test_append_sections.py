@@ -15,11 +15,12 @@ from actors.machines.merger import Merger
 from actors.runtime.evolve import prepare_parallel, strategy_spec
 from actors.runtime.launch import build_strategy, run_scenario
 from bus.log import read_log
-from protocol import Barrier, Commit, Diff, EvalDone, EvalRequest, Lease, LeaseDone, Open, \
+from protocol import Barrier, Commit, Diff, Lease, LeaseDone, Open, \
     RolloutResult, RoundClosed, decode
 from protocol.domain import key_section
 from protocol.scenario import parse_scenario
 from tests import rules_domain
+from test_machines import answer  # EvalRequests answered until none is left
 
 SECTIONS = ["Billing", "shipping", "returns"]
 INVOICE = "route messages containing 'invoice' to billing"
@@ -167,22 +168,11 @@ def scored(state: dict[str, str]) -> float:
     return len(state) / 4
 
 
-def answer(m: Merger, out: list) -> list:
-    sent, pending = [], list(out)
-    while pending:
-        to, msg = pending.pop(0)
-        if isinstance(msg, EvalRequest):
-            pending += m.handle(EvalDone(eval_id=msg.eval_id, score=scored(msg.state)))
-        else:
-            sent.append((to, msg))
-    return sent
-
-
 def test_the_merger_commits_filed_rules_and_counts_out_of_section_ones():
     rules = sectioned()
     m = Merger()
     answer(m, m.handle(Open(heldout_ids=["h1", "h2"],
-                            sections={"billing/": 0, "returns/": 1, "shipping/": 0})))
+                            sections={"billing/": 0, "returns/": 1, "shipping/": 0})), scored)
     invoice, parcel, polite = (rules.to_diff({}, t, "w", 0) for t in (INVOICE, PARCEL, POLITE))
     refund = rules.to_diff({}, "route messages containing 'refund' to returns", "w", 0)
 
@@ -191,7 +181,7 @@ def test_the_merger_commits_filed_rules_and_counts_out_of_section_ones():
                            section=section, results=[RolloutResult("t", 0.0, x) for x in diffs]))
     lease(0, 0, invoice, refund, polite)     # refund: section 1's; polite: nobody's
     lease(1, 1, refund, parcel)              # parcel: section 0's
-    out = answer(m, m.handle(Barrier(round=0)))
+    out = answer(m, m.handle(Barrier(round=0)), scored)
     commit = next(msg for _, msg in out if isinstance(msg, Commit))
     closed = next(msg for _, msg in out if isinstance(msg, RoundClosed))
     assert commit.state == {**invoice.ops, **refund.ops}

@@ -155,12 +155,17 @@ def minibatch(unit: WorkUnit, per_worker: int | None, round_index: int) -> WorkU
                     keys=tuple(keys[(start + i) % len(keys)] for i in range(per_worker)))
 
 
-def _check_per_worker(who: str, per_worker: Any) -> None:
-    if per_worker is not None and (isinstance(per_worker, bool)
-                                   or not isinstance(per_worker, int) or per_worker < 1):
+def _check_count(who: str, name: str, value: Any, takes: str, none_means: str) -> None:
+    """Refuse an option that must be None or an integer >= 1 (a bool is not one)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1):
         raise ParallelConfigError(
-            f"{who}(per_worker=...) takes tasks per worker per round, an integer >= 1, "
-            f"got {per_worker!r}; None rolls out each worker's whole unit")
+            f"{who}({name}=...) takes {takes}, an integer >= 1, got {value!r}; {none_means}")
+
+
+def _check_per_worker(who: str, per_worker: Any,
+                      none_means: str = "None rolls out each worker's whole unit") -> None:
+    _check_count(who, "per_worker", per_worker, "tasks per worker per round", none_means)
 
 
 def _identity(key: str) -> str:
@@ -208,16 +213,10 @@ class DataParallel:
     name = "DP"
 
     def __init__(self, per_worker: int | None = None, busy: int | None = None) -> None:
-        if per_worker is not None and (isinstance(per_worker, bool)
-                                       or not isinstance(per_worker, int) or per_worker < 1):
-            raise ParallelConfigError(
-                f"DataParallel(per_worker=...) takes tasks per worker per round, an integer "
-                f">= 1, got {per_worker!r}; None rolls out each worker's whole shard")
-        if busy is not None and (isinstance(busy, bool) or not isinstance(busy, int)
-                                 or busy < 1):
-            raise ParallelConfigError(
-                f"DataParallel(busy=...) takes how many workers roll out a round, an "
-                f"integer >= 1, got {busy!r}; None rolls out on every worker")
+        _check_per_worker("DataParallel", per_worker,
+                          "None rolls out each worker's whole shard")
+        _check_count("DataParallel", "busy", busy, "how many workers roll out a round",
+                     "None rolls out on every worker")
         self.per_worker = per_worker
         self.busy = busy
 
@@ -735,17 +734,10 @@ class ClusterParallel:
                  pass_threshold: float = PASS_THRESHOLD, *, floor: float = 0.1,
                  spread: bool = False, per_worker: int | None = None,
                  busy: int | None = None) -> None:
-        if busy is not None and (isinstance(busy, bool) or not isinstance(busy, int)
-                                 or busy < 1):
-            raise ParallelConfigError(
-                f"ClusterParallel(busy=...) takes how many workers lease a cluster a "
-                f"round, an integer >= 1, got {busy!r}; None: one a cluster, up to all")
+        _check_count("ClusterParallel", "busy", busy, "how many workers lease a cluster a round",
+                     "None: one a cluster, up to all")
         self.busy = busy
-        if per_worker is not None and (isinstance(per_worker, bool)
-                                       or not isinstance(per_worker, int) or per_worker < 1):
-            raise ParallelConfigError(
-                f"ClusterParallel(per_worker=...) takes tasks per worker per round, an "
-                f"integer >= 1, got {per_worker!r}; None leases each cluster whole")
+        _check_per_worker("ClusterParallel", per_worker, "None leases each cluster whole")
         if not callable(cluster_of):
             raise ParallelConfigError(
                 f"ClusterParallel(cluster_of={cluster_of!r}): cluster_of must be a "
