@@ -16,7 +16,7 @@ from actors.machines.planner import Planner
 from actors.replay.resume import ResumePoint, resume
 from actors.workers.core import WorkerCore
 from bus.log import read_log
-from protocol import (Barrier, Baseline, Branched, Commit, Diff, EvalRequest, Hello, Lease,
+from protocol import (Barrier, Baseline, Branched, Commit, Diff, Hello, Lease,
                       LeaseBatch, LeaseDone, Open, RolloutResult, RoundClosed, Start, Task, decode)
 from tests.merger_drive import answer_evals
 

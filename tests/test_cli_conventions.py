@@ -319,7 +319,7 @@ def test_a_worker_whose_broker_is_not_there_says_it_cannot_reach_it_and_exits_1(
     assert out.returncode == 1, said
     assert "reconnect" not in said and "lost the broker" not in said, said
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"evobus: worker ") and f"cannot reach the broker at {addr}" in last
+    assert last.startswith("evobus: worker ") and f"cannot reach the broker at {addr}" in last
     # What it tried, for how long, and the fix.
     for part in ("refused: nothing listens there", "for 3 s", "start the coordinator first",
                  f'bind = "{addr}"', "--give-up"):

@@ -22,7 +22,7 @@ import pykka
 
 from actors.addresses import SCHEDULER
 from actors.workers.core import Serve, WorkerCore
-from bus.base import Bus, Delivery
+from bus.base import Bus
 from protocol import Hello, Stop
 from actors.inbox import Crash, _FastInbox, teller
 
