@@ -32,7 +32,7 @@ import warnings
 
 from actors import ClusterParallel, DataParallel, TensorParallel, evolve
 from actors.policies import parallelism
-from actors.policies.parallelism import cluster_round, round_per_worker
+from actors.policies.parallelism import cluster_round, default_parallel
 from actors.machines.planner import split_tasks
 from bench import agentdescent_side as ad
 from bench import gepa_side
@@ -232,8 +232,12 @@ def evobus_variant(spec: str):
 
     def run_one(domain, calls, seed, kw):
         if "_tp" in kw:
-            parallel, strategy = tensor_parallel(domain, kw.get("n_workers", N_WORKERS),
-                                                 _per_unit(kw["_tp"], kw))
+            n_workers = kw.get("n_workers", N_WORKERS)
+            per_worker, busy = kw["_tp"] or None, None   # tp=k: k; tp: whole units
+            if kw["_tp"] == -1:   # tp=auto: the default round, as default_parallel plans it
+                default = default_parallel(n_workers)
+                per_worker, busy = default.per_worker, default.busy
+            parallel, strategy = tensor_parallel(domain, n_workers, per_worker, busy=busy)
             return run_evobus(domain, calls, seed, parallel=parallel, strategy=strategy,
                               **{k: v for k, v in kw.items() if k != "_tp"})
         if clustered is not None:
@@ -248,16 +252,10 @@ def evobus_variant(spec: str):
     return run
 
 
-def _per_unit(value: int, kw: dict) -> int | None:
-    """``tp=k``: k; ``tp``: whole units (None); ``tp=auto``: a round of DEFAULT_ROUND."""
-    if value == -1:
-        return round_per_worker(kw.get("n_workers", N_WORKERS))
-    return value or None
-
-
-def tensor_parallel(domain: Domain, n_workers: int, per_worker: int | None = None):
-    """``(TensorParallel, artifact strategy)`` for a domain, one section per worker (at
-    most one per declared key or section):
+def tensor_parallel(domain: Domain, n_workers: int, per_worker: int | None = None,
+                    busy: int | None = None):
+    """``(TensorParallel, artifact strategy)`` for a domain, one section per worker (per
+    busy worker with ``busy``; at most one per declared key or section):
 
     - a keyed domain (``extra["keys"]``, the settings): routed over its settings, a task
       going to the first setting it needs (its proposals edit its first unmet one, often
@@ -267,14 +265,15 @@ def tensor_parallel(domain: Domain, n_workers: int, per_worker: int | None = Non
       category its text routes to), a task routed to the category it wants, the section
       its right rule lands in. The tasks, the model and the proposer are the domain's."""
     keys, sections = domain.extra.get("keys"), domain.extra.get("sections")
+    owners = min(n_workers, busy or n_workers)
     if keys:
         first = {t.id: min(t.meta["need"]) for t in domain.tasks}
-        return (TensorParallel(min(n_workers, len(keys)), route=first.__getitem__,
-                               per_worker=per_worker), None)
+        return (TensorParallel(min(owners, len(keys)), route=first.__getitem__,
+                               per_worker=per_worker, busy=busy), None)
     if sections:
         want = {t.id: t.meta["want"] for t in domain.tasks}
-        return (TensorParallel(min(n_workers, len(sections)), route=want.__getitem__,
-                               per_worker=per_worker),
+        return (TensorParallel(min(owners, len(sections)), route=want.__getitem__,
+                               per_worker=per_worker, busy=busy),
                 dataclasses.replace(domain.strategy(), sections=tuple(sections)))
     raise NotApplicable(f"{domain.name}: TensorParallel needs a key space "
                         f"({domain.shape} declares none)")

@@ -15,6 +15,7 @@ from actors.machines.merger import Merger
 from actors.policies.parallelism import (
     ClusterParallel,
     DataParallel,
+    TensorParallel,
     async_pacing,
     cluster_round,
     data_parallel_from_repr,
@@ -82,6 +83,37 @@ def test_a_header_that_is_not_a_data_parallel_repr_is_not_read_as_one(text):
 def test_busy_must_be_a_positive_integer(busy):
     with pytest.raises(ParallelConfigError, match="busy"):
         DataParallel(per_worker=4, busy=busy)
+
+
+# -- TensorParallel(busy=...) --------------------------------------------------------------
+
+SECTION_KEYS = ("a", "b", "c", "d", "e", "f")
+WANTS = {t: SECTION_KEYS[i % len(SECTION_KEYS)] for i, t in enumerate(TASKS)}
+
+
+def routed(n_sections: int, **kw) -> TensorParallel:
+    return TensorParallel(n_sections, keys=SECTION_KEYS, route=WANTS.__getitem__,
+                          per_worker=4, **kw)
+
+
+def test_tensor_parallel_busy_plans_the_round_of_that_many_workers_and_idles_the_rest():
+    """At 16 workers with busy=4 each of the four sections has one owner rolling out
+    chained leases of four, the round a run at 4 workers makes; the other twelve hold
+    nothing (they share the gates)."""
+    for r in range(6):
+        wide = routed(4, busy=4).plan(16, r, TASKS)
+        four = routed(4).plan(4, r, TASKS)
+        assert [u.worker for u in wide] == list(range(16))
+        assert [(u.keys, u.section) for u in wide[:4]] == [(u.keys, u.section) for u in four]
+        assert all(not u.keys for u in wide[4:])
+
+
+def test_tensor_parallel_busy_fewer_than_its_sections_is_refused_by_name():
+    with pytest.raises(ParallelConfigError, match=r"busy=3.*fewer than the sections"):
+        routed(4, busy=3).plan(16, 0, TASKS)
+    with pytest.raises(ParallelConfigError, match="busy"):
+        routed(4, busy=0)
+    assert "busy=4" in repr(routed(4, busy=4))
 
 
 # -- an asynchronous wave's merge holds a lone diff (hold_waves) ---------------------------

@@ -487,6 +487,9 @@ class TensorParallel:
     * ``per_worker=k``: a minibatch round, as for :class:`DataParallel`: each worker
       rolls out ``k`` tasks of its unit a round, walking through it over the rounds
       (None, the default: the whole unit).
+    * ``busy=b``: each round is planned on ``b`` workers only (at least
+      ``n_sections``), as for :class:`DataParallel`: the others hold no lease and
+      share the gates, so more workers do not cut a round into leases too short to chain.
     * ``normalise``: how the artifact spells a key (``KeyedRules`` lower-cases).
       It is applied to ``keys``, to every ``route`` result and in
       :meth:`owner_of`, so ``"Billing"`` and ``"billing"`` are one key.
@@ -501,6 +504,7 @@ class TensorParallel:
     route: Callable[[str], str] | None = None
     normalise: Callable[[str], str] | None = field(default=None, kw_only=True)
     per_worker: int | None = field(default=None, kw_only=True)
+    busy: int | None = field(default=None, kw_only=True)
     _merge: TensorParallelMerge = field(init=False, repr=False, compare=False)
 
     name: ClassVar[str] = "TP"
@@ -508,6 +512,8 @@ class TensorParallel:
     def __post_init__(self) -> None:
         _check_n_sections("TensorParallel", self.n_sections)
         _check_per_worker("TensorParallel", self.per_worker)
+        _check_count("TensorParallel", "busy", self.busy, "how many workers roll out a round",
+                     "None rolls out on every worker")
         if isinstance(self.keys, str):
             raise ParallelConfigError(
                 f"TensorParallel(keys={self.keys!r}): keys is a list of artifact keys, "
@@ -600,7 +606,17 @@ class TensorParallel:
                 f"or use DataParallel{single}")
         return assign_key_sections(distinct, self.n_sections)
 
+    def _busy(self, n_workers: int) -> int:
+        """The workers a round is planned on: ``busy`` of them (at most all)."""
+        return n_workers if self.busy is None or n_workers < 1 else min(self.busy, n_workers)
+
     def _check_workers(self, n_workers: int) -> None:
+        if self.busy is not None and self._busy(n_workers) < self.n_sections:
+            raise ParallelConfigError(
+                f"TensorParallel(n_sections={self.n_sections}, busy={self.busy}): a round "
+                f"rolls out on {self._busy(n_workers)} worker(s), fewer than the sections, "
+                f"so some section's keys could never be edited: use busy >= "
+                f"{self.n_sections}, or lower n_sections")
         if n_workers < self.n_sections:
             orphans = list(range(n_workers, self.n_sections))
             raise ParallelConfigError(
@@ -640,26 +656,27 @@ class TensorParallel:
         """Plan one round; ``keys`` are the round's **task ids**. The checks, the split
         and ``route`` run once per task list (a pure function of it), not every round."""
         n = self.n_sections
+        self._check_workers(n_workers)
+        b = self._busy(n_workers)
+        idle = [WorkUnit(worker=j, keys=()) for j in range(b, n_workers)]
 
         def split(ids: tuple[str, ...]):
             sections = self._check_key_space(None)
-            self._check_workers(n_workers)
             if self.route is None:
-                return [tuple(s) for s in shard_round_robin(ids, n_workers)]
+                return [tuple(s) for s in shard_round_robin(ids, b)]
             return self._route_all(list(ids), sections, self._norm())
 
         if self.route is None:
-            shards = _kept_split(self, "TensorParallel", n_workers, round_index, keys, split)
-            return [minibatch(WorkUnit(worker=i, keys=shards[(i + round_index) % n_workers],
+            shards = _kept_split(self, "TensorParallel", b, round_index, keys, split)
+            return [minibatch(WorkUnit(worker=i, keys=shards[(i + round_index) % b],
                                        section=i % n), self.per_worker, round_index)
-                    for i in range(n_workers)]
-        by_section = _kept_split(self, "TensorParallel", n_workers, round_index, keys, split)
+                    for i in range(b)] + idle
+        by_section = _kept_split(self, "TensorParallel", b, round_index, keys, split)
         units: list[WorkUnit] = []
         for s in range(n):
-            units.extend(_rotated_split(by_section[s], range(s, n_workers, n),
-                                        round_index, section=s))
+            units.extend(_rotated_split(by_section[s], range(s, b, n), round_index, section=s))
         return [minibatch(u, self.per_worker, round_index)
-                for u in sorted(units, key=lambda u: u.worker)]
+                for u in sorted(units, key=lambda u: u.worker)] + idle
 
     def __repr__(self) -> str:
         parts = [str(self.n_sections)]
@@ -669,6 +686,8 @@ class TensorParallel:
             parts.append("route=...")
         if self.per_worker is not None:
             parts.append(f"per_worker={self.per_worker}")
+        if self.busy is not None:
+            parts.append(f"busy={self.busy}")
         return f"TensorParallel({', '.join(parts)})"
 
 
