@@ -23,6 +23,7 @@ from actors.machines.collector import Collector
 from actors.runtime.runtime import Runtime
 from bus.log import read_log
 from protocol import BranchDone, GroupStart, decode, encode
+from test_groups import error_at_one  # item 1 raises, the others wait to be cancelled
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1),
                     st.floats(allow_nan=False), st.text(max_size=20), st.binary(max_size=20))
@@ -259,16 +260,7 @@ def test_branches_slower_than_measured_are_taken_by_helpers_within_the_bound(bus
 def test_in_one_lease_an_error_is_seen_as_soon_as_its_branch_raises(bus):
     from actors import GroupFailed
 
-    def check(i: int, ctx) -> int:
-        if i == 1:
-            time.sleep(0.05)          # simulated work before the error
-            raise ValueError("item 1")
-        for _ in range(300):          # 3 s unless cancelled
-            if ctx.cancelled:
-                return -1
-            time.sleep(0.01)
-        return i
-
+    check = error_at_one()
     driver._remember(check, 1e-5)
     t0 = time.monotonic()
     with pytest.raises(GroupFailed) as info:

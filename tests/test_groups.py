@@ -1506,13 +1506,15 @@ def test_the_docs_examples_run(tmp_path, monkeypatch):
 # -- input-order starts, the process-wide runtime (issue 17) -----------------------------
 
 
-def test_starts_follow_input_order_so_an_error_is_seen_as_soon_as_its_branch_raises():
-    started: list[int] = []
+def error_at_one(started: list[int] | None = None):
+    """A target whose item 1 raises after 50 ms of work, every other branch working up to
+    3 s unless cancelled; each start is recorded in ``started`` when given."""
     lock = threading.Lock()
 
     def check(i: int, ctx) -> int:
-        with lock:
-            started.append(i)
+        if started is not None:
+            with lock:
+                started.append(i)
         if i == 1:
             time.sleep(0.05)          # simulated work before the error
             raise ValueError("item 1")
@@ -1521,7 +1523,12 @@ def test_starts_follow_input_order_so_an_error_is_seen_as_soon_as_its_branch_rai
                 return -1
             time.sleep(0.01)
         return i
+    return check
 
+
+def test_starts_follow_input_order_so_an_error_is_seen_as_soon_as_its_branch_raises():
+    started: list[int] = []
+    check = error_at_one(started)
     t0 = time.monotonic()
     with pytest.raises(GroupFailed) as info:
         parallel(check, range(10), max_concurrency=2, max_items=10)
