@@ -167,5 +167,11 @@ class Merge:
     lost: list[Diff] = field(default_factory=list)   # conflict losers, unscored ("first")
     ranked: list[list[Diff]] = field(default_factory=list)   # groups by evidence (duel)
     carried: bool = False   # every chain carried on, ungated (branches.py)
+    # The cross-check (interference.py): done once a merge; evidence task -> the
+    # indices into ``free`` of the diffs that passed the screen on it; the tasks scored.
+    crossed: bool = False
+    cross_owners: dict[str, list[int]] = field(default_factory=dict)
+    cross_tasks: list[str] = field(default_factory=list)
+    cross_want: dict[str, float] = field(default_factory=dict)
 
 

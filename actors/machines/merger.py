@@ -74,6 +74,7 @@ from actors.machines.probing import PROBE_EVALS, PROBE_TASKS, Probing
 from actors.machines.reuse import PairScores
 from actors.machines.scoring import SCORE_CACHE_STATES, NoiseMeter, ScoreTables
 from actors.machines.gatesize import gate_tasks as sized_gate
+from actors.machines.interference import Interference
 from actors.machines.screening import SEQUENTIAL_FIRST, SEQUENTIAL_SLACK, Screening
 from actors.machines.staleness import KeyHistory, merge_ready
 from protocol.domain import key_section
@@ -123,7 +124,7 @@ HOLD_MERGES = 1
 
 
 
-class Merger(ScoreTables, Screening, Probing, Duel):
+class Merger(ScoreTables, Screening, Probing, Interference, Duel):
     name = "merger"
 
     def __init__(self, *, asynchronous: bool = False, alpha: int = 3,
@@ -140,7 +141,8 @@ class Merger(ScoreTables, Screening, Probing, Duel):
                  branches: bool = False, hold: bool = False,
                  gate_rollouts: int | None = None, rescore: int = 1,
                  level: bool = False, vouch: int = 0,
-                 hold_waves: bool = False) -> None:
+                 hold_waves: bool = False, cross: bool = False,
+                 sequential_retire: bool = False) -> None:
         if conflicts not in CONFLICTS:
             raise ValueError(f"conflicts={conflicts!r}: choose one of {', '.join(CONFLICTS)}")
         self.conflicts = conflicts
@@ -164,6 +166,12 @@ class Merger(ScoreTables, Screening, Probing, Duel):
                              "have passed the screen on, an integer >= 0 (0: off)")
         self.vouch = vouch
         self._vouch: dict[frozenset, set[str]] = {}
+        # ``cross`` (interference.py): id(diff) -> (the evidence task it passed the
+        # screen on, its score there), while it is held.
+        self.cross = cross
+        self._passes: dict[int, tuple[str, float]] = {}
+        self._suite: dict[str, tuple[dict[str, str], float]] = {}
+        self._suite_turn = 0
         self.without_gain = 0     # merges in a row that committed nothing
         # Async (actors/machines/staleness.py): a diff none of whose keys a later commit
         # wrote is kept as fresh (``rebase``); with ``waves`` an idle Merger merges when
@@ -204,6 +212,9 @@ class Merger(ScoreTables, Screening, Probing, Duel):
         self.retire = retire
         self.recheck = recheck
         self.sequential = sequential
+        # A retirement's held-out confirmation through the sequential gate too (a log
+        # header without the field scored it on the whole split).
+        self.sequential_retire = sequential and sequential_retire
         # Held-out tasks a gate scores (None: the whole split; gatesize.py).
         self.gate_size = gate_tasks
         self.sequential_first = sequential_first
@@ -305,6 +316,8 @@ class Merger(ScoreTables, Screening, Probing, Duel):
         """Count a decision about ``diffs`` of the current merge: a diff held from an
         earlier round in ``_carried_out`` (its round counted it as ``held``), the others
         in the merge's outcomes; each in the run's totals."""
+        if what == "committed":
+            self._committed_evidence(diffs)
         carried = sum(1 for d in diffs if id(d) in self._carried)
         self._count(self.merge.outcomes, what, len(diffs) - carried)
         self._count(self._carried_out, what, carried)
@@ -547,6 +560,12 @@ class Merger(ScoreTables, Screening, Probing, Duel):
             return self._screen_done()
         if m.stage == "screen-head":
             return self._screen_head_done()
+        if m.stage == "cross":
+            return self._crossed()
+        if m.stage == "cross-control":
+            return self._cross_controlled()
+        if m.stage == "cross-loo":
+            return self._cross_looed()
         if m.stage == "probe":
             return self._probe_scored()
         if m.stage == "control":
@@ -647,6 +666,12 @@ class Merger(ScoreTables, Screening, Probing, Duel):
                 + self._held_out("h1", m.half_states[1], m.half_keys[1]))
 
     def _to_fused(self) -> list[Out]:
+        """The candidate of ``m.free`` goes to the held-out gate (with ``cross``, its
+        diffs' evidence tasks checked first: interference.py)."""
+        crossing = self._cross()
+        return crossing if crossing is not None else self._to_gate()
+
+    def _to_gate(self) -> list[Out]:
         m = self.merge
         m.stage = "fused"
         m.fused = list(m.free)
@@ -673,6 +698,9 @@ class Merger(ScoreTables, Screening, Probing, Duel):
         pending = {id(p[2]) for bucket in self.pending.values() for p in bucket}
         if self._evidence:   # only the diffs still held keep theirs (stale ones go)
             self._evidence = {k: v for k, v in self._evidence.items() if k in pending}
+        if self._passes:
+            held = pending | {id(d) for d in self._held}
+            self._passes = {k: v for k, v in self._passes.items() if k in held}
         bases = {}
         if self.branches is not None:
             bases = self.branches.settle(m.round, m.lost, self.state, gated=not m.carried)

@@ -330,14 +330,16 @@ class Probing:
         m.confirm_key = state_key(state)
         m.stage = "confirm"
         m.waiting = {"confirm"}
+        if self.sequential_retire:   # stops early when the removal is behind the head
+            return self._held_out("confirm", m.confirm_state, m.confirm_key)
         return self._request("confirm", m.confirm_state, key=m.confirm_key)
 
     def _confirmed(self) -> list[Out]:
         """Retire the flagged keys of the head (and take in the edits they blocked) when
         that scores higher on the held-out split (by the noise test when it is on)."""
         m = self.merge
-        score = self._scores(None)[m.confirm_key]
-        if not self._beats(score) and not self._retire_vouched(score):
+        score = self._gate_score(m.confirm_key)
+        if score is None or not self._beats(score) and not self._retire_vouched(score):
             return self._close(committed=False)
         self._count(m.outcomes, "retired", len(m.probe.flagged))
         self._count(m.outcomes, "committed", len(m.unblocked))

@@ -153,8 +153,8 @@ class ScoreTables:
             return [(PLANNER, Baseline(version=self.version, heldout_reward=0.0,
                                        failed=msg.failed, errors=msg.errors))]
         scores[key] = msg.score   # the only place a table grows
-        if self.merge is not None and (tag in ("control", "rescore") or (
-                isinstance(tag, tuple) and tag[0] in ("loo", "ub"))):
+        if self.merge is not None and (tag in ("control", "rescore", "cross") or (
+                isinstance(tag, tuple) and tag[0] in ("loo", "ub", "xl"))):
             self.merge.per_task[tag] = dict(msg.scores)
         if msg.scores and scores is self._scores(None):
             self._detail[key] = dict(msg.scores)

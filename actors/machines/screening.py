@@ -119,6 +119,7 @@ class Screening:
             if after > before:
                 keep.append(d)
                 self._vouched_on(d, task_ids[0])
+                self._passed_screen(d, task_ids[0], after)
             else:
                 self._count(m.outcomes, "screened-out")
                 self.screen_out += 1

@@ -165,7 +165,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            deterministic: bool = False, noise_z: float = 0.0,
            gate_tasks: int | None = None,
            branches: bool | None = None, hold: bool = True,
-           rescore: int = 3, level: bool = False, vouch: int = 2) -> EvolveResult:
+           rescore: int = 3, level: bool = False, vouch: int = 2,
+           cross: bool = True) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
@@ -220,7 +221,10 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     candidate level with the head on the held-out split (behind by one task at most) is
     committed when each of its diffs passed the screen on at least this many distinct
     train tasks, and a retirement level there goes through when each key's removal alone
-    repaired that many stuck train tasks (docs/concepts.md).
+    repaired that many stuck train tasks (docs/concepts.md). ``cross`` (default on): before
+    the held-out gate, a fused candidate of several diffs is scored on their evidence
+    tasks (and a few of the committed diffs'); a diff that breaks another's evidence
+    there is left out (``harmful``; actors/machines/interference.py, docs/concepts.md).
 
     ``parallel`` (default ``DataParallel(per_worker=4)`` with up to 4 workers, a round
     of 16 tasks shared by more, chosen by the benchmarks in docs/parallelism.md, or the
@@ -257,6 +261,10 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
                           "must have passed the screen on, an integer >= 0 (0: off), e.g. 2")
     if vouch:   # recorded only when on: older headers replay without it
         modes.gate["vouch"] = vouch
+    if cross:   # recorded only when on: older headers replay without it
+        modes.gate["cross"] = True
+    if modes.gate["sequential"] and retire:   # likewise: a retirement's confirmation
+        modes.gate["sequential_retire"] = True
     _check_numbers(solved_threshold, lease_size)
     tasks = _validate(tasks, reward, agent, run, propose, n_workers, modes.rounds,
                       held_out_frac, max_concurrency)
