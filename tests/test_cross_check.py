@@ -9,11 +9,12 @@ from protocol import Barrier, Commit, Diff, LeaseDone, Open, RolloutResult, Roun
 from tests.merger_drive import answer_evals
 
 HELD = [f"h{i}" for i in range(8)]
-#: Held-out tasks: h0, h3 need g0; h1, h4 need g1; h6, h7 are solved by "broad" alone,
-#: which also breaks h0 and h1. The train tasks: e0 needs g0, e1 needs g1, ef is solved
-#: by "broad"; "broad" breaks e0 and e1 (the tasks g0 and g1 were proposed for).
-NEEDS = {"h0": "g0", "h3": "g0", "h1": "g1", "h4": "g1", "e0": "g0", "e1": "g1",
-         "h6": "broad", "h7": "broad", "ef": "broad"}
+#: Held-out tasks: h0, h3 need g0; h1, h4 need g1; h2, h5 need g2; h6, h7 are solved by
+#: "broad" alone, which also breaks h0 and h1. The train tasks: e0 needs g0, e1 needs
+#: g1, e2 needs g2, ef is solved by "broad"; "broad" breaks e0 and e1 (the tasks g0 and
+#: g1 were proposed for).
+NEEDS = {"h0": "g0", "h3": "g0", "h1": "g1", "h4": "g1", "h2": "g2", "h5": "g2",
+         "e0": "g0", "e1": "g1", "e2": "g2", "h6": "broad", "h7": "broad", "ef": "broad"}
 BROKEN_BY_BROAD = {"h0", "h1", "e0", "e1"}
 
 
@@ -68,6 +69,21 @@ def test_a_diff_that_breaks_the_evidence_of_the_diffs_fused_with_it_is_left_out(
                                          ["e0", "e1"], ["e0", "e1"], ["e0", "e1"],
                                          ["e0", "e1"], HELD]
     assert m.stats["cross-checked"] == 1 and m.stats["cross-flagged"] == 1
+
+
+def test_a_broad_diff_that_breaks_the_evidence_of_committed_diffs_is_left_out():
+    """g0 and g1 are committed in round 0; in round 1 "broad" comes with g2. Fused, they
+    fail e0 and e1, the evidence of the committed diffs (the suite), and taking "broad"
+    back out repairs both: it is left out before the gate, which scores g2 alone."""
+    m = opened(cross=True)
+    merge(m, 0, [("e0", d("g0")), ("e1", d("g1"))])
+    log: list = []
+    out, closed = merge(m, 1, [("ef", d("broad")), ("e2", d("g2"))], log=log)
+    assert m.state.keys() == {"g0", "g1", "g2"} and m.score == 6 / 8
+    assert closed.outcomes == {"committed": 1, "harmful": 1}
+    assert log[2].task_ids == ["e0", "e1", "e2", "ef"]   # own evidence and the suite's
+    assert [r.task_ids for r in log][-1] == HELD and sum(r.task_ids == HELD
+                                                         for r in log) == 1
 
 
 def test_evidence_every_diff_fuses_without_breaking_costs_one_call_each_and_no_loo():

@@ -7,11 +7,12 @@ diff of the candidate breaks it: an edit broad enough to fix its own task while 
 changes the answer on tasks it was never about (on a weak head such an edit scores as
 well as a right one on the held-out split, and its harm shows only as the artifact
 fills, when taking it back out costs a probe of the head). So before the held-out
-gate, the fused candidate is scored on its diffs' evidence tasks (one call each); on
-the tasks it breaks, each diff is taken back out of it alone (leave-one-out), and a
-diff whose removal repairs a broken task that few others' removal repairs (when most
-removals repair it, the failure was the model's noise) is left out of the candidate
-(``harmful``) before the gate.
+gate, the fused candidate is scored on its diffs' evidence tasks and on a few of the
+committed diffs' that the head still holds (the suite; one call a task). A task it
+fails where its diff alone passed is scored on it again (a failure met once may be the
+model's noise); on those that fail twice each diff is taken back out of the candidate
+alone (leave-one-out), and a diff whose removal repairs a task that few other removals
+repair (when most do, it was the noise) is left out of the candidate (``harmful``).
 """
 
 from __future__ import annotations
@@ -89,15 +90,20 @@ class Interference:
         self.stats["cross-checked"] = self.stats.get("cross-checked", 0) + 1
         return self._request("cross", apply(self.state, m.free), m.cross_tasks, fresh=True)
 
+    def _broken(self) -> list[str]:
+        """The tasks of the last cross eval the candidate did worse on than its owner."""
+        m = self.merge
+        got = m.per_task.get("cross", {})
+        m.cross_tasks = [t for t in m.cross_tasks if got.get(t, 1.0) < m.cross_want[t]]
+        return m.cross_tasks
+
     def _crossed(self) -> list[Out]:
         """The evidence tasks the candidate fails where its owner alone passed are scored
         on it afresh (a failure met once may be the model's noise)."""
         m = self.merge
-        got = m.per_task.get("cross", {})
-        broken = [t for t in m.cross_tasks if got.get(t, 1.0) < m.cross_want[t]]
+        broken = self._broken()
         if not broken:
             return self._to_gate()
-        m.cross_tasks = broken
         m.stage = "cross-control"
         m.waiting = {"cross"}
         return self._request("cross", apply(self.state, m.free), broken, fresh=True)
@@ -106,11 +112,9 @@ class Interference:
         """The tasks the candidate failed twice: each diff taken back out of it alone
         on them."""
         m = self.merge
-        got = m.per_task.get("cross", {})
-        broken = [t for t in m.cross_tasks if got.get(t, 1.0) < m.cross_want[t]]
+        broken = self._broken()
         if not broken:
             return self._to_gate()
-        m.cross_tasks = broken
         m.stage = "cross-loo"
         m.waiting = {("xl", j) for j in range(len(m.free))}
         out: list[Out] = []
