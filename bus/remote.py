@@ -85,6 +85,7 @@ from bus.frames import (
 )
 from bus.security import (
     ClientKeys,
+    key_names,
     loopback_only,
     ServerKeys,
     secure_client,
@@ -121,6 +122,14 @@ def bind_refusal(addr: str, *, keys: bool, insecure: bool) -> str | None:
             "unencrypted peers on that interface")
 
 
+def _metadata(frame: zmq.Frame, key: str) -> str:
+    """A property of a received frame (ZeroMQ's metadata), or "" when it has none."""
+    try:
+        return frame.get(key) or ""
+    except zmq.ZMQError:  # no such property on this frame: unknown
+        return ""
+
+
 class PeerPort:
     """The broker's ROUTER for workers in other processes (runs on the broker thread).
 
@@ -155,6 +164,12 @@ class PeerPort:
         self.tokens: dict[bytes, bytes] = {}
         # routing identity -> the identity stamped on its frames (with CURVE: its key)
         self.peers: dict[bytes, str] = {}
+        # routing identity -> where it connects from (origin()), read from the metadata
+        # of its first frame on a port that may hear other machines (CURVE, --insecure)
+        self.origins: dict[bytes, str] = {}
+        self._metadata = keys is not None or insecure
+        self._key_names: dict[str, str] = {}   # a client's public key (z85) -> its file's name
+        self._local = all(loopback_only(a) for a in self.binds)
         self.addresses: list[str] = []
         self.socket: zmq.Socket | None = None
         self._auth = None
@@ -168,6 +183,7 @@ class PeerPort:
         self.stats = broker.stats
         if self.keys is not None:
             self._auth = start_authenticator(broker.ctx, self.keys)
+            self._key_names = key_names(self.keys)
         sock = router_socket(broker.ctx)
         if self.keys is not None:
             secure_server(sock, self.keys)
@@ -201,19 +217,34 @@ class PeerPort:
                 return
 
     def _recv(self, sock: zmq.Socket) -> list[bytes]:
-        """One message; with CURVE, the first from a connection also says whose key it
-        is (the ZAP handler's User-Id, read from a frame's metadata)."""
-        if self.keys is None:
+        """One message; on a port that may hear other machines (CURVE, --insecure) the
+        first from a connection also says where it comes from (its address) and, with
+        CURVE, whose key it is (the ZAP handler's User-Id), read from a frame's metadata.
+        A loopback port without keys reads bytes alone (the fast path)."""
+        if not self._metadata:
             return recv_frames(sock, NOBLOCK)
         parts = sock.recv_multipart(NOBLOCK, copy=False)
         frames = [p.bytes for p in parts]
-        if frames[0] not in self.peers and len(self.peers) < MAX_PEER_ROUTES:
-            try:
-                key = parts[-1].get("User-Id")
-            except zmq.ZMQError:  # no metadata on this frame: the identity alone
-                key = ""
-            self.peers[frames[0]] = f"{self._identity(frames[0])} key={key}"
+        ident = frames[0]
+        if ident not in self.origins and len(self.origins) < MAX_PEER_ROUTES:
+            key, address = _metadata(parts[-1], "User-Id"), _metadata(parts[-1], "Peer-Address")
+            name = self._key_names.get(key, "")
+            self.origins[ident] = address + (f" with key {name}" if name else "")
+            if self.keys is not None and ident not in self.peers:
+                self.peers[ident] = f"{self._identity(ident)} key={key}"
         return frames
+
+    def origin(self, name: str) -> str | None:
+        """Where the connection that registered ``name`` comes from, as far as the port
+        knows: its address (and, with CURVE, the name of the client key it authenticated
+        with: ``10.0.0.7 with key laptop``) on a port that may hear other machines; ``this
+        machine`` on a loopback or ipc port; ``""`` when not known; None when no
+        connection of this port holds ``name``. For display (a wait for workers says who
+        joined from where): read from another thread, one dict lookup at a time."""
+        ident = self.routes.get(name.encode())
+        if ident is None:
+            return None
+        return self.origins.get(ident) or ("this machine" if self._local else "")
 
     def peer_of(self, ident: bytes) -> str:
         """The identity stamped on this connection's frames and named in refusals (kept
@@ -283,6 +314,7 @@ class PeerPort:
             if not names:
                 del self.owned[ident]
                 self.peers.pop(ident, None)
+                self.origins.pop(ident, None)
         else:
             self._reject(ident, f"malformed envelope ({len(frames)} frames, kind {kind[:8]!r})")
 

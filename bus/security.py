@@ -116,6 +116,19 @@ def load_client_keys(key_file: str | os.PathLike[str],
     return ClientKeys(public=public, secret=secret, server_public=server_public)
 
 
+def key_names(keys: ServerKeys) -> dict[str, str]:
+    """The authorised client keys by their public key (z85, as the ZAP handler names a
+    CURVE peer): public key -> the key's name (``laptop`` for ``laptop.key``)."""
+    names = {}
+    for path in sorted(keys.authorized.glob("*.key")):
+        try:
+            public, _ = zmq.auth.load_certificate(path)
+        except (ValueError, OSError):  # not a certificate: the authenticator skips it too
+            continue
+        names[public.decode("ascii")] = path.stem
+    return names
+
+
 def start_authenticator(ctx: zmq.Context, keys: ServerKeys) -> ThreadAuthenticator:
     """Accept CURVE clients whose public key is in ``keys.authorized`` (and no one else)."""
     auth = ThreadAuthenticator(ctx, log=logging.getLogger("bus.security.zap"))

@@ -285,6 +285,7 @@ def test_a_worker_started_before_its_broker_says_at_once_it_waits_then_when_it_c
                 proc.kill()
                 proc.wait(10)
     assert f"waiting up to 30 s (wait_seconds) for 1 remote worker(s) at {addr}" in err
+    assert " joined" not in err   # --quiet: who joined is not said, the wait's line is
     # "after N s" once the wait lasted a second (a coordinator may start faster).
     assert re.fullmatch(rf"evobus worker w0: connected to {re.escape(addr)}( after "
                         r"\d+\.\d s)?; waiting for the run's spec", connected.rstrip()), connected

@@ -153,6 +153,58 @@ def test_on_a_terminal_a_live_panel_shows_the_budget(tmp_path, env):
         assert label in text, label
 
 
+def test_a_run_waiting_for_remote_workers_says_each_one_that_joins_and_when_all_are_in(
+        tmp_path, env):
+    """On a terminal, while `evobus run` waits for two remote workers: the panel says how
+    many joined (0 of 2, then 1 of 2: the second worker starts only once the first is
+    shown), one line above it per worker that joins (who, from where, how many of how
+    many, what is left of the wait) and one when all are in. Real processes, 127.0.0.1."""
+    from test_remote import free_port, scenario_text
+
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    scenario = tmp_path / "remote.toml"
+    scenario.write_text(scenario_text(f'local = 0\nremote = 2\nbind = "{addr}"', rounds=2))
+    primary, secondary = os.openpty()
+    env = dict(env, TERM="xterm-256color", COLUMNS="160", LINES="40")
+    procs = [subprocess.Popen([sys.executable, "-m", "actors.cli", "run", str(scenario),
+                               "--log", str(tmp_path / "r.evolog")], cwd=tmp_path, env=env,
+                              stdin=secondary, stdout=secondary, stderr=secondary)]
+    os.close(secondary)
+
+    def worker(name: str) -> None:
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "actors.cli", "worker", "--connect", addr, "--id", name,
+             "--allow", "tests.remote_domain", "--give-up", "40"], cwd=tmp_path, env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    screens = []
+    try:
+        for needle, then in ((b"0 of 2 joined", "w0"), (b"1 of 2 joined", "w1"),
+                             (b"artifact v", None)):
+            screens.append(read_until(primary, needle, time.monotonic() + 40))
+            assert needle in screens[-1], (needle, screens[-1][-2000:])
+            if then is not None:
+                worker(then)
+        assert procs[0].wait(timeout=15) == 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+        os.close(primary)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(screens).decode("utf-8", "replace"))
+    said = [line[line.index("evobus: "):].rstrip() for line in text.split("\r\n")
+            if "evobus: " in line]
+    assert said[0].startswith(f"evobus: warning: waiting up to 30 s (wait_seconds) for 2 "
+                              f"remote worker(s) at {addr}; start each with `"), said
+    assert re.fullmatch(r"evobus: worker w0 joined from this machine \(1 of 2\); waiting "
+                        r"for 1 more \(up to \d+ s\)", said[1]), said
+    assert said[2] == "evobus: worker w1 joined from this machine (2 of 2)", said
+    assert re.fullmatch(r"evobus: all 2 worker\(s\) joined after \d+\.\d s; the run "
+                        r"starts", said[3]), said
+    assert "(work starts once every worker joined)" in text
+
+
 def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path, env):
     from bus.log import read_log
 

@@ -9,6 +9,7 @@ a process's output, never on a sleep.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import signal
@@ -128,12 +129,21 @@ def wait_for_hang(box: dict, marker: Path, w: Workers_, what: str) -> int:
 
 
 def test_a_group_of_200_items_over_two_curve_workers_returns_results_in_input_order(
-        fleet, keys):
+        fleet, keys, caplog):
     w = fleet(keys)
     w.start("w0")
     w.start("w1")
-    out = run_group("tests.group_remote_domain:square", list(range(200)),
-                    max_concurrency=8, max_items=200, workers=w.section(2))
+    with caplog.at_level(logging.INFO, logger="actors.groups.fleet"):
+        out = run_group("tests.group_remote_domain:square", list(range(200)),
+                        max_concurrency=8, max_items=200, workers=w.section(2))
+    # The wait said who joined, from which address with which key, and when all were in.
+    said = [r.getMessage() for r in caplog.records if r.name == "actors.groups.fleet"]
+    joins = sorted(line.split(" (")[0] for line in said if " joined from " in line)
+    assert joins == [f"worker {n} joined from 127.0.0.1 with key {n}" for n in ("w0", "w1")]
+    assert [line.split(" (")[1][:6] for line in said if " joined from " in line] == [
+        "1 of 2", "2 of 2"], said
+    assert said[-1].startswith("all 2 worker(s) joined after ") and said[-1].endswith(
+        "; the group starts"), said
     assert out.status == "completed", (out.error, w.said())
     assert out.results == [i * i for i in range(200)]
     assert out.consumed.calls == 200   # counted by the relay from the answers

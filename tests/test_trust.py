@@ -124,6 +124,28 @@ def test_with_curve_a_peer_is_stamped_with_its_public_key(tmp_path):
         ep.send("w", "scheduler", Heartbeat(worker="w"))
         (d,) = inbox.wait(1)
         assert d.peer.startswith("remote:rw-") and d.peer.endswith(f" key={keys.public.decode()}")
+        # Where it connects from, as a wait for workers says it: the address, the key's name.
+        assert port.origin("w") == "127.0.0.1 with key alice"
+        assert port.origin("someone-else") is None
+    finally:
+        ep.close()
+        bus.close()
+
+
+@pytest.mark.parametrize("insecure,where", [(False, "this machine"), (True, "127.0.0.1")])
+def test_a_port_says_where_a_peer_connects_from_as_far_as_it_knows(insecure, where):
+    """Without keys a loopback port knows only that a peer is on this machine (it reads
+    bytes alone); one that may hear other machines (--insecure) reads the address."""
+    port = PeerPort(["tcp://127.0.0.1:0"], insecure=insecure, receivers=["scheduler"])
+    bus = ZmqBus(peers=(port,))
+    inbox = Inbox()
+    bus.attach("scheduler", inbox)
+    ep = RemoteEndpoint(port.addresses[0])
+    try:
+        ep.attach("w", Inbox())
+        ep.send("w", "scheduler", Heartbeat(worker="w"))
+        inbox.wait(1)
+        assert (port.origin("w"), port.origin("v")) == (where, None)
     finally:
         ep.close()
         bus.close()

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from actors.cli.learned import read_chain
 from actors.machines.budget import Ledger
-from protocol import (Baseline, Budget, Commit, EvalDone, EvalRequest, Lease, LeaseBatch,
-                      LeaseDone, RoundClosed, Settled, SettledBatch, Start, decode)
+from protocol import (Baseline, Budget, Commit, EvalDone, EvalRequest, Hello, Lease,
+                      LeaseBatch, LeaseDone, RoundClosed, Settled, SettledBatch, Start, decode)
 
 __all__ = ["Closed", "RunFigures", "log_baseline"]
 
@@ -71,6 +71,8 @@ class RunFigures:
     baseline_calls: int | None = None
     baseline_errors: int = 0
     baseline_error: str | None = None
+    #: Workers in other processes the registry admitted (its Hello to the Scheduler).
+    joined: set[str] = field(default_factory=set)
     _last_eval: EvalDone | None = None   # the scoring a Baseline reports (just before it)
     _pending: list[int] = field(default_factory=lambda: [0, 0])   # rollouts, leases
     _answered: set[str] = field(default_factory=set)
@@ -96,6 +98,8 @@ class RunFigures:
             case Start(asynchronous=asynchronous):
                 self.asynchronous = asynchronous
                 self.word = "merge" if asynchronous else "round"
+            case Hello(worker=worker) if sender == "registry":
+                self.joined.add(worker)
             case Budget() if receiver == "scheduler":
                 self.ledger.limits = msg
             case LeaseBatch(round=r, leases=leases) if sender == "planner":

@@ -43,6 +43,7 @@ class RoundSnapshot:
     closes: int = 0          # rounds (async: merges) closed
     committed: int = 0       # ... of them committed
     per_close: float | None = None   # rollouts per recorded round (async: merge)
+    joined: int = 0          # workers in other processes registered so far
 
 
 class InRound:
@@ -102,4 +103,4 @@ class InRound:
                                  f.working(self._clock() if now is None else now),
                                  usage["tokens"]["total"], usage["cost"]["total"], usage,
                                  len(f.closed), sum(c.committed for c in f.closed),
-                                 f.rollouts_per_close)
+                                 f.rollouts_per_close, len(f.joined))

@@ -4,6 +4,7 @@ one line on stderr naming the fix, never a traceback."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import inspect
 import json
@@ -305,13 +306,17 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    # What evobus says on stderr reads as its other messages do (`evobus: warning: ...`);
-    # with -v, the level and the logger that said it, for a bug report.
+    # What evobus says on stderr reads as its other messages do (`evobus: warning: ...`,
+    # `evobus: worker w0 joined ...` for what the user watches for); with -v, the level
+    # and the logger that said it, for a bug report. To sys.stderr as it is at each
+    # line: the live panel redirects it, and a line then lands above the panel.
+    handler = _Stderr()
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s" if args.verbose
-                        else "evobus: %(levelname_lower)s: %(message)s")
+                        else "evobus: %(level_prefix)s%(message)s", handlers=[handler])
+    said = [] if args.verbose or getattr(args, "quiet", False) else SAID_LOGGERS
     if not args.verbose:
-        logging.getLogger().handlers[0].addFilter(_lower_level)
+        handler.addFilter(_level_prefix)
     if not args.verbose:
         # bus.log logs each torn tail and also raises it as a TornTailWarning, which
         # _show_warning prints (once, with the CLI's fix): the log line would repeat it.
@@ -320,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print("evobus: a verb is required (evobus --help lists them)", file=sys.stderr)
         return 2
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _info_from(said):
         if not args.verbose:   # one line each, not Python's file:line and source line
             warnings.showwarning = _show_warning
         try:
@@ -332,9 +337,48 @@ def main(argv: list[str] | None = None) -> int:
             return _closed_pipe()
 
 
-def _lower_level(record: logging.LogRecord) -> bool:
-    """``WARNING`` -> ``warning`` for the one-line format (a filter: it never drops)."""
-    record.levelname_lower = record.levelname.lower()
+@contextlib.contextmanager
+def _info_from(names):
+    """INFO lines of the loggers ``names`` are shown while a verb runs (their levels
+    as they were afterwards: main() may run in a process that goes on, a test's)."""
+    loggers = [logging.getLogger(name) for name in names]
+    before = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, before):
+            logger.setLevel(level)
+
+
+#: Loggers whose INFO lines are for the user watching a run (not only with -v): a wait
+#: for workers in other processes says who joined, from where, how many of how many.
+#: Shown unless --quiet.
+SAID_LOGGERS = ("actors.runtime.pools", "actors.groups.fleet")
+
+
+class _Stderr(logging.StreamHandler):
+    """A handler writing to ``sys.stderr`` as it is when a line is written, not as it
+    was when logging was set up (logging's own last-resort handler does the same)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:   # StreamHandler sets it; sys.stderr is used instead
+        pass
+
+
+def _level_prefix(record: logging.LogRecord) -> bool:
+    """``warning: `` before a warning or an error for the one-line format, nothing
+    before an INFO line (a filter: it never drops)."""
+    record.level_prefix = "" if record.levelno <= logging.INFO else \
+        f"{record.levelname.lower()}: "
     return True
 
 

@@ -353,6 +353,12 @@ class RunProgress(_Lines):
             reward.append(f"  (v{last.version}, best {best:.3f})", style="dim")
         alive = getattr(last, "workers_alive", None) if last is not None else None
         workers = self._workers_text() if alive is None else f"{alive} alive"
+        w = s.workers
+        elsewhere = w.processes + getattr(w, "remote", 0)
+        waiting = elsewhere and now.working <= 0 and last is None   # before the Start
+        if waiting:
+            workers += (f" · {now.joined} of {elsewhere} joined, waiting up to "
+                        f"{_clock(w.wait_seconds - elapsed)} more")
         grid.add_row("progress", bar)
         if now.round is not None and not now.closed:   # async: waves, merged as they come
             open_word = "round" if self.word == "round" else "wave"
@@ -364,7 +370,8 @@ class RunProgress(_Lines):
         per = f" · {now.per_close:.1f} rollouts per {self.word}" if now.per_close else ""
         grid.add_row("commits", f"{commits} of {done} {self.word}s{per}")
         working = now.working if now.working > 0 else elapsed   # else: nothing tapped
-        grid.add_row("rollouts", f"{rollouts:,}  ({_rate(rollouts, working)} over "
+        grid.add_row("rollouts", f"{rollouts:,}  (work starts once every worker joined)"
+                     if waiting else f"{rollouts:,}  ({_rate(rollouts, working)} over "
                      f"{_clock(working)} of work)")
         grid.add_row("used", Text(self.used_text(now)))
         grid.add_row("workers", workers)

@@ -45,7 +45,8 @@ from actors.groups.store import StoreSteps
 from actors.groups.types import type_name, type_named
 from actors.workers import code as refs
 from actors.machines.registry import Registry
-from actors.runtime.pools import ProcessPool, workers_problems
+from actors.runtime.pools import (ProcessPool, all_in_text, joined_text, origin_of,
+                                  waiting_text, workers_problems)
 from actors.runtime.runtime import Runtime, make_log_directory
 from actors.version import PACKAGE_VERSION
 from actors.workers.code import (code_ref, combined_fingerprint, module_fingerprint,
@@ -285,19 +286,24 @@ class Fleet:
             self.pool.start()
         self._watch.start()
         expected = w.processes + w.remote
-        end = time.monotonic() + w.wait_seconds
+        begun, said = time.monotonic(), set()
+        end = begun + w.wait_seconds
         if w.remote:   # said as the wait begins, as a run's does, not only once it ran out
-            log.warning("waiting up to %g s (wait_seconds) for %d remote worker(s) at %s; "
-                        "start each with `%s`", w.wait_seconds, w.remote, w.bind,
-                        self._start_command())
+            log.warning(waiting_text(w.wait_seconds, w.remote, w.bind, self._start_command()))
         while self._joined() < expected:
             left = end - time.monotonic()
             if left <= 0 or (self.pool is not None and self.pool.exited()):
                 raise ConfigError(self._missing(expected))
             try:
-                self.events.get(timeout=min(left, 0.1))
+                event = self.events.get(timeout=min(left, 0.1))
             except queue.Empty:
-                pass
+                continue
+            if isinstance(event, Hello) and w.remote and event.worker not in said:
+                said.add(event.worker)   # who joined, from where, as a run's wait says
+                log.info(joined_text(event, origin_of(self.ports, event.worker),
+                                     self._joined(), expected, end - time.monotonic()))
+        if w.remote:
+            log.info(all_in_text(expected, time.monotonic() - begun, "group"))
 
     def _start_command(self) -> str:
         """The `evobus worker` command a remote worker of this group is started with."""

@@ -180,6 +180,7 @@ class RemoteWorkers:
     refused: dict[str, str] = dataclasses.field(default_factory=dict)
     _ticker: Ticker | None = None
     _alone_since: float | None = None  # since when no worker is registered (monotonic)
+    _wait_end: float | None = None   # while waiting for workers: when the wait ends
 
     @property
     def expected(self) -> int:
@@ -252,11 +253,12 @@ class RemoteWorkers:
         self.wait(rt, t0)
 
     def wait(self, rt, t0: float) -> None:
-        end = time.monotonic() + self.wait_seconds
+        begun = time.monotonic()
+        end = begun + self.wait_seconds
+        self._wait_end = end
         if self.remote:   # said as the wait begins, not only once it ran out
-            log.warning("waiting up to %g s (wait_seconds) for %d remote worker(s) at %s; "
-                        "start each with `%s`", self.wait_seconds, self.remote, self.bind,
-                        self.connect_command())
+            log.warning(waiting_text(self.wait_seconds, self.remote, self.bind,
+                                     self.connect_command()))
         while len(self.joined) < self.expected:
             now = time.monotonic()
             if now >= end:
@@ -267,16 +269,29 @@ class RemoteWorkers:
             delivery = rt.next_delivery(timeout=min(self.tick_period, max(0.0, end - now)))
             if delivery is not None:
                 self.note(delivery.msg)
+        if self.remote:
+            log.info(all_in_text(self.expected, time.monotonic() - begun, "run"))
+        self._wait_end = None
 
     def note(self, msg: Message) -> None:
-        """A Hello or Refused the registry copied to the driver."""
+        """A Hello or Refused the registry copied to the driver. A worker new to the
+        run is said (one line: who, from where, how many of how many) when remote workers
+        were waited for: during the wait and after it (a late joiner)."""
         match msg:
             case Hello(worker=worker):
+                new = worker not in self.joined
                 self.joined[worker] = msg
                 self.refused.pop(worker, None)
+                if new and self.remote:
+                    log.info(self._joined_text(msg))
             case Refused(worker=worker, reason=reason):
                 self.refused[worker] = reason
                 log.warning("worker %s refused: %s", worker, reason)
+
+    def _joined_text(self, hello: Hello) -> str:
+        left = None if self._wait_end is None else self._wait_end - time.monotonic()
+        return joined_text(hello, origin_of(self.ports, hello.worker), len(self.joined),
+                           self.expected, left)
 
     def connect_command(self) -> str:
         """The `evobus worker` command a remote worker of this run is started with."""
@@ -323,6 +338,38 @@ class RemoteWorkers:
                 "given_up": scheduler.given_up, "workers_joined": len(self.joined),
                 "respawned": self.pool.respawned if self.pool is not None else 0,
                 "workers_refused": len(self.refused)}
+
+
+def waiting_text(wait_seconds: float, remote: int, bind: str | None, command: str) -> str:
+    """The line a wait for remote workers begins with (a run's, a group's): how long,
+    for how many, where, and the command that starts each."""
+    return (f"waiting up to {wait_seconds:g} s (wait_seconds) for {remote} remote "
+            f"worker(s) at {bind}; start each with `{command}`")
+
+
+def origin_of(ports, worker: str) -> str:
+    """Where ``worker`` connected from, as the port that holds it knows (PeerPort.origin;
+    "" when unknown)."""
+    return next((o for o in (port.origin(worker) for port in ports) if o is not None), "")
+
+
+def joined_text(hello: Hello, origin: str, joined: int, expected: int,
+                left: float | None) -> str:
+    """The line a wait for workers says as one joins: who (and its slots), from where
+    when known (PeerPort.origin), how many of how many are in now, and how long the
+    wait has left for the rest; ``left`` None: the wait is over (a late joiner)."""
+    slots = f", {hello.slots} slots" if hello.slots > 1 else ""
+    who = f"worker {hello.worker} joined" + (f" from {origin}" if origin else "")
+    if left is None:
+        return f"{who} after the start{slots} ({joined} have joined in all)"
+    more = expected - joined
+    rest = f"; waiting for {more} more (up to {max(0.0, left):.0f} s)" if more > 0 else ""
+    return f"{who} ({joined} of {expected}{slots}){rest}"
+
+
+def all_in_text(expected: int, waited: float, what: str) -> str:
+    """The line a wait for workers ends with once every expected one is in."""
+    return f"all {expected} worker(s) joined after {waited:.1f} s; the {what} starts"
 
 
 def workers_problems(workers, *, insecure: bool = False) -> list[tuple[str, str]]:
