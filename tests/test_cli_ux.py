@@ -205,6 +205,41 @@ def test_a_run_waiting_for_remote_workers_says_each_one_that_joins_and_when_all_
     assert "(work starts once every worker joined)" in text
 
 
+def test_on_a_terminal_the_report_shows_each_step_then_only_where_the_page_is(tmp_path,
+                                                                              env):
+    """`evobus report` on a terminal: a status line from the start (reading the log,
+    what it holds, each chart, writing the page), replaced step by step and gone at the
+    end, which leaves the one line that names the page."""
+    pytest.importorskip("matplotlib")
+    log = TESTS / "logs" / "sync_data_parallel.evolog"
+    primary, secondary = os.openpty()
+    env = dict(env, TERM="xterm-256color", COLUMNS="200", LINES="40")
+    proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "report", str(log), "-o",
+                             str(tmp_path / "rep")], cwd=tmp_path, env=env,
+                            stdin=secondary, stdout=secondary, stderr=secondary)
+    os.close(secondary)
+    try:
+        screen = read_until(primary, b"open it in a browser", time.monotonic() + 45)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)
+        os.close(primary)
+    text = screen.decode("utf-8", "replace")
+    steps = re.findall(r"report: (reading|\d[\d,]* records|drawing [^(]+\(\d of 3\)|writing)",
+                       text)
+    shown = list(dict.fromkeys(steps))   # each step, in order (redrawn as it spins)
+    assert [s if s[0].isalpha() else "N records" for s in shown] == [
+        "reading", "N records", "drawing the held-out reward (1 of 3)",
+        "drawing the workers' timeline (2 of 3)", "drawing the outcome counts (3 of 3)",
+        "writing"], shown
+    # The status is transient: erased, then the page's line.
+    tail = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text.rsplit("\x1b[2K", 1)[-1])
+    assert tail.strip() == (f"report: {tmp_path / 'rep' / 'index.html'}  (open it in a "
+                            f"browser; the charts are also in {tmp_path / 'rep'}/)")
+
+
 def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path, env):
     from bus.log import read_log
 

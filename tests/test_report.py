@@ -8,6 +8,7 @@ matplotlib and are skipped cleanly without it.
 from __future__ import annotations
 
 import importlib.util
+import random
 import re
 import sys
 
@@ -90,6 +91,85 @@ def test_busy_starved_and_idle_time_per_worker(hand_log):
                                                        "starved": 2.0})
     # worker-0 lives 0-6: idle 0-1, busy 1-6 (its lease is only answered at 6).
     assert a.worker_time("worker-0") == pytest.approx({"idle": 1.0, "busy": 5.0})
+
+
+def _states_by_definition(a, worker):
+    """Busy, starved and idle seconds of ``worker`` as the report defines them, sampled
+    on a grid: busy while it holds a lease, starved while free and another worker holds
+    one, idle while no one holds one. The slow reference worker_states must agree with."""
+    start, end = a.lifetimes[worker]
+    spans = [(s.worker, s.start, s.end if s.end is not None else a.duration)
+             for s in a.spans]
+    out, steps = {"busy": 0.0, "starved": 0.0, "idle": 0.0}, 4000
+    dt = (end - start) / steps
+    for k in range(steps):
+        t = start + (k + 0.5) * dt
+        held = {w for w, s0, s1 in spans if s0 <= t < s1}
+        out["busy" if worker in held else "starved" if held else "idle"] += dt
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_busy_starved_and_idle_follow_their_definition_with_overlapping_leases(seed):
+    """Random leases (several at once on a worker with slots, gaps, re-dispatches to the
+    same worker), seed in the test id: the report's split agrees with the definition."""
+    from actors.cli.analysis import LeaseSpan, RunAnalysis
+
+    rng = random.Random(seed)
+    a = RunAnalysis(path="x", header=None, duration=10.0)
+    for w in range(5):
+        for i in range(rng.randrange(0, 12)):
+            t0 = rng.uniform(0, 9.5)
+            end = None if rng.random() < 0.05 else min(10.0, t0 + rng.uniform(0, 1.5))
+            a.spans.append(LeaseSpan(f"l{w}.{i}", f"w{w}", "rollout", t0, end))
+    a.workers = sorted({s.worker for s in a.spans})
+    a.lifetimes = {w: (0.0, 10.0) for w in a.workers}
+    for w in a.workers:
+        got, want = a.worker_time(w), _states_by_definition(a, w)
+        for state in want:
+            assert got.get(state, 0.0) == pytest.approx(want[state], abs=0.02), (seed, w)
+
+
+@pytest.mark.timeout(20)
+def test_the_timeline_of_many_workers_and_leases_is_split_in_seconds():
+    """32 workers of 1,000 leases each: each worker's free stretches were cut against
+    every other lease (57 s for the report's two passes); one pass over the leases, once
+    sorted, takes well under a second."""
+    from actors.cli.analysis import LeaseSpan, RunAnalysis
+
+    rng = random.Random(0)
+    a = RunAnalysis(path="x", header=None)
+    for w in range(32):
+        t = 0.0
+        for i in range(1000):
+            t += rng.random() * 0.01
+            d = rng.random() * 0.02
+            a.spans.append(LeaseSpan(f"l{w}.{i}", f"worker-{w}", "rollout", t, t + d))
+            t += d
+    a.duration = max(s.end for s in a.spans)
+    a.workers = [f"worker-{w}" for w in range(32)]
+    a.lifetimes = {w: (0.0, a.duration) for w in a.workers}
+    for _ in range(2):   # the chart, then the table
+        for w in a.workers:
+            assert sum(a.worker_time(w).values()) == pytest.approx(a.duration)
+
+
+@needs_matplotlib
+def test_off_a_terminal_the_report_says_what_it_reads_then_that_it_draws(hand_log, capsys):
+    """Plain lines on stderr as it goes (a big log takes seconds); the page on stdout;
+    --quiet says nothing and still writes it."""
+    assert main(["report", str(hand_log)]) == 0
+    captured = capsys.readouterr()
+    size = hand_log.stat().st_size / 1000
+    assert captured.err.splitlines()[0] == f"report: reading {hand_log} ({size:.1f} KB)"
+    assert re.fullmatch(r"report: 12 records, 2 workers, 3 leases, 1 round read in "
+                        r"\d+\.\d s; drawing the charts", captured.err.splitlines()[1])
+    assert len(captured.err.splitlines()) == 2, captured.err
+    assert captured.out.startswith("report: ") and "index.html" in captured.out
+    page = hand_log.with_name("hand-report") / "index.html"
+    page.unlink()
+    assert main(["report", str(hand_log), "--quiet"]) == 0
+    assert capsys.readouterr() == ("", "") and page.exists()
 
 
 def test_only_held_out_scores_are_candidates(tmp_path):

@@ -5,6 +5,7 @@ outcomes, parallel groups, what was learned), which :mod:`actors.cli.render` dra
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,8 @@ class RunAnalysis:
     segments: list[str] = field(default_factory=list)  # the logs of a resumed run
     learned: Learned | None = None
     render: Any = None   # state -> the artifact's text
+    #: When any worker held a lease (_cover), with the spans and duration it was made of.
+    cover: Any = field(default=None, repr=False, compare=False)
 
     @property
     def evolves(self) -> bool:
@@ -283,17 +286,17 @@ def worker_states(a: RunAnalysis, worker: str) -> tuple[list[tuple[str, float, f
     """The worker's lifetime cut into (state, start, end): busy-<kind>, starved, idle."""
     start, end = a.lifetimes[worker]
     mine = sorted((s for s in a.spans if s.worker == worker), key=lambda s: s.start)
-    others = [(s.start, s.end or a.duration) for s in a.spans if s.worker != worker]
+    cover = _cover(a)
     pieces: list[tuple[str, float, float]] = []
     t = start
     for s in mine:
         s_end = s.end if s.end is not None else a.duration
         if s.start > t:
-            pieces += _free(t, s.start, others)
+            pieces += _free(t, s.start, cover)
         pieces.append((f"busy-{s.kind}", max(t, s.start), s_end))
         t = max(t, s_end)
     if end > t:
-        pieces += _free(t, end, others)
+        pieces += _free(t, end, cover)
     totals: dict[str, float] = Counter()
     for state, s0, s1 in pieces:
         if s1 > s0:
@@ -301,19 +304,39 @@ def worker_states(a: RunAnalysis, worker: str) -> tuple[list[tuple[str, float, f
     return pieces, dict(totals)
 
 
-def _free(t0: float, t1: float,
-          others: list[tuple[float, float]]) -> list[tuple[str, float, float]]:
-    """Split a free interval into starved (someone else busy) and idle (nobody busy)."""
-    cover = sorted((max(t0, s), min(t1, e)) for s, e in others if e > t0 and s < t1)
-    merged: list[list[float]] = []
-    for s, e in cover:
-        if merged and s <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], e)
+def _cover(a: RunAnalysis) -> tuple[list[float], list[float]]:
+    """When any worker held a lease: the union of every span, as sorted, disjoint
+    intervals (their starts, their ends), made once per analysis. A worker's free
+    interval meets none of its own spans (it holds none then), so what of it this
+    union covers is what other workers' spans cover."""
+    key = (len(a.spans), a.duration)
+    if a.cover is not None and a.cover[0] == key:
+        return a.cover[1]
+    starts: list[float] = []
+    ends: list[float] = []
+    for s, e in sorted((s.start, s.end if s.end is not None else a.duration)
+                       for s in a.spans):
+        if starts and s <= ends[-1]:
+            ends[-1] = max(ends[-1], e)
         else:
-            merged.append([s, e])
+            starts.append(s)
+            ends.append(e)
+    a.cover = (key, (starts, ends))
+    return starts, ends
+
+
+def _free(t0: float, t1: float,
+          cover: tuple[list[float], list[float]]) -> list[tuple[str, float, float]]:
+    """Split a free interval into starved (someone else busy) and idle (nobody busy)."""
+    starts, ends = cover
     out: list[tuple[str, float, float]] = []
     t = t0
-    for s, e in merged:
+    for i in range(bisect.bisect_right(ends, t0), len(starts)):
+        s, e = max(t0, starts[i]), min(t1, ends[i])
+        if s >= t1:
+            break
+        if e <= s:
+            continue
         if s > t:
             out.append(("idle", t, s))
         out.append(("starved", s, e))

@@ -35,14 +35,15 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
 from actors.cli.live import InRound, RoundSnapshot
 from bus.log import LogCorrupt, read_log
 
-__all__ = ["GroupProgressView", "Interrupted", "RunProgress", "exit_code", "interrupt_guard",
-           "outcome_text", "stopped"]
+__all__ = ["GroupProgressView", "Interrupted", "RunProgress", "StepsView", "exit_code",
+           "interrupt_guard", "outcome_text", "stopped"]
 
 
 def outcome_text(outcomes: dict[str, int], sep: str = ", ") -> str:
@@ -535,6 +536,48 @@ class GroupProgressView(_Lines):
                                             completed=p.finished_before, failed="")
         self._bar.update(self._task, completed=p.finished + p.failed,
                          failed=f"{p.failed} failed" if p.failed else "")
+
+
+class StepsView(_Lines):
+    """What a verb that works for a while in steps is doing (``evobus report``: reading
+    the log, drawing the charts): on a terminal one status line (rich, transient) that
+    each step replaces, gone when the verb ends; elsewhere one plain line per step,
+    flushed at once (a ``detail`` step, such as each chart, only on the terminal).
+    ``quiet`` shows nothing. Pass :meth:`step` as the verb's ``step`` callback."""
+
+    def __init__(self, verb: str, *, stream: TextIO | None = None, quiet: bool = False,
+                 live: bool | None = None) -> None:
+        self.verb = verb
+        self.stream = stream if stream is not None else sys.stderr
+        self.quiet = quiet
+        self.live = self._want_live(live, quiet)
+        self._status = None
+
+    def __enter__(self) -> "StepsView":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def step(self, text: str, detail: bool = False) -> None:
+        if self.quiet:
+            return
+        line = f"{self.verb}: {text}"
+        if not self.live:
+            if not detail:
+                self._print(line)
+            return
+        shown = Spinner("dots", text=Text(line))
+        if self._status is None:
+            self._status = Live(shown, console=Console(file=self.stream, highlight=False),
+                                refresh_per_second=8, transient=True)
+            self._status.start()
+        self._status.update(shown, refresh=True)   # each step is seen, however short
 
 
 class Interrupted(KeyboardInterrupt):

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import base64
 import html
+import importlib.util
 import io
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from actors.cli.analysis import RunAnalysis, analyse, worker_states
 from actors.cli.learned import SOLVED, Learned, failing_groups
+from bus.log import read_header
 
 __all__ = ["MissingExtra", "OutputError", "RunAnalysis", "analyse", "charts", "render_html", "write_report"]
 
@@ -71,19 +74,28 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def charts(a: RunAnalysis) -> dict[str, bytes]:
+#: What each chart draws, for the progress of `evobus report` (on a terminal).
+CHART_NAMES = {"reward": "the held-out reward", "timeline": "the workers' timeline",
+               "outcomes": "the outcome counts"}
+
+
+def charts(a: RunAnalysis, on_chart: Callable[[str, int, int], None] | None = None
+           ) -> dict[str, bytes]:
     """PNG bytes per chart: ``timeline``, and for an evolve run ``reward`` and
-    ``outcomes`` (a log of parallel groups alone has neither)."""
+    ``outcomes`` (a log of parallel groups alone has neither). ``on_chart(name, i, n)``
+    is told as the i-th of n charts begins."""
     plt = _matplotlib()
     out: dict[str, bytes] = {}
     plt.rcParams.update({"font.size": 9, "axes.spines.top": False,
                          "axes.spines.right": False})
+    draw = [("reward", _reward_chart)] if a.evolves else []
+    draw += [("timeline", _timeline_chart)]
+    draw += [("outcomes", _outcome_chart)] if a.evolves else []
     try:
-        if a.evolves:
-            out["reward"] = _reward_chart(plt, a)
-        out["timeline"] = _timeline_chart(plt, a)
-        if a.evolves:
-            out["outcomes"] = _outcome_chart(plt, a)
+        for i, (name, chart) in enumerate(draw, 1):
+            if on_chart is not None:
+                on_chart(name, i, len(draw))
+            out[name] = chart(plt, a)
     finally:
         plt.close("all")
     return out
@@ -573,21 +585,37 @@ class OutputError(OSError):
     """The report's directory or files cannot be written (the log is not to blame)."""
 
 
-def write_report(log: str | Path, out_dir: str | Path | None = None) -> Path:
+def write_report(log: str | Path, out_dir: str | Path | None = None,
+                 step: Callable[..., None] | None = None) -> Path:
     """Write ``index.html`` and the PNGs into ``out_dir``; return the HTML's path.
     Raises :class:`MissingExtra` before reading anything when matplotlib is missing,
     :class:`OutputError` when ``out_dir`` cannot be written (checked before the log is
-    read), OSError / LogCorrupt when the log cannot be read."""
-    _matplotlib()
+    read), OSError / LogCorrupt when the log cannot be read. ``step(text, detail=)``
+    is told what it does as it goes (actors.cli.progress.StepsView): reading the log,
+    what it holds, each chart (a detail), writing the page."""
+    step = step or (lambda text, detail=False: None)
+    if importlib.util.find_spec("matplotlib") is None:
+        _matplotlib()   # raises MissingExtra, naming the extra
     out = Path(out_dir) if out_dir is not None else default_dir(log)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(exc.errno, f"cannot create the report directory {out} "
                           f"({exc.strerror or exc})") from None
+    read_header(log)   # a file that is no log is refused before anything is said
+    t0 = time.monotonic()
+    step(f"reading {log} ({_size(Path(log).stat().st_size)})")
     a = analyse(log)
-    pngs = charts(a)
+    things = [(a.records, "record"), (len(a.segments), "log") if len(a.segments) > 1
+              else None, (len(a.workers), "worker"), (len(a.spans), "lease"),
+              (len(a.rounds), "merge" if a.mode == "async" else "round") if a.rounds
+              else None]
+    read = ", ".join(f"{n:,} {what}{'s' if n != 1 else ''}" for n, what in filter(None, things))
+    step(f"{read} read in {time.monotonic() - t0:.1f} s; drawing the charts")
+    pngs = charts(a, lambda name, i, n: step(
+        f"drawing {CHART_NAMES[name]} ({i} of {n})", detail=True))
     page = out / "index.html"
+    step(f"writing {page}", detail=True)
     try:
         for name, data in pngs.items():
             (out / f"{name}.png").write_bytes(data)
@@ -596,3 +624,11 @@ def write_report(log: str | Path, out_dir: str | Path | None = None) -> Path:
         raise OutputError(exc.errno, f"cannot write the report into {out} "
                           f"({exc.strerror or exc})") from None
     return page
+
+
+def _size(n: int) -> str:
+    """``725 KB``, ``6.5 MB``: a file's size for a progress line."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}" if n < 10 * scale else f"{n / scale:,.0f} {unit}"
+    return f"{n} B"

@@ -6,6 +6,7 @@ import argparse
 import sys
 from actors.errors import ConfigError
 from bus.log import LogCorrupt
+from actors.cli.progress import StepsView
 from actors.cli.render import MissingExtra, OutputError, write_report
 from actors.cli.replay import unreadable_log
 
@@ -13,7 +14,10 @@ from actors.cli.replay import unreadable_log
 def cmd_report(args: argparse.Namespace) -> int:
 
     try:
-        page = write_report(args.log, args.output)
+        # What it does as it goes, on stderr: a status line on a terminal, plain lines
+        # elsewhere (a big log takes seconds to read and draw).
+        with StepsView("report", quiet=args.quiet) as steps:
+            page = write_report(args.log, args.output, step=steps.step)
     except MissingExtra as exc:
         print(f"evobus: {exc}", file=sys.stderr)
         return 2
@@ -28,7 +32,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     except ConfigError as exc:   # a resumed log whose older segment is missing
         print(f"evobus: {exc}", file=sys.stderr)
         return 2
-    print(f"report: {page}  (open it in a browser; the charts are also in {page.parent}/)")
+    if not args.quiet:
+        print(f"report: {page}  (open it in a browser; the charts are also in "
+              f"{page.parent}/)")
     return 0
 
 
@@ -43,4 +49,6 @@ def register(subparsers) -> None:
     p.add_argument("-o", "--output", metavar="DIR",
                    help="write index.html and the PNGs here (default: LOG's name + -report, "
                         "beside the log)")
+    p.add_argument("--quiet", action="store_true",
+                   help="print only errors (not what it is doing, nor where the page is)")
     p.set_defaults(func=cmd_report)
