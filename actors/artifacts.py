@@ -180,7 +180,8 @@ class SingleSlot:
     Every diff writes the one key, so a merge keeps one of a round's diffs (the first
     proposer's, one gate a merge) and what it can hold is what its lease chained
     (``Lease.chain``): a run that names no parallelism plans ``round_tasks`` tasks a
-    round over its workers (16 per worker with 4 workers), not the default four each."""
+    round (16 per worker on up to 4 workers; on 4 of them with more), not the default
+    four each."""
 
     #: Tasks a round, over all workers, when the run names no parallelism.
     round_tasks: ClassVar[int] = 64

@@ -252,3 +252,18 @@ def test_the_default_round_is_about_sixteen_rollouts_whatever_the_worker_count(n
     b = min(n, 4)
     assert len(units) == n and [len(u.keys) for u in units[:b]] == [4] * b
     assert not any(u.keys for u in units[b:])
+
+
+@pytest.mark.parametrize("n,per_worker,busy", [(1, 64, None), (2, 32, None), (4, 16, None),
+                                               (8, 16, 4), (16, 16, 4)])
+def test_a_single_slots_own_round_is_planned_on_four_workers_beyond_four(n, per_worker,
+                                                                          busy):
+    """64 tasks a round (``SingleSlot.round_tasks``): on every worker up to four, on four
+    of them beyond (the others share the gates), so a lease chains as much as at four."""
+    from actors import SingleSlot
+
+    assert default_parallel(n, SingleSlot()) == DataParallel(per_worker=per_worker,
+                                                             busy=busy)
+    units = default_parallel(n, SingleSlot()).plan(n, 0, [f"t{i}" for i in range(144)])
+    assert sum(len(u.keys) for u in units) == 64
+    assert sum(1 for u in units if u.keys) == min(n, 4)

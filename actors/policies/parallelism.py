@@ -254,10 +254,6 @@ DEFAULT_PER_WORKER = 4
 #: Rollouts a default round holds, whatever the worker count: more workers share it
 #: (one gate per this many rollouts; a round of 64 fused more wrong edits per gate).
 DEFAULT_ROUND = 16
-#: A strategy's own round (``round_tasks``) gives each worker at least this many tasks:
-#: a lease is one chain's growth a round, and a chain of four (64 over 16 workers)
-#: carries little into its gate (docs/performance.md, the wide worker counts).
-ROUND_TASKS_MIN_PER_WORKER = 8
 
 
 def round_per_worker(n_workers: int, units: int | None = None) -> int:
@@ -289,20 +285,19 @@ def cluster_round(n_workers: int, n_clusters: int,
 
 def default_parallel(n_workers: int = 4, strategy: object = None) -> DataParallel:
     """The parallelism strategy of a run that names none (or names DataParallel without
-    ``per_worker``): the strategy's own round when it declares ``round_tasks`` (tasks a
-    round over all workers: a single slot's; at least ``ROUND_TASKS_MIN_PER_WORKER`` a
-    worker), else a round of :data:`DEFAULT_ROUND` rollouts in leases of
-    :data:`DEFAULT_PER_WORKER` tasks: on every worker up to four, on four of them
-    with more (``busy``; the others share the gates), so each lease still chains four
-    edits (sixteen leases of one task at 16 workers chained nothing and reached less
+    ``per_worker``): a round of the strategy's own size when it declares
+    ``round_tasks`` (tasks a round over all workers: a single slot's 64), else of
+    :data:`DEFAULT_ROUND` rollouts in leases of :data:`DEFAULT_PER_WORKER` tasks;
+    either on every worker up to four, on four of them with more (``busy``; the others
+    share the gates), so each lease chains as many edits as at four workers (sixteen
+    leases of one task at 16 workers chained nothing, and sixteen chains of eight
+    carried less into a single slot's gate than four of sixteen: both reached less
     per call, docs/performance.md)."""
-    total = round_tasks(strategy)
-    if total is not None:
-        return DataParallel(per_worker=max(ROUND_TASKS_MIN_PER_WORKER,
-                                           -(-total // max(1, n_workers))))
     busy = DEFAULT_ROUND // DEFAULT_PER_WORKER
-    return DataParallel(per_worker=DEFAULT_PER_WORKER,
-                        busy=busy if n_workers > busy else None)
+    total = round_tasks(strategy)
+    per_worker = DEFAULT_PER_WORKER if total is None \
+        else -(-total // max(1, min(n_workers, busy)))
+    return DataParallel(per_worker=per_worker, busy=busy if n_workers > busy else None)
 
 
 def uses_branches(branches: bool | None, strategy: object, *, chain: bool,
