@@ -33,7 +33,9 @@ def test_a_fork_starts_a_new_run_from_the_artifact_at_version_n(finished, capsys
     assert main(["resume", str(finished), "--from-version", "1", "--json"]) == 0
     out = capsys.readouterr()
     summary = json.loads(out.out)   # stdout is the JSON alone
-    assert "forking" in out.err
+    # The fork's rounds count from v0 again: its first line says so.
+    assert f"into {finished.with_name('a.fork-v1.evolog')}, a run of its own: its versions " \
+           "count from v0, the old run's v1" in out.err
     fork = finished.with_name("a.fork-v1.evolog")
     assert summary["log"] == str(fork) and summary["from_version"] == 1
     assert summary["spent"] == {"rounds": 1, "rollouts": v1.rollouts, "calls": v1.calls}

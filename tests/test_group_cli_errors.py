@@ -61,6 +61,23 @@ def paused(workdir, capsys):
     return workdir / "g.ckpt"
 
 
+def test_running_a_paused_groups_scenario_again_is_refused_and_overwrite_replaces_it(
+        paused, workdir, capsys):
+    """The second `evobus run` would replace the paused group's checkpoint (and take its
+    effects from its journal): validate and run refuse it, naming how to resume;
+    --overwrite starts a new group in its place."""
+    path = str(workdir / "p.toml")
+    for verb in ("validate", "run"):
+        assert main([verb, path]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("evobus: ") and len(err.strip().splitlines()) == 1, err
+        assert "p.toml: at `$.groups[0]` (g): checkpoint=g.ckpt holds group " in err
+        assert "`evobus resume g.ckpt --answers FILE`" in err and "--overwrite" in err
+    before = (workdir / "g.ckpt").read_bytes()
+    assert main(["run", path, "--overwrite"]) == 3   # a new group, paused again
+    assert (workdir / "g.ckpt").read_bytes() != before
+
+
 def test_resume_refuses_a_file_that_is_not_a_checkpoint(workdir, capsys):
     (workdir / "junk.ckpt").write_bytes(b"not msgpack at all")
     assert main(["resume", str(workdir / "junk.ckpt"), "--answers", "a.json"]) == 2

@@ -280,6 +280,45 @@ def test_an_async_effect_is_awaited_journaled_and_not_run_again_on_resume(tmp_pa
     assert resumed.effects == [(0, "charge"), (1, "charge")]
 
 
+def test_a_new_group_at_a_paused_groups_checkpoint_is_refused_and_runs_its_own_effects(
+        tmp_path):
+    """A second, new group at the checkpoint path of one that paused would replace it
+    and take its effects' results from its journal (a charge never made): refused,
+    naming how to resume; once that group ended (failed, keeping its journal), a new
+    group there runs every effect of its own."""
+    charged: list[str] = []
+
+    def branch(i, ctx) -> object:
+        receipt = ctx.effect("charge", lambda: charged.append(f"{run}-{i}") or f"{run}-{i}")
+        if i == 1 and run == "first":
+            ctx.ask("note?")
+        if i == 1 and run == "failing":
+            raise ValueError("no")
+        return receipt
+
+    path = tmp_path / "c.ckpt"
+    run = "first"
+    paused = run_group(branch, [0, 1], max_concurrency=1, max_items=2, chunk=1,
+                       checkpoint=path)
+    assert paused.status == "user_input_pending" and charged == ["first-0", "first-1"]
+    run = "second"
+    with pytest.raises(ConfigError) as info:
+        run_group(branch, [0, 1], max_concurrency=1, max_items=2, chunk=1, checkpoint=path)
+    assert (f"checkpoint={path} holds group {paused.group_id}, paused (user_input_pending) "
+            f"with 1 interaction(s) waiting") in str(info.value)
+    assert f"`evobus resume {path} --answers FILE`" in str(info.value)
+    assert load_checkpoint(path).group_id == paused.group_id   # kept as it was
+    path.unlink()   # what --overwrite does, with the journal: here the journal stays
+    run, charged[:] = "failing", []
+    failed = run_group(branch, [0, 1], max_concurrency=1, max_items=2, chunk=1,
+                       checkpoint=path)
+    assert failed.status == "failed" and charged == ["failing-0", "failing-1"]
+    run, charged[:] = "third", []
+    done = run_group(branch, [0, 1], max_concurrency=1, max_items=2, chunk=1,
+                     checkpoint=path)
+    assert done.results == ["third-0", "third-1"] and charged == ["third-0", "third-1"]
+
+
 def test_async_effects_awaited_out_of_order_are_refused():
     import asyncio
 

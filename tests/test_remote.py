@@ -801,3 +801,8 @@ def test_evobus_keys_keeps_existing_pairs_and_says_so(tmp_path, capsys):
     assert kept == {"server.key", "server.key_secret"}
     assert any(line.split()[0] == "alice.key_secret" and "(kept)" not in line
                for line in lines if line.startswith("  "))
+    # The worker's command has every flag it needs (without --allow it refuses the run).
+    command = next(line for line in lines if line.startswith("each worker: "))
+    assert command == (f"each worker: evobus worker --connect tcp://HOST:PORT --allow PKG "
+                       f"--key {keys}/NAME.key_secret --server-key {keys}/server.key")
+    assert "NAME: alice (copy its NAME.key_secret and server.key there)" in "\n".join(lines)

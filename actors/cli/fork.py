@@ -134,7 +134,8 @@ def cmd_fork(args: argparse.Namespace) -> int:
     out = sys.stderr if args.json else sys.stdout
     if not args.quiet:
         print(f"forking {args.log} at v{version.version} (spent then: {', '.join(spent)}) "
-              f"into {new_log}", file=out, flush=True)
+              f"into {new_log}, a run of its own: its versions count from v0, the old "
+              f"run's v{version.version}", file=out, flush=True)
     # The panel and the lines count against what is left, as the run does.
     shown = msgspec.structs.replace(
         scenario, rounds=left.get("rounds", scenario.rounds),

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 from actors.errors import ConfigError
 from actors.errors import ResumeRefused
-from actors.groups.checkpoint import MAGIC as CHECKPOINT_MAGIC, load_checkpoint
-from actors.groups.api import resume_group
+from actors.groups.checkpoint import MAGIC as CHECKPOINT_MAGIC, effects_path, load_checkpoint
+from actors.groups.api import checkpoint_taken, resume_group
 from actors.cli.progress import GroupProgressView
 from actors.workers import code as refs
 from actors.groups.api import run_group
@@ -264,6 +264,16 @@ def _report(outcome, *, name: str, quiet: bool, json_out: bool) -> int:
     return EXIT_PAUSED
 
 
+def _remove_checkpoint(path: Path) -> None:
+    """``--overwrite``: a new group replaces what a checkpoint path holds (a paused
+    group's checkpoint and its effect journal, which a new group would otherwise refuse)."""
+    for gone in (path, effects_path(path)):
+        try:
+            gone.unlink()
+        except FileNotFoundError:   # nothing there: nothing to replace
+            pass
+
+
 def _items_of(spec, where: str) -> list[Any]:
 
     if isinstance(spec.items, list):
@@ -272,9 +282,16 @@ def _items_of(spec, where: str) -> list[Any]:
     return list(items() if callable(items) else items)
 
 
-def check_groups(scenario, source: str) -> str | None:
+def checkpoint_path(scenario, spec) -> str:
+    """Where a scenario's group writes its checkpoint: its ``checkpoint``, else
+    ``runs/SCENARIO.GROUP.ckpt``."""
+    return spec.checkpoint or f"runs/{scenario.name}.{spec.name}.ckpt"
+
+
+def check_groups(scenario, source: str, *, overwrite: bool = False) -> str | None:
     """What ``evobus validate`` checks of each group before anything runs: its target
-    resolves, and declares its output type (a return annotation or ``returns``)."""
+    resolves, and declares its output type (a return annotation or ``returns``); its
+    checkpoint path holds no group that has not ended (unless ``--overwrite``)."""
     for i, spec in enumerate(scenario.groups):
         where = f"{source}: at `$.groups[{i}]` ({spec.name})"
         try:
@@ -282,6 +299,9 @@ def check_groups(scenario, source: str) -> str | None:
             output_type(fn, spec.returns, "the group")
         except ConfigError as exc:
             return f"{where}: {exc}"
+        taken = None if overwrite else checkpoint_taken(Path(checkpoint_path(scenario, spec)))
+        if taken is not None:
+            return f"{where}: {taken}"
     return None
 
 
@@ -294,7 +314,7 @@ def run_groups(scenario, source: str, *, quiet: bool = False, json_out: bool = F
     rank = {0: 0, EXIT_PAUSED: 1, 1: 2, 2: 3}
     for i, spec in enumerate(scenario.groups):
         where = f"$.groups[{i}]"
-        checkpoint = spec.checkpoint or f"runs/{scenario.name}.{spec.name}.ckpt"
+        checkpoint = checkpoint_path(scenario, spec)
         options: dict[str, Any] = {}
         if spec.approvers is not None:
             options["approvers"] = list(spec.approvers)
@@ -306,6 +326,8 @@ def run_groups(scenario, source: str, *, quiet: bool = False, json_out: bool = F
             options["log"] = group_log_path(log_path, spec.name)
             if overwrite:
                 options["log_overwrite"] = True
+        if overwrite:   # a paused group's checkpoint there is replaced, as asked
+            _remove_checkpoint(Path(checkpoint))
         try:
             items = _items_of(spec, where)
             with _progress(spec.name, quiet, json_out) as view:

@@ -53,7 +53,8 @@ def _load_checked(args: argparse.Namespace):
     problems = scenario_problems(scenario, args.scenario, log=args.log,
                                  overwrite=args.overwrite, insecure=args.insecure)
     if not problems and scenario.groups:   # their targets import: do they declare R?
-        problems = [p for p in [check_groups(scenario, args.scenario)] if p is not None]
+        problems = [p for p in [check_groups(scenario, args.scenario,
+                                             overwrite=args.overwrite)] if p is not None]
     if not problems:
         problems = [p for p in [_unpriced(scenario, args.scenario),
                                 _unset_key(scenario, args.scenario)] if p is not None]
@@ -296,8 +297,9 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     """The flags of `evobus run` that change what it checks (validate takes them too)."""
     p.add_argument("--log", help="write the message log here (overrides the scenario's)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace a log already at the log path (else the run refuses: a "
-                        "log is never overwritten by accident)")
+                   help="replace a log already at the log path, and the checkpoint of a "
+                        "paused group at a group's checkpoint path (else the run refuses: "
+                        "neither is overwritten by accident)")
     p.add_argument("--insecure", action="store_true",  # docs/remote.md
                    help="let [workers] bind a non-loopback address without CURVE keys: "
                         "unauthenticated, unencrypted peers")

@@ -94,9 +94,14 @@ def cmd_keys(args: argparse.Namespace) -> int:
     for name, path in sorted(paths.items()):
         print(f"  {name:<28} {path}" + ("  (kept)" if path in before else ""))
     clients = args.client or ["client"]
-    print(f"\ncoordinator: [workers] keys = \"{args.dir}\"  (keep server.key_secret there)\n"
-          f"each worker: evobus worker --connect tcp://HOST:PORT "
-          f"--key {args.dir}/{clients[0]}.key_secret --server-key {args.dir}/server.key\n"
+    names = " or ".join(clients) if len(clients) <= 3 else f"one of {', '.join(clients)}"
+    # What each side needs, every flag in: a worker without --allow refuses the run.
+    print(f"\ncoordinator: [workers] keys = \"{args.dir}\" (keep server.key_secret there); "
+          "with keys it may bind any interface: bind = \"tcp://0.0.0.0:PORT\"\n"
+          f"each worker: evobus worker --connect tcp://HOST:PORT --allow PKG "
+          f"--key {args.dir}/NAME.key_secret --server-key {args.dir}/server.key\n"
+          f"    NAME: {names} (copy its NAME.key_secret and server.key there); PKG: the "
+          "modules the run names (the coordinator's waiting line says which)\n"
           f"revoke a worker: delete {args.dir}/authorized/NAME.key (from the next run)")
     return 0
 

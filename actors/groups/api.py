@@ -24,7 +24,7 @@ from actors.groups.driver import (
 from actors.groups.target import _resolve_target, _target_returns
 from actors.groups.host import _Host
 from actors.groups.checkpoint import (EffectLog, _exclusive, _write_checkpoint, check_code,
-                                      load_checkpoint, running_checkpoint)
+                                      effects_path, load_checkpoint, running_checkpoint)
 from actors.groups.limits import CANCEL_DEADLINE_S
 from actors.version import PACKAGE_VERSION
 from actors.groups.types import output_type, type_name, type_named
@@ -123,6 +123,8 @@ def _checkpointed(plan: _Plan, *, again: bool = False) -> GroupOutcome:
     process at a time runs or resumes it (the checkpoint's lock)."""
     path = plan.checkpoint
     with _exclusive(path):
+        if not again:
+            fresh_checkpoint(path)
         running = running_checkpoint(
             group_id=plan.group_id, target=plan.ref, fn=plan.fn, items=plan.items,
             max_concurrency=plan.max_concurrency, max_items=plan.max_items,
@@ -148,6 +150,50 @@ def _checkpointed(plan: _Plan, *, again: bool = False) -> GroupOutcome:
         if outcome.status == "completed":
             EffectLog(path).remove()
     return outcome
+
+
+#: The statuses of a checkpoint whose group has ended: a new group may take its path.
+ENDED = ("completed", "failed")
+
+
+def fresh_checkpoint(path: Path) -> None:
+    """A new group at the checkpoint path ``path``: refused when :func:`checkpoint_taken`
+    says why; the effect journal an ended group left there (a failed one keeps it) is
+    removed: it is not the new group's, whose effects must not take results from it."""
+    taken = checkpoint_taken(path)
+    if taken is not None:
+        raise ConfigError(taken)
+    try:
+        os.unlink(effects_path(path))
+    except FileNotFoundError:   # no journal left there: nothing to remove
+        pass
+
+
+def checkpoint_taken(path: Path) -> str | None:
+    """Why a new group may not take the checkpoint path ``path`` (None: it may): a
+    checkpoint there of a group that has not ended (paused, or running when its process
+    stopped), which the new group would replace, taking its effects' results from its
+    journal; or a file there that is no checkpoint. The message names how to go on."""
+    if not path.exists():
+        return None
+    try:
+        old = load_checkpoint(path)
+    except ResumeRefused as exc:   # not a checkpoint: not ours to replace
+        return (f"checkpoint={path}: the file there is not a checkpoint a new group may "
+                f"replace ({exc}); give this group another checkpoint path, or move that "
+                "file away")
+    if old.status in ENDED:
+        return None
+    crashed = old.status == "running"
+    what = ("running when its process stopped (a crash)" if crashed else
+            f"paused ({old.status}) with {len(old.pending)} interaction(s) waiting")
+    resume = (f"`evobus resume {path}`" if crashed else
+              f"`evobus resume {path} --answers FILE`; --show lists what it waits on")
+    return (f"checkpoint={path} holds group {old.group_id}, {what}; a new group would "
+            f"replace it and take its effects' results from its journal. Resume it "
+            f"({resume}; resume_group() from Python), or remove {path} and "
+            f"{effects_path(path)} to start over (`evobus run --overwrite` does), or give "
+            "this group another checkpoint path")
 
 
 def parallel(target, items, *, max_concurrency: int, max_items: int,
