@@ -452,6 +452,8 @@ def test_a_scenario_path_that_is_no_file_says_the_fix(tmp_path, capsys):
         f"evobus: {tmp_path / 'nothere.toml'}: cannot read the scenario file (No such file "
         "or directory); fix: pass the path of a scenario file (TOML: `evobus schema` prints "
         "its JSON Schema, docs/scenarios.md lists its keys)")
+    assert main(["run", str(tmp_path / "a")]) == 2   # the name without .toml
+    assert capsys.readouterr().err.strip().endswith(f"; fix: did you mean {tmp_path / 'a'}.toml?")
 
 
 def test_inspect_lines_leave_out_optional_fields_left_unset(capsys):

@@ -84,6 +84,8 @@ def _scenario_fix(path: str) -> str:
     given in its place, or what a scenario file is."""
     if os.path.isfile(path):
         return ""   # the file's own problem: the message names it and its fix
+    if os.path.isfile(path + ".toml"):   # the name without its suffix
+        return f"; fix: did you mean {path}.toml?"
     found = sorted(str(p) for p in Path(path).glob("*.toml")) if os.path.isdir(path) else []
     if found:
         return f"; fix: pass one of its scenario files: {', '.join(found)}"
