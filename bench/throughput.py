@@ -194,19 +194,15 @@ def rows(*, n_tasks: int, rollouts: int, ad_rollouts: int, ad_sync_rollouts: int
                     n_workers=N_WORKERS, rollouts=ad_rollouts if asynchronous
                     else ad_sync_rollouts))
         r_ad = ratio(ours, theirs or None)
-        r_zmq = ratio(ours, base)
-        met = None
+        # The bare pipeline is a figure, not a target: it ships a lease and a list back
+        # with no broker, log or checks (docs/performance.md says why 0.5x of it was
+        # retired as a goal).
         note = [] if theirs else [ad.NOT_INSTALLED]
-        if r_zmq is not None:
-            note.append(f"bare ZeroMQ target {'met' if r_zmq >= 0.5 else 'missed'}")
-        if r_ad is not None:
-            note.append(f"agentdescent target {'met' if r_ad >= 1.5 else 'missed'}")
-        if r_ad is not None and r_zmq is not None:
-            met = r_ad >= 1.5 and r_zmq >= 0.5
+        met = None if r_ad is None else r_ad >= 1.5
         out.append(Row(f"(1) no-op rollouts, {mode}, {N_WORKERS} workers, {n_tasks} tasks "
                        f"({train} train)", "rollouts/s", ours, "bare ZeroMQ pipeline", base,
-                       theirs or None, target=">=1.5x agentdescent, >=0.5x bare ZeroMQ",
-                       met=met, note="; ".join(note)))
+                       theirs or None, target=">=1.5x agentdescent", met=met,
+                       note="; ".join(note)))
     for mode, asynchronous in (("sync", False), ("async", True)) if proposals else ():
         ours, theirs = [], []
         for _ in range(repeats):
