@@ -146,3 +146,33 @@ def test_a_removal_behind_the_head_stops_on_the_first_tasks_of_the_sequential_ga
         costs[seq] = sum(len(r.task_ids) for r in confirm)
         assert m.state.keys() == {"g0", "g1"}   # not retired: the head scores higher
     assert costs == {False: 8, True: 4}
+
+
+def test_a_diff_that_replaces_a_committed_fix_is_left_to_the_gate():
+    """"tone" committed as "casual" (a minority's preference) fixed its evidence task;
+    "tone: formal" breaks that task, as any replacement of it would: the cross-check
+    does not blame a diff for the suite task whose fix it rewrites, and the gate, where
+    the majority's tasks count, takes it."""
+    held = ["h0", "h1", "h2", "h3"]
+
+    def tone(state, task):
+        if task in ("eu", "h3"):
+            return 1.0 if state.get("units") == "metric" else 0.0
+        if task == "ed":
+            return 1.0 if state.get("dates") == "iso" else 0.0
+        want = "casual" if task in ("ec", "h0") else "formal"
+        return 1.0 if state.get("tone") == want else 0.0
+
+    m = Merger(screen=True, cross=True, hold=False)
+    answer_evals(m, m.handle(Open(heldout_ids=held)), tone)
+    casual = Diff("w:casual", "w", 0, {"tone": "casual"})
+    merge(m, 0, [("ec", casual), ("eu", Diff("w:metric", "w", 0, {"units": "metric"}))],
+          solve=tone)
+    assert m.state == {"tone": "casual", "units": "metric"} and m.score == 2 / 4
+    formal = Diff("w:formal", "w", 1, {"tone": "formal"})
+    extra = Diff("w:dates", "w", 1, {"dates": "iso"})
+    log: list = []
+    out, closed = merge(m, 1, [("ef", formal), ("ed", extra)], log=log, solve=tone)
+    assert "ec" in log[2].task_ids   # the suite task was checked, and broken
+    assert m.state["tone"] == "formal" and m.score == 3 / 4
+    assert "harmful" not in closed.outcomes

@@ -80,7 +80,10 @@ class Interference:
         m.cross_want = {t: min(self._passes[id(m.free[j])][1] for j in js)
                         for t, js in owners.items()}
         for t in self._suite_tasks(owners):
-            owners[t] = []
+            # A diff that writes a key of the fix behind a suite task replaces that fix:
+            # whether it should is the gate's to say, so it is never blamed there.
+            fix = self._suite[t][0]
+            owners[t] = [j for j, d in enumerate(m.free) if not fix.keys().isdisjoint(d.ops)]
             m.cross_want[t] = self._suite[t][1]
         m.crossed = True
         m.cross_owners = owners
