@@ -354,12 +354,10 @@ class RunProgress(_Lines):
             reward.append(f"  (v{last.version}, best {best:.3f})", style="dim")
         alive = getattr(last, "workers_alive", None) if last is not None else None
         workers = self._workers_text() if alive is None else f"{alive} alive"
-        w = s.workers
-        elsewhere = w.processes + getattr(w, "remote", 0)
-        waiting = elsewhere and now.working <= 0 and last is None   # before the Start
-        if waiting:
-            workers += (f" · {now.joined} of {elsewhere} joined, waiting up to "
-                        f"{_clock(w.wait_seconds - elapsed)} more")
+        waiting = self._joined_text(now)
+        if waiting is not None:
+            workers += (f" · {waiting}, waiting up to "
+                        f"{_clock(s.workers.wait_seconds - elapsed)} more")
         grid.add_row("progress", bar)
         if now.round is not None and not now.closed:   # async: waves, merged as they come
             open_word = "round" if self.word == "round" else "wave"
@@ -372,7 +370,7 @@ class RunProgress(_Lines):
         grid.add_row("commits", f"{commits} of {done} {self.word}s{per}")
         working = now.working if now.working > 0 else elapsed   # else: nothing tapped
         grid.add_row("rollouts", f"{rollouts:,}  (work starts once every worker joined)"
-                     if waiting else f"{rollouts:,}  ({_rate(rollouts, working)} over "
+                     if waiting is not None else f"{rollouts:,}  ({_rate(rollouts, working)} over "
                      f"{_clock(working)} of work)")
         grid.add_row("used", Text(self.used_text(now)))
         grid.add_row("workers", workers)
@@ -381,6 +379,15 @@ class RunProgress(_Lines):
         return Panel(grid, title=title, title_align="left", border_style="blue",
                      subtitle=Text(" Ctrl-C stops cleanly ", style="dim"),
                      subtitle_align="right", expand=False)
+
+    def _joined_text(self, now: RoundSnapshot) -> str | None:
+        """``1 of 2 joined``: while the run waits for its workers in other processes
+        (before its first round: no work yet), how many registered; None otherwise."""
+        w = self.scenario.workers
+        elsewhere = w.processes + getattr(w, "remote", 0)
+        if not elsewhere or now.working > 0 or self.records or self.quiet:
+            return None   # (--quiet: no message is watched, so none is known)
+        return f"{now.joined} of {elsewhere} joined"
 
     # -- the end -----------------------------------------------------------------------------
 
@@ -442,8 +449,11 @@ class RunProgress(_Lines):
         prints it to stderr); ``how`` says which."""
         self.stop()
         done = len(self.records)
+        waiting = self._joined_text(self.in_round.snapshot())
         what = (f"{how} after {done} {self.word}{'s' if done != 1 else ''} "
-                f"({time.monotonic() - self.t0:.1f} s)")
+                f"({time.monotonic() - self.t0:.1f} s)" if waiting is None else
+                f"{how} while waiting for workers ({waiting}, "
+                f"{time.monotonic() - self.t0:.1f} s)")
         if not log_path:
             return (f"{what}; no log was written (set `log` in the scenario or pass --log), "
                     "so this run cannot be resumed")
@@ -620,8 +630,23 @@ def interrupt_guard(stream: TextIO | None = None) -> Iterator[None]:
         return
     stream = stream or sys.stderr
     presses = [0]
+    active = [True]
+
+    def again(signum: int) -> None:   # to the main thread: it wakes from a blocking wait
+        if not active[0]:
+            return
+        if hasattr(signal, "pthread_kill"):
+            signal.pthread_kill(threading.main_thread().ident, signum)
+        else:   # no POSIX threads' signals: raised here, seen at the main thread's next step
+            signal.raise_signal(signum)
 
     def on_signal(signum, frame):
+        if presses[0] == 0 and _in_zmq(frame):
+            # Raised inside pyzmq (a socket being made, say), the interrupt could leave a
+            # socket open that nothing tracks, and closing the bus would wait for it
+            # forever: the signal comes again in a moment, once out of it.
+            threading.Timer(INTERRUPT_RETRY_S, again, (signum,)).start()
+            return
         presses[0] += 1
         if presses[0] == 1:
             raise Interrupted(signum)
@@ -640,8 +665,26 @@ def interrupt_guard(stream: TextIO | None = None) -> Iterator[None]:
     try:
         yield
     finally:
+        active[0] = False
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+#: A stop signal that lands inside pyzmq comes again this much later (seconds).
+INTERRUPT_RETRY_S = 0.01
+#: Where pyzmq's code is (found, not imported: the CLI does not import zmq).
+_ZMQ_DIRS = tuple(os.path.join(d, "") for d in getattr(
+    importlib.util.find_spec("zmq"), "submodule_search_locations", None) or ())
+
+
+def _in_zmq(frame) -> bool:
+    """Whether ``frame`` (where the main thread was interrupted) or a caller of it is
+    pyzmq's code."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_ZMQ_DIRS):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _usage_rows(b: Any, now: RoundSnapshot) -> list[tuple[Any, float, str, Any]]:
