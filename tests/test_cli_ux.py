@@ -128,25 +128,31 @@ def read_until(fd: int, needle: bytes, deadline: float) -> bytes:
     return data
 
 
-def test_on_a_terminal_a_live_panel_shows_the_budget(tmp_path, env):
-    scenario = tmp_path / "slow.toml"
-    scenario.write_text(SLOW.replace("rounds = 40", "rounds = 3")
-                        + "[budgets]\nmax_rollouts = 5000\n")
+def on_a_terminal(args: list[str], until: bytes, *, cwd, env, columns: int = 120) -> str:
+    """What `evobus ARGS` writes on a pseudo-terminal (its stdin, stdout and stderr) up to
+    ``until`` (45 s at most), once it exited 0."""
     primary, secondary = os.openpty()
-    env = dict(env, TERM="xterm-256color", COLUMNS="120", LINES="40")
-    proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", str(scenario),
-                             "--log", str(tmp_path / "s.evolog")], cwd=tmp_path, env=env,
+    env = dict(env, TERM="xterm-256color", COLUMNS=str(columns), LINES="40")
+    proc = subprocess.Popen([sys.executable, "-m", "actors.cli", *args], cwd=cwd, env=env,
                             stdin=secondary, stdout=secondary, stderr=secondary)
     os.close(secondary)
     try:
-        screen = read_until(primary, b"artifact v", time.monotonic() + 45)
+        screen = read_until(primary, until, time.monotonic() + 45)
         assert proc.wait(timeout=15) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=5)
         os.close(primary)
-    text = screen.decode("utf-8", "replace")
+    return screen.decode("utf-8", "replace")
+
+
+def test_on_a_terminal_a_live_panel_shows_the_budget(tmp_path, env):
+    scenario = tmp_path / "slow.toml"
+    scenario.write_text(SLOW.replace("rounds = 40", "rounds = 3")
+                        + "[budgets]\nmax_rollouts = 5000\n")
+    text = on_a_terminal(["run", str(scenario), "--log", str(tmp_path / "s.evolog")],
+                         b"artifact v", cwd=tmp_path, env=env)
     assert ANSI in text  # colours and cursor movement: the live display
     for label in ("budget left", "5,000 rollouts", "rounds", "workers", "held-out",
                   "Ctrl-C stops cleanly", "artifact v"):
@@ -212,21 +218,8 @@ def test_on_a_terminal_the_report_shows_each_step_then_only_where_the_page_is(tm
     end, which leaves the one line that names the page."""
     pytest.importorskip("matplotlib")
     log = TESTS / "logs" / "sync_data_parallel.evolog"
-    primary, secondary = os.openpty()
-    env = dict(env, TERM="xterm-256color", COLUMNS="200", LINES="40")
-    proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "report", str(log), "-o",
-                             str(tmp_path / "rep")], cwd=tmp_path, env=env,
-                            stdin=secondary, stdout=secondary, stderr=secondary)
-    os.close(secondary)
-    try:
-        screen = read_until(primary, b"open it in a browser", time.monotonic() + 45)
-        assert proc.wait(timeout=15) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=5)
-        os.close(primary)
-    text = screen.decode("utf-8", "replace")
+    text = on_a_terminal(["report", str(log), "-o", str(tmp_path / "rep")],
+                         b"open it in a browser", cwd=tmp_path, env=env, columns=200)
     steps = re.findall(r"report: (reading|\d[\d,]* records|drawing [^(]+\(\d of 3\)|writing)",
                        text)
     shown = list(dict.fromkeys(steps))   # each step, in order (redrawn as it spins)
