@@ -239,20 +239,9 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path, env):
     scenario = tmp_path / "slow.toml"
     scenario.write_text(SLOW)
     log = tmp_path / "runs" / "slow.evolog"
-    proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", str(scenario),
-                             "--log", str(log)], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        for line in proc.stdout:  # wait for the first round: the run is under way
-            if "  round " in line:
-                break
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=5)
-    assert proc.returncode == 130, stderr
+    code, stderr = interrupt_after_a_round(["run", str(scenario), "--log", str(log)],
+                                           cwd=tmp_path, env=env, signum=signal.SIGINT)
+    assert code == 130, stderr
     assert "Traceback" not in stderr
     assert "evobus: interrupted after " in stderr
     assert f"evobus resume {log}" in stderr
@@ -270,33 +259,24 @@ def test_ctrl_c_while_waiting_for_workers_says_so_not_after_0_rounds(tmp_path, e
     scenario.write_text(scenario_text(f'local = 0\nremote = 1\nbind = '
                                       f'"tcp://127.0.0.1:{free_port()}"'))
     log = tmp_path / "w.evolog"
-    proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", str(scenario),
-                             "--log", str(log)], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        for line in proc.stderr:   # the wait has begun
-            if "waiting up to 30 s (wait_seconds)" in line:
-                break
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=5)
-    assert proc.returncode == 130, stderr
+    code, stderr = interrupt_after(["run", str(scenario), "--log", str(log)],
+                                   "waiting up to 30 s (wait_seconds)", on_stderr=True,
+                                   cwd=tmp_path, env=env)   # once the wait has begun
+    assert code == 130, stderr
     assert stderr.startswith("evobus: interrupted while waiting for workers (0 of 1 "
                              "joined, "), stderr
     assert f"evobus resume {log}" in stderr
 
 
-def interrupt_after_a_round(args, *, cwd, env, signum) -> tuple[int, str]:
-    """Start ``evobus ARGS``, wait for its first round line, send ``signum``: (exit code,
-    stderr)."""
+def interrupt_after(args, seen: str, *, cwd, env, signum=signal.SIGINT,
+                    on_stderr: bool = False) -> tuple[int, str]:
+    """Start ``evobus ARGS``, wait for a line holding ``seen`` (on stdout, or stderr),
+    send ``signum``: (exit code, stderr)."""
     proc = subprocess.Popen([sys.executable, "-m", "actors.cli", *args], cwd=cwd, env=env,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        for line in proc.stdout:  # wait for the first round: the run is under way
-            if "  round " in line:
+        for line in proc.stderr if on_stderr else proc.stdout:
+            if seen in line:
                 break
         proc.send_signal(signum)
         _, stderr = proc.communicate(timeout=30)
@@ -305,6 +285,12 @@ def interrupt_after_a_round(args, *, cwd, env, signum) -> tuple[int, str]:
             proc.kill()
             proc.wait(timeout=5)
     return proc.returncode, stderr
+
+
+def interrupt_after_a_round(args, *, cwd, env, signum) -> tuple[int, str]:
+    """Start ``evobus ARGS``, wait for its first round line (the run is under way), send
+    ``signum``: (exit code, stderr)."""
+    return interrupt_after(args, "  round ", cwd=cwd, env=env, signum=signum)
 
 
 def shape(text: str, *paths: Path) -> str:
