@@ -3,6 +3,7 @@ no figure is checked, the machine is shared and noisy)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -69,4 +70,8 @@ def test_noisy_learning_curves_quick_prints_quality_per_call(root, clean_env):
     header, _, row = proc.stdout.splitlines()[:3]
     for column in ("budget", "evobus", "agentdescent", "gepa"):
         assert column in header, header
-    assert row.startswith("router (AppendRules)") and "@ 500" in row, row
+    assert row.startswith("router (AppendRules)"), row
+    # Every cell that ran spent its budget: at most 500 calls, and all but the few still
+    # in flight when the wrapper stopped answering (evobus stops at a round's edge).
+    spent = [int(n) for n in re.findall(r"@ (\d+)", row)]
+    assert spent and all(450 <= n <= 500 for n in spent), row
