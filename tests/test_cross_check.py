@@ -176,3 +176,22 @@ def test_a_diff_that_replaces_a_committed_fix_is_left_to_the_gate():
     assert "ec" in log[2].task_ids   # the suite task was checked, and broken
     assert m.state["tone"] == "formal" and m.score == 3 / 4
     assert "harmful" not in closed.outcomes
+
+
+def test_a_model_measured_deterministic_pays_no_control_in_the_cross_check():
+    """Once repeated rollouts measure the model deterministic (variance 0), a broken
+    evidence task fails again for sure: the cross-check goes straight to leave-one-out."""
+    from actors.machines.scoring import NOISE_MIN_DF
+
+    m = opened(attribute=True, cross=True)
+    for _ in range(NOISE_MIN_DF + 1):   # the same score every time at the head
+        m.handle(LeaseDone(lease_id="r0.u1", worker="w", round=0, version=m.version,
+                           results=[RolloutResult(task_id="e0", score=0.0)]))
+    assert m.noise.variance() == 0.0
+    log: list = []
+    merge(m, 0, ROUND, log=log)
+    assert m.state == {"g0": "on", "g1": "on"}
+    # The screen, the candidate on the evidence, three leave-one-out evals, the gate:
+    # no second look at the two tasks it broke.
+    assert [r.task_ids for r in log] == [["e0"], ["ef"], ["e1"], ["e0", "e1", "ef"],
+                                         ["e0", "e1"], ["e0", "e1"], ["e0", "e1"], HELD]

@@ -107,6 +107,8 @@ class Interference:
         broken = self._broken()
         if not broken:
             return self._to_gate()
+        if self.noise.variance() == 0.0:   # measured deterministic: it fails them again
+            return self._cross_loo(broken)
         m.stage = "cross-control"
         m.waiting = {"cross"}
         return self._request("cross", apply(self.state, m.free), broken, fresh=True)
@@ -114,10 +116,14 @@ class Interference:
     def _cross_controlled(self) -> list[Out]:
         """The tasks the candidate failed twice: each diff taken back out of it alone
         on them."""
-        m = self.merge
         broken = self._broken()
         if not broken:
             return self._to_gate()
+        return self._cross_loo(broken)
+
+    def _cross_loo(self, broken: list[str]) -> list[Out]:
+        """Each diff taken back out of the candidate alone on the broken tasks."""
+        m = self.merge
         m.stage = "cross-loo"
         m.waiting = {("xl", j) for j in range(len(m.free))}
         out: list[Out] = []
