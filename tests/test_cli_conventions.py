@@ -373,6 +373,48 @@ def test_every_verb_says_what_it_does_and_what_each_argument_is():
     assert not missing, missing
 
 
+#: What a verb's first line must not wait for: the bus, the actor runtime, the live
+#: views, the charts. Only the verb that runs imports its code (actors.cli.verbs.Lazy).
+HEAVY = ("zmq", "pykka", "rich", "matplotlib", "asyncio", "actors.runtime.evolve",
+         "actors.runtime.runtime", "actors.groups", "actors.replay.engine")
+
+#: Prints, after running `evobus ARGS...` in this process, the modules it imported.
+IMPORTED = """import sys
+from actors.cli.main import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print("IMPORTED", " ".join(sorted(sys.modules)), file=sys.stderr)
+"""
+
+
+def imported_by(*args, env) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", IMPORTED, *args], cwd=TESTS, env=env,
+                         capture_output=True, text=True, timeout=60)
+    line = next(x for x in out.stderr.splitlines() if x.startswith("IMPORTED "))
+    return set(line.split()[1:])
+
+
+@pytest.mark.parametrize("args", [["--help"], ["inspect", "--help"], ["run", "--help"],
+                                  ["resume", "--help"], ["--version"]])
+def test_help_imports_no_verbs_code(args, clean_env):
+    """`evobus --help` printed its first line after 0.6 s of importing every verb's code;
+    the parser alone imports nothing of ours but actors.cli.main and .verbs."""
+    modules = imported_by(*args, env=clean_env)
+    ours = {m for m in modules if m.split(".")[0] in ("actors", "bus", "protocol", "scenarios")}
+    assert ours <= {"actors", "actors.cli", "actors.cli.main", "actors.cli.verbs",
+                    "actors.version"}, sorted(ours)
+    assert not {m for m in modules if m.startswith(HEAVY) or m.startswith("msgspec")}
+
+
+def test_inspect_prints_a_log_without_the_bus_or_the_runtime(clean_env):
+    modules = imported_by("inspect", str(LOG), "--limit", "1", env=clean_env)
+    assert "actors.cli.inspect" in modules   # it ran
+    loaded = sorted(m for m in modules if m.startswith(HEAVY))
+    assert not loaded, loaded
+
+
 UNPRICED = """name = "unpriced"
 [domain]
 tasks = "scenarios.router:tasks"

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from actors import AppendRules, Task
-from actors.cli.main import default_log_path
+from actors.cli.paths import default_log_path
 from actors.runtime.evolve import evolve, evolve_async
 from actors.groups.api import parallel_async
 from bus.log import read_header

@@ -22,7 +22,8 @@ import pytest
 
 from actors import DataParallel, KeyedRules, evolve
 from actors.errors import ConfigError
-from actors.replay.engine import log_chain, rebuild
+from actors.replay.chain import log_chain
+from actors.replay.engine import rebuild
 from actors.replay.resume import ResumePoint
 from actors.replay.resume import resume as resume_in_process
 from actors.runtime.launch import evolve_kwargs, run_scenario

@@ -18,7 +18,7 @@ from rich.console import Console
 from actors.cli.live import InRound
 from actors.cli.main import main
 from actors.cli.progress import RunProgress
-from actors.cli.replay import summarize
+from actors.cli.summary import summarize
 from actors.machines.planner import split_tasks
 from actors.runtime.launch import evolve_kwargs
 from actors.usage import report

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from actors.cli.learned import learned_from, read_chain
+from actors.cli.learned import learned_from
+from actors.replay.chain import read_chain
 from actors.cli.main import main
 from actors.replay.verify import replay_log
 from bus.log import read_header

@@ -17,7 +17,8 @@ import pytest
 
 from actors import evolve
 from actors.cli.inspect import history_lines
-from actors.cli.learned import learned_from, read_chain
+from actors.cli.learned import learned_from
+from actors.replay.chain import read_chain
 from actors.cli.main import main
 from actors.cli.render import STAT_NAMES, analyse, render_html
 from actors.policies.parallelism import ClusterParallel

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 from typing import Iterator
 
-from actors.cli.learned import Learned, learned_from, read_chain, renderer
+from actors.cli.learned import Learned, learned_from, renderer
+from actors.replay.chain import read_chain
 from bus.log import Record
 from protocol import decode
 

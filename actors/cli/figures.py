@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from actors.cli.learned import read_chain
+from actors.replay.chain import read_chain
 from actors.machines.budget import Ledger
 from protocol import (Baseline, Budget, Commit, EvalDone, EvalRequest, Hello, Lease,
                       LeaseBatch, LeaseDone, RoundClosed, Settled, SettledBatch, Start, decode)
@@ -195,3 +195,13 @@ def log_baseline(path: str | None) -> dict | None:
                 if figures.baseline_calls is not None:
                     return figures.baseline()
     return None
+
+
+def baseline_lines(figures: RunFigures) -> list[str]:
+    """A line when some of the baseline's held-out calls failed: they scored 0, so the
+    reward the run starts from is partly unscored (none when every call answered)."""
+    if not figures.baseline_errors:
+        return []
+    return [f"baseline: {figures.baseline_errors} of {figures.baseline_calls} held-out "
+            f"call(s) failed and scored 0, so the starting reward is partly unscored; "
+            f"first error: {figures.baseline_error}"]

@@ -21,7 +21,8 @@ from pathlib import Path
 import msgspec
 
 from actors.cli.figures import log_baseline
-from actors.cli.learned import learned_from, read_chain
+from actors.cli.learned import learned_from
+from actors.replay.chain import read_chain
 from actors.cli.progress import RunProgress, interrupt_guard, stopped
 from actors.errors import ConfigError
 from actors.runtime.evolve import evolve

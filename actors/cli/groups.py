@@ -1,6 +1,6 @@
 """CLI for parallel groups: ``evobus run`` runs a scenario's ``[[groups]]`` (through
 :func:`run_groups`), and ``evobus resume CHECKPOINT --answers FILE [--as NAME]`` resumes
-a paused group. Plugged in through ``actors.cli.VERB_MODULES``.
+a paused group (the verb's arguments: actors.cli.verbs).
 
 ``resume`` is shared with ``evobus resume LOG`` (actors.cli.replay): a message log
 (it starts with ``EVOLOG``) goes to that verb, anything else is read as a checkpoint.
@@ -71,34 +71,6 @@ def _neither_log_nor_checkpoint(path: str) -> str | None:
            "resume` the log that run wrote" if path.endswith(".toml")
            else "pass the path of the run's log")
     return f"{path}: {_RESUMES}; found a text file (it starts with {head[:6]!r}); fix: {fix}"
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    existing = sub.choices.get("resume")
-    if existing is None:
-        p = sub.add_parser(
-            "resume", help="resume a paused parallel group from its checkpoint",
-            description="Resume a parallel group paused on questions (ctx.ask) or "
-                        "approvals (ctx.approve) from its checkpoint file.")
-        p.add_argument("log", metavar="CHECKPOINT", help="the group's checkpoint file")
-        p.add_argument("--quiet", action="store_true", help="print only errors")
-        p.add_argument("--json", action="store_true", help="print a JSON summary at the end")
-        p.set_defaults(func=cmd_resume)
-        previous = None
-    else:
-        # `evobus resume LOG` exists (cli_replay): share the verb, dispatch on the file.
-        p = existing
-        previous = existing.get_default("func")
-        p.description = ((p.description or "") + " Given a parallel group's checkpoint "
-                         "instead of a log, resumes that group (--answers, --as, --show).")
-        p.set_defaults(func=lambda args: cmd_resume(args, previous=previous))
-    p.add_argument("--answers", metavar="FILE",
-                   help="group checkpoints: a JSON file {interaction id: answer} (null: not "
-                        "answered yet), or {\"user_inputs\": {...}, \"approvals\": {...}}")
-    p.add_argument("--as", dest="principal", metavar="NAME",
-                   help="group checkpoints: who resumes (approvals need an approver)")
-    p.add_argument("--show", action="store_true",
-                   help="group checkpoints: print the pending interactions and stop")
 
 
 def _positional(args: argparse.Namespace) -> str:

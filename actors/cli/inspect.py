@@ -1,11 +1,5 @@
-"""``evobus inspect LOG``: a recorded log, readably.
-
-    evobus inspect LOG [--type T] [--actor A] [--round R] [--limit N]   message lines
-    evobus inspect LOG --summary          a table of rounds, totals, parallel groups
-    evobus inspect LOG --history          what each commit changed, and on what evidence
-    evobus inspect LOG --version N        the artifact at version N
-    evobus inspect LOG --follow           message lines as a live run appends them
-    ... --json                            the same as JSON, one object a line
+"""``evobus inspect LOG``: a recorded log, readably (what each flag prints:
+actors.cli.verbs.INSPECT), and ``evobus repair LOG``.
 
 Bad filter values are refused with the valid ones listed; a torn tail is one warning
 line on stderr naming ``evobus repair``.
@@ -20,62 +14,24 @@ import sys
 import time
 import warnings
 from collections import Counter
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 import msgspec
 
-from actors.cli.learned import Learned, failing_groups, learned_from, read_chain, renderer
-from actors.cli.replay import format_summary, summarize, unreadable_log
+from actors.replay.chain import read_chain
+from actors.cli.paths import unreadable_log
+from actors.cli.summary import format_summary, summarize
 from actors.errors import ConfigError
 from bus.log import LogCorrupt, follow_log, read_log
 from protocol import Message, decode
 
-__all__ = ["MESSAGE_TYPES", "cmd_inspect", "register"]
+if TYPE_CHECKING:
+    from actors.cli.learned import Learned
+
+__all__ = ["MESSAGE_TYPES", "cmd_inspect", "cmd_repair"]
 
 #: Every message type a log can hold (the wire union), for ``--type``.
 MESSAGE_TYPES = tuple(sorted(t.__name__ for t in get_args(Message)))
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
-    return value
-
-
-def register(sub) -> None:
-    i = sub.add_parser("inspect", help="print a recorded message log readably",
-                       description=__doc__.split("\n\n")[1] if __doc__ else None,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    i.add_argument("log", help="a message log (.evolog); a resumed run's newest log reads "
-                               "as its whole chain")
-    i.add_argument("--actor", action="append", help="only messages from/to this actor")
-    i.add_argument("--type", action="append",
-                   help="only this message type (e.g. Commit); repeat for several")
-    i.add_argument("--round", type=_non_negative, help="only messages of this round")
-    i.add_argument("--summary", action="store_true",
-                   help="no message lines: a table of rounds (leases, rollouts, proposals, "
-                        "commit, discards), totals of commits, re-dispatches and discards, "
-                        "a table of parallel groups if the log holds any, and counts per "
-                        "type")
-    i.add_argument("--history", action="store_true",
-                   help="every version: what its commit changed, which worker proposed it "
-                        "on which task, the held-out score it beat; then the tasks the head "
-                        "still fails")
-    i.add_argument("--version", type=_non_negative, metavar="N", dest="at_version",
-                   help="print the artifact at version N (0: the initial artifact)")
-    i.add_argument("--limit", type=_non_negative, help="print at most this many lines")
-    i.add_argument("--json", action="store_true", help="JSON, one object a line")
-    i.add_argument("--follow", action="store_true",
-                   help="keep printing messages as the log grows, until the run ends "
-                        "(its RunDone) or Ctrl-C")
-    i.add_argument("--idle", type=float, metavar="S",
-                   help="with --follow: also stop after S seconds without a new message")
-    i.set_defaults(func=cmd_inspect)
-    register_repair(sub)
 
 
 def _err(message: str) -> int:
@@ -243,6 +199,9 @@ def _follow(args) -> int:
 
 
 def _learned(args, chain) -> int:
+    # --history and --version fold the whole log: the first line of plain inspect
+    # does not wait for these imports (docs/performance.md, "CLI start-up").
+    from actors.cli.learned import failing_groups, learned_from, renderer
     learned = learned_from(chain)
     meta: dict[str, str] = {}
     for c in chain:
@@ -325,6 +284,7 @@ EXAMPLES = 3
 
 
 def _failing_lines(learned: Learned, failing: list) -> list[str]:
+    from actors.cli.learned import failing_groups   # as _learned
     head = learned.head
     by, groups = failing_groups(learned)
     if by is None:
@@ -363,11 +323,3 @@ def cmd_repair(args: argparse.Namespace) -> int:
     print(f"{args.log}: cut a torn tail of {contents.dropped_tail} bytes (about "
           f"{contents.dropped_records} record(s)); {len(contents.records)} records kept")
     return 0
-
-
-def register_repair(sub) -> None:
-    r = sub.add_parser("repair", help="cut a torn tail (what a crash leaves) off a log",
-                       description="Truncate a log after its last good record, on disk. "
-                                   "Damage in the middle of a log is refused, never cut.")
-    r.add_argument("log", help="the log a crash left (.evolog)")
-    r.set_defaults(func=cmd_repair)

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterable
 
-from actors.replay.engine import log_chain
 from actors.runtime.grouping import TaskGroups, task_groups
-from actors.runtime.launch import build_parallel, strategy_from_meta, tasks_of
-from bus.log import LogContents, read_log
+from actors.runtime.specs import build_parallel, strategy_from_meta, tasks_of
+from bus.log import LogContents
 from protocol import scenario as sc
 from protocol import (Baseline, Commit, EvalDone, EvalRequest, LeaseDone, Open, Progress,
                       RoundClosed, Start, decode)
@@ -92,14 +90,6 @@ class Learned:
         out = [("held-out", t, s) for t, s in sorted(head.scores.items()) if s < SOLVED]
         out += [("train", t, s) for t, s in sorted(self.train_scores.items()) if s < SOLVED]
         return out
-
-
-def read_chain(path: str | Path) -> list[LogContents]:
-    """Every log of the run ``path`` ends (oldest first), read without warnings: a
-    torn tail is reported by the caller from ``dropped_tail``."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return [read_log(p) for p in log_chain(path)]
 
 
 def learned_from(chain: Iterable[LogContents]) -> Learned:

@@ -39,6 +39,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from actors.cli.figures import baseline_lines
 from actors.cli.live import InRound, RoundSnapshot
 from bus.log import LogCorrupt, read_log
 
@@ -692,16 +693,6 @@ def _usage_rows(b: Any, now: RoundSnapshot) -> list[tuple[Any, float, str, Any]]
     return [(b.max_calls, now.calls, "calls", lambda v: f"{int(v):,}"),
             (getattr(b, "max_tokens", None), now.tokens, "tokens", lambda v: f"{int(v):,}"),
             (getattr(b, "max_cost", None), now.cost, "cost", lambda v: f"${v:,.4f}")]
-
-
-def baseline_lines(figures: Any) -> list[str]:
-    """A line when some of the baseline's held-out calls failed: they scored 0, so the
-    reward the run starts from is partly unscored (none when every call answered)."""
-    if not figures.baseline_errors:
-        return []
-    return [f"baseline: {figures.baseline_errors} of {figures.baseline_calls} held-out "
-            f"call(s) failed and scored 0, so the starting reward is partly unscored; "
-            f"first error: {figures.baseline_error}"]
 
 
 def budget_lines(budget: dict) -> list[str]:

@@ -8,7 +8,7 @@ from actors.errors import ConfigError
 from bus.log import LogCorrupt
 from actors.cli.progress import StepsView
 from actors.cli.render import MissingExtra, OutputError, write_report
-from actors.cli.replay import unreadable_log
+from actors.cli.paths import unreadable_log
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -36,19 +36,3 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"report: {page}  (open it in a browser; the charts are also in "
               f"{page.parent}/)")
     return 0
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "report", help="write an HTML report (with PNG charts) of a recorded run",
-        description="Write a self-contained HTML report of a run from its message log: "
-                    "held-out reward over time, a per-worker timeline of leases (busy, "
-                    "starved, idle), outcome counts, re-dispatches and discards. Needs "
-                    'matplotlib: pip install "evobus[report]".')
-    p.add_argument("log", help="the run's message log (e.g. runs/router.evolog)")
-    p.add_argument("-o", "--output", metavar="DIR",
-                   help="write index.html and the PNGs here (default: LOG's name + -report, "
-                        "beside the log)")
-    p.add_argument("--quiet", action="store_true",
-                   help="print only errors (not what it is doing, nor where the page is)")
-    p.set_defaults(func=cmd_report)

@@ -74,8 +74,8 @@ from actors.replay.report import (
     field_diff,
 )
 from actors.runtime.evolve import prepare_parallel
-from actors.runtime.launch import build_parallel, build_strategy, strategy_from_meta
-from bus.log import LogContents, Record, read_header
+from actors.runtime.specs import build_parallel, build_strategy, strategy_from_meta
+from bus.log import LogContents, Record
 from protocol import GroupStart, Message, Start, decode, encode
 from protocol.scenario import ScenarioError, parse_scenario
 
@@ -91,9 +91,6 @@ CONTROL_ACTORS = (PLANNER, SCHEDULER, MERGER)
 META_SCENARIO_TOML = "scenario_toml"
 
 
-META_RESUMED_FROM = "resumed_from"
-
-
 META_RESUMED_AFTER = "resumed_after_seq"
 
 
@@ -104,39 +101,6 @@ META_SAMPLER = "task_sampler"
 
 
 META_MACHINE_ARGS = "machine_args"
-
-
-def log_chain(path: str | Path) -> list[Path]:
-    """The logs a (possibly resumed) log continues, oldest first, ending with ``path``.
-
-    Every segment must carry the run id of the newest one: a segment of another run (a
-    log replaced by a later run under the same name) is refused, naming it."""
-
-    chain = [Path(path)]
-    seen = {chain[0].resolve()}
-    run_id = read_header(chain[0]).run_id
-    while True:
-        header = read_header(chain[0])
-        if header.run_id != run_id:
-            raise ConfigError(
-                f"{chain[0]} belongs to run {header.run_id or '(none)'}, but {chain[1]} "
-                f"resumes run {run_id or '(none)'} from it: it is not the log that run "
-                "continued (was it replaced by another run under the same name?); a chain "
-                "replays and resumes only with its own segments: restore the log that run "
-                "wrote")
-        previous = header.meta.get(META_RESUMED_FROM)
-        if not previous:
-            return chain
-        prev = Path(previous)
-        if not prev.is_absolute():
-            prev = chain[0].parent / prev
-        if not prev.exists():
-            raise ConfigError(f"{chain[0]}: it resumes {previous!r}, which does not exist "
-                              f"(looked at {prev}); keep the logs of a resumed run together")
-        if prev.resolve() in seen:
-            raise ConfigError(f"{chain[0]}: the resume chain loops back to {prev}")
-        seen.add(prev.resolve())
-        chain.insert(0, prev)
 
 
 MachineSpec = Any  # an instance with handle(), a class, or a callable (Start) -> machine

@@ -40,7 +40,8 @@ from typing import Any
 
 from actors.addresses import DRIVER
 from actors.errors import ConfigError, RunFailed
-from actors.replay.engine import META_RESUMED_AFTER, META_RESUMED_FROM, META_SCENARIO_TOML, log_chain, rebuild, reopen
+from actors.replay.chain import META_RESUMED_FROM, log_chain
+from actors.replay.engine import META_RESUMED_AFTER, META_SCENARIO_TOML, rebuild, reopen
 from actors.replay.report import ReplayReport
 from bus.base import Delivery
 from bus.log import read_log

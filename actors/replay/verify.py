@@ -10,7 +10,8 @@ from typing import Any, Iterable
 
 from actors.errors import ConfigError
 from bus.log import LogContents, read_log
-from actors.replay.engine import MachineSpec, rebuild, log_chain
+from actors.replay.chain import log_chain
+from actors.replay.engine import MachineSpec, rebuild
 from actors.replay.report import ReplayReport
 from bus.log import LogCorrupt
 

@@ -30,7 +30,8 @@ from msgspec import inspect as mi
 from actors.errors import ConfigError
 from actors.policies.parallelism import TensorParallel
 from actors.runtime.evolve import prepare_parallel, usage_refusal
-from actors.runtime.launch import build_strategy, group_log_path, n_workers_of
+from actors.runtime.launch import group_log_path
+from actors.runtime.specs import build_strategy, n_workers_of
 from actors.runtime.pools import workers_problems
 from actors.runtime.runtime import FSYNC_ENV, fsync_policy
 from actors.usage import reports_usage
