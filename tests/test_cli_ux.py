@@ -233,6 +233,17 @@ def test_on_a_terminal_the_report_shows_each_step_then_only_where_the_page_is(tm
                             f"browser; the charts are also in {tmp_path / 'rep'}/)")
 
 
+def test_the_remote_page_shows_the_waiting_line_as_a_run_prints_it(root):
+    """docs/remote.md quoted the wait's first line without its `evobus: warning: `
+    (the pseudo-terminal test above pins that prefix): the page shows it whole."""
+    from actors.runtime.pools import waiting_text
+
+    line = "evobus: warning: " + waiting_text(
+        60, 2, "tcp://127.0.0.1:5555",
+        "evobus worker --connect tcp://127.0.0.1:5555 --allow scenarios.router")
+    assert line in (root / "docs" / "remote.md").read_text().splitlines()
+
+
 def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path, env):
     from bus.log import read_log
 
