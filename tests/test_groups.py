@@ -1153,7 +1153,8 @@ def test_check_inputs_names_every_refusal():
     assert "unknown interaction id" in check_inputs(pending, [], {"x": 1}, {}, None, None)
     assert "expected True or False" in check_inputs(pending, [], {}, {"b": "yes"}, "p", ["p"])
     assert "no approvers" in check_inputs(pending, [], {}, {"b": True}, "p", None)
-    assert "has no approval rights" in check_inputs(pending, [], {}, {"b": True}, "q", ["p"])
+    refused = check_inputs(pending, [], {}, {"b": True}, "q", ["p"])
+    assert "has no approval rights" in refused and "--as p" in refused   # names the fix
     assert check_inputs(pending, [], {}, {"b": True}, "p", ["p"]) is None
 
 

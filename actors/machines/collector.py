@@ -138,7 +138,8 @@ def check_inputs(pending: Mapping[str, PendingInteraction], used: Iterable[str],
                     f"--as NAME); allowed approvers: {approvers}")
         if principal not in approvers:
             return (f"{principal!r} has no approval rights in this group: the approvers are "
-                    f"{approvers}; resume as one of them")
+                    f"{approvers}; resume as one of them (principal={approvers[0]!r}; CLI: "
+                    f"--as {approvers[0]})")
     return None
 
 
