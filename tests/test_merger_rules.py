@@ -322,7 +322,8 @@ def test_an_accepted_pair_that_shadows_a_blocked_edit_together_is_retired():
     closed = [msg for _, msg in out if isinstance(msg, RoundClosed)][-1]
     assert "p" not in m.state and "q" not in m.state and "g0" in m.state
     assert len(m.state) == 24 and m.score == 3 / 6
-    assert closed.outcomes == {"screened-out": 1, "retired": 2, "committed": 1}
+    # g0 was screened out, and is committed after all: one outcome for one proposal.
+    assert closed.outcomes == {"retired": 2, "committed": 1}
 
 
 # -- a diff that deletes a key (protocol.REMOVE) ------------------------------------------
@@ -633,11 +634,33 @@ def test_an_edit_blocked_by_an_accepted_one_is_taken_in_when_the_blocker_is_reti
     out = answer(m, m.handle(Barrier(round=1)), log)
     closed = [msg for _, msg in out if isinstance(msg, RoundClosed)][-1]
     assert commits(out)[-1].state == {"g0": "on", "g1": "on"} and m.score == 4 / 8
-    assert closed.outcomes == {"screened-out": 2, "retired": 1, "committed": 2}
+    assert closed.outcomes == {"retired": 1, "committed": 2}   # (screened out first)
+    assert m.outcomes == {"committed": 3, "retired": 1}
     # Two screens, the control and the one probe eval on the two stuck tasks, one call
     # per blocked edit, the confirmation on the whole split.
     assert [r.task_ids for r in log] == [["x0"], ["x1"], ["x0", "x1"], ["x0", "x1"],
                                          ["x0"], ["x1"], HELD]
+
+
+def test_a_blocked_edit_of_an_earlier_round_taken_in_is_counted_as_carried():
+    """g0 is screened out in round 1 (blocked by "bad"; one stuck task is too few to
+    probe), g1 in round 2; retiring "bad" then takes both in. Round 2 counts its own g1
+    as committed and g0, round 1's, in ``carried``; the run counts each once."""
+    m = opened(screen=True, retire=True)
+    merge_round(m, 0, [d("bad")], evidence="h6")
+    m.handle(LeaseDone(lease_id="r1.u0", worker="w", round=1, version=m.version,
+                       results=[RolloutResult(task_id="x0", score=0.0, diff=d("g0"))]))
+    out = answer(m, m.handle(Barrier(round=1)), [])
+    first = [msg for _, msg in out if isinstance(msg, RoundClosed)][-1]
+    assert not first.committed and first.outcomes == {"screened-out": 1}
+    m.handle(LeaseDone(lease_id="r2.u0", worker="w", round=2, version=m.version,
+                       results=[RolloutResult(task_id="x1", score=0.0, diff=d("g1"))]))
+    out = answer(m, m.handle(Barrier(round=2)), [])
+    second = [msg for _, msg in out if isinstance(msg, RoundClosed)][-1]
+    assert m.state == {"g0": "on", "g1": "on"}
+    assert second.outcomes == {"retired": 1, "committed": 1}
+    assert second.carried == {"committed": 1}
+    assert m.outcomes == {"committed": 3, "retired": 1}
 
 
 def test_once_the_model_is_noisy_the_screen_looks_at_the_head_again_first():

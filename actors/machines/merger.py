@@ -322,6 +322,24 @@ class Merger(ScoreTables, Screening, Probing, Interference, Duel):
         self._count(self.merge.outcomes, what, len(diffs) - carried)
         self._count(self._carried_out, what, carried)
 
+    def _redecide(self, diffs: list[Diff], was: str, now: str) -> None:
+        """``diffs``, counted ``was`` when they were decided, are ``now`` after all (a
+        screened-out edit a retirement takes in): this merge's outcomes change for its own
+        diffs, ``_carried_out`` says it for an earlier round's, and the run's totals count
+        each diff once."""
+        own = {id(d) for d in self.merge.screened}
+        for d in diffs:
+            for counts in ((self.merge.outcomes, self.outcomes) if id(d) in own
+                           else (self.outcomes,)):
+                if counts.get(was):
+                    counts[was] -= 1
+                    if not counts[was]:
+                        del counts[was]
+            if id(d) in own:
+                self._count(self.merge.outcomes, now)
+            else:
+                self._count(self._carried_out, now)
+
     def _on_proposals(self, msg: LeaseDone) -> None:
         if self.branches is not None and msg.kind == "rollout":
             msg = self.branches.lease(msg, self.state)

@@ -341,6 +341,8 @@ class Probing:
         score = self._gate_score(m.confirm_key)
         if score is None or not self._beats(score) and not self._retire_vouched(score):
             return self._close(committed=False)
+        # "retired" counts the head's keys taken out (no proposal of this round's); the
+        # edits they blocked were screened out, and are committed after all.
         self._count(m.outcomes, "retired", len(m.probe.flagged))
-        self._count(m.outcomes, "committed", len(m.unblocked))
+        self._redecide(m.unblocked, "screened-out", "committed")
         return self._commit(m.confirm_state, score)
