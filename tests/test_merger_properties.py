@@ -100,3 +100,45 @@ def test_every_proposal_gets_one_outcome_whatever_the_rounds_and_the_noise(round
     assert isinstance(done, RunDone) and done.state == m.state
     assert sum(n for k, n in done.outcomes.items() if k != "retired") == proposed, \
         done.outcomes
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(waves=rounds, seed=st.integers(0, 10**6), noise=st.sampled_from([0.0, 0.1, 0.3]),
+       stale=st.lists(st.integers(0, 2), max_size=10))
+def test_asynchronous_waves_close_once_each_and_count_every_proposal(waves, seed, noise,
+                                                                     stale):
+    """The same with waves paced by merges (evolve()'s asynchronous runs): proposals made
+    on a head up to two versions old, each wave merged on its WaveSettled, the run ended
+    by a Flush whose RoundClosed is final."""
+    from protocol import Flush, WaveSettled
+
+    from actors.policies.parallelism import async_pacing
+
+    solves = model(seed, noise)
+    m = Merger(asynchronous=True, **DEFAULTS, **async_pacing(4, 3)["merger"])
+    drive(m, m.handle(Open(heldout_ids=HELD)), solves)
+    proposed, closed_all = 0, []
+    for w, props in enumerate(waves):
+        base = max(0, m.version - (stale[w] if w < len(stale) else 0))
+        results = [RolloutResult(task_id=t, score=s, diff=Diff(f"w{w}.{i}:{k}", "w", base,
+                                                               {k: v}))
+                   for i, (t, k, v, s) in enumerate(props)]
+        results += [RolloutResult(task_id=f"x{(w + j) % 8}", score=0.0) for j in (0, 3)]
+        out = drive(m, m.handle(LeaseDone(lease_id=f"w{w}.u0", worker="w", round=w,
+                                          version=base, results=results)), solves)
+        out += drive(m, m.handle(WaveSettled(wave=w)), solves)
+        closed_all += [msg for _, msg in out if isinstance(msg, RoundClosed)]
+        commits = [msg for _, msg in out if isinstance(msg, Commit)]
+        if commits:
+            assert commits[-1].state == m.state and commits[-1].version == m.version
+        assert m.merge is None
+        proposed += len(props)
+    out = drive(m, m.handle(Flush()), solves)
+    closed_all += [msg for _, msg in out if isinstance(msg, RoundClosed)]
+    assert closed_all and closed_all[-1].final
+    assert sum(msg.proposals for msg in closed_all) == proposed
+    counted = sum(n for msg in closed_all for k, n in msg.outcomes.items() if k != "retired")
+    assert counted == proposed, closed_all
+    (_, done), = m.handle(Finish(stop_reason="budget"))
+    assert sum(n for k, n in done.outcomes.items() if k != "retired") == proposed, \
+        done.outcomes
