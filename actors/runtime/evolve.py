@@ -166,7 +166,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            gate_tasks: int | None = None,
            branches: bool | None = None, hold: bool = True,
            rescore: int = 3, level: bool = False, vouch: int = 2,
-           cross: bool = True) -> EvolveResult:
+           cross: bool = True, eval_concurrency: int = 8) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
@@ -225,6 +225,10 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     the held-out gate, a fused candidate of several diffs is scored on their evidence
     tasks (and a few of the committed diffs'); a diff that breaks another's evidence
     there is left out (``harmful``; actors/machines/interference.py, docs/concepts.md).
+    ``eval_concurrency`` (default 8): held-out scoring is independent calls, so a worker
+    whose eval lease's calls are slow (2 ms or more: a model behind a network) makes up to
+    this many of them at once; fast calls (work on this machine's cores) run one by one.
+    A limit of the endpoint's own (``OpenAIAgent``'s ``max_concurrent``) still holds.
 
     ``parallel`` (default ``DataParallel(per_worker=4)`` with up to 4 workers, a round
     of 16 tasks shared by more, chosen by the benchmarks in docs/parallelism.md, or the
@@ -266,6 +270,11 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     if modes.gate["sequential"] and retire:   # likewise: a retirement's confirmation
         modes.gate["sequential_retire"] = True
     _check_numbers(solved_threshold, lease_size)
+    if isinstance(eval_concurrency, bool) or not isinstance(eval_concurrency, int) \
+            or not 1 <= eval_concurrency <= 256:
+        raise ConfigError(f"evolve(eval_concurrency={eval_concurrency!r}): give how many "
+                          "held-out scoring calls a worker makes at once when calls are "
+                          "slow, an integer from 1 (one at a time) to 256, e.g. 8")
     tasks = _validate(tasks, reward, agent, run, propose, n_workers, modes.rounds,
                       held_out_frac, max_concurrency)
     n_heldout = len(split_tasks([t.id for t in tasks], held_out_frac, seed)[1])
@@ -303,6 +312,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     if remote is not None and (max_calls, max_tokens, max_cost) != (None, None, None):
         # Their groups' branch starts ask the Scheduler's budget first (workers.scope).
         remote.spec = msgspec.structs.replace(remote.spec, ask_budget=True)
+    if remote is not None:
+        remote.spec = msgspec.structs.replace(remote.spec, eval_concurrency=eval_concurrency)
     meta = _log_meta(seed, run_id, log_meta, plan_with, task_sampler, modes, remote,
                      strategy)
     groups = task_groups(tasks, plan_with)   # how report/inspect group failing tasks
@@ -325,6 +336,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     topology = _Topology(tasks=tasks, reward=reward, run=run, propose=propose,
                          strategy=strategy, solved=solved_threshold, state0=state0,
                          n_workers=n_workers, remote=remote, modes=modes,
+                         eval_concurrency=eval_concurrency,
                          run_id=str(meta["run_id"]))
     # A run refused for its configuration leaves no log (docs/replay.md): a new run's, or
     # the segment a resume began; never a segment of the chain it resumes.
@@ -401,6 +413,7 @@ class _Topology:
     n_workers: int
     remote: Any
     modes: "_Modes"
+    eval_concurrency: int
     #: The run's id as its log says (a resumed run keeps its chain's): group ids derive
     #: from it, so a resumed run's groups find the branches they had finished.
     run_id: str
@@ -429,15 +442,16 @@ def _run(top: _Topology, start: Start, plan_with, task_sampler, resume_from, t0:
                  watch=watch) as rt:
         _spawn_machines(rt, plan_with, task_sampler, start, top.modes, remote)
         if resume_from is not None:
-            # Before any message flows: replay the old log into the machines (no sending).
+            # Before any message flows: replay the old log into the machines (no sending),
+            # then, in place of Start and before any worker can say Hello, re-send what
+            # the crashed run never delivered, in its order (begin).
             resume_from.prepare(rt, rt.machines)
+            resume_from.begin()
         _spawn_workers(rt, top, start, resume_from)
         if remote:  # the registry, process workers, and a deadline for everyone
             remote.start(rt, t0)
         if resume_from is None:
             rt.send(PLANNER, start)
-        else:  # no Start: begin() re-sends what the crashed run never delivered
-            resume_from.begin()
         if resume_from is not None and rt.machines[PLANNER].halted:
             rt.send(PLANNER, Unhalt())  # the backend is back (we hope): plan again
         done, elapsed_by_round = _drive(rt, t0, drive["max_seconds"], start.asynchronous,
@@ -464,7 +478,8 @@ def _spawn_workers(rt: Runtime, top: _Topology, start: Start, resume_from) -> No
             top.run_id, BudgetAsks(name, partial(rt.bus.send, name, SCHEDULER)), rt, finished)
         rt.spawn_worker(WorkerCore(name, by_id, top.reward, top.run, top.propose,
                                    top.strategy, solved=top.solved,
-                                   initial_state=top.state0, scope=scope))
+                                   initial_state=top.state0, scope=scope,
+                                   eval_concurrency=top.eval_concurrency))
 
 
 def _on_round(tracker, agent) -> Callable | None:

@@ -22,7 +22,8 @@ def evolve_kwargs(scenario: sc.Scenario, source: str = "") -> dict[str, Any]:
         tasks=tasks_of(scenario), reward=resolve(d.reward, "$.domain.reward"),
         strategy=strategy, parallel=build_parallel(scenario.parallel, n_workers, strategy),
         n_workers=n_workers,
-        max_concurrency=scenario.workers.max_concurrency, held_out_frac=scenario.held_out_frac,
+        max_concurrency=scenario.workers.max_concurrency,
+        eval_concurrency=scenario.workers.eval_concurrency, held_out_frac=scenario.held_out_frac,
         seed=scenario.seed, log=scenario.log, deterministic=d.deterministic,
         log_meta={"scenario": source or scenario.name},
     )

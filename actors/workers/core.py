@@ -14,6 +14,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Callable
 
 import msgspec
@@ -30,30 +33,43 @@ log = logging.getLogger(__name__)
 
 #: A rollout scoring at least this is solved: no proposal is asked for it.
 SOLVED = 0.999
+#: An eval lease's first call taking at least this long is a model behind a network (or
+#: a process): the lease's other calls are made up to ``eval_concurrency`` at once. A
+#: faster call is work on this machine's cores, where more threads only contend for them.
+SLOW_CALL_S = 0.002
 
 
 class Awaiter:
     """Settles what user code returned: an awaitable (an ``async def`` target, run,
-    propose, reward or agent method) runs to its end on this object's own event loop,
-    made at first use and kept (a client the code opened on it stays usable); anything
-    else is returned as it is. One per worker thread: a loop runs on one thread."""
+    propose, reward or agent method) runs to its end on the calling thread's own event
+    loop, made at its first use and kept (a client the code opened on it stays usable
+    on that thread); anything else is returned as it is. A loop runs on one thread, so
+    each thread that settles something (a worker's, its eval pool's) has its own."""
 
-    __slots__ = ("_loop",)
+    __slots__ = ("_local", "_loops", "_lock")
 
     def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._local = threading.local()
+        self._loops: list[asyncio.AbstractEventLoop] = []
+        self._lock = threading.Lock()
 
     def __call__(self, value: Any) -> Any:
         if not hasattr(value, "__await__"):
             return value
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-        return self._loop.run_until_complete(_as_coroutine(value))
+        loop = getattr(self._local, "loop", None)
+        if loop is None:
+            loop = self._local.loop = asyncio.new_event_loop()
+            with self._lock:
+                self._loops.append(loop)
+        return loop.run_until_complete(_as_coroutine(value))
 
     def close(self) -> None:
-        if self._loop is not None:
-            self._loop.close()
-            self._loop = None
+        """Close every loop made (none is running: the calls on them have ended)."""
+        with self._lock:
+            loops, self._loops = self._loops, []
+        for loop in loops:
+            loop.close()
+        self._local = threading.local()
 
 
 async def _as_coroutine(awaitable) -> Any:
@@ -77,7 +93,7 @@ class WorkerCore:
     def __init__(self, name: str, tasks: dict[str, Task], reward: Callable, run: Callable,
                  propose: Callable | None, strategy, solved: float = SOLVED,
                  initial_state: dict[str, str] | None = None,
-                 scope: RunScope | None = None) -> None:
+                 scope: RunScope | None = None, eval_concurrency: int = 1) -> None:
         self.name = name
         self.tasks = tasks
         self.reward = reward
@@ -95,10 +111,27 @@ class WorkerCore:
         # A call that raises RetryLater is called again (docs/budgets.md): 1 s doubling to
         # 30 s, jittered, for 2 minutes at most; then it fails as Throttled.
         self.backoff = Backoff(initial=1.0, maximum=30.0, deadline=120.0)
-        self.meter: dict[str, list] = {}  # what calls report (actors.usage), per call
+        self._local = threading.local()   # what each thread's calls report (actors.usage)
+        #: How many of an eval lease's calls run at once when they are slow (SLOW_CALL_S):
+        #: held-out scoring is independent calls, and a gate waits for its slowest chunk.
+        self.eval_concurrency = eval_concurrency
+        self._pool: ThreadPoolExecutor | None = None   # made at the first slow eval lease
+
+    @property
+    def meter(self) -> dict[str, list]:
+        """What the calls made on this thread report (actors.usage), per call: the lease's
+        thread and each of the eval pool's threads has its own."""
+        try:
+            return self._local.meter
+        except AttributeError:
+            self._local.meter = meter = {}
+            return meter
 
     def close(self) -> None:
-        """The worker is done: close the event loop async code ran on, if any."""
+        """The worker is done: close the event loops async code ran on, if any."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)   # idle: leases wait for theirs
+            self._pool = None
         self.settle.close()
 
     def on_commit(self, msg: Commit) -> None:
@@ -120,6 +153,13 @@ class WorkerCore:
         fatal = None
         chain = Chain(self.strategy, state, rendered) if lease.chain and may_propose else None
         bind(self.meter)  # on the thread that runs the lease: the calls report into it
+        if lease.kind == "eval" and self.eval_concurrency > 1 and len(lease.task_ids) > 1:
+            results, fatal = self._evaluate(lease, rendered, state, version, cancelled)
+            bind(None)
+            self.meter.clear()
+            return LeaseDone(lease_id=lease.lease_id, worker=self.name, round=lease.round,
+                             kind=lease.kind, unit=lease.unit, section=lease.section,
+                             version=version, results=results, fatal=fatal)
         for task_id in lease.task_ids:
             if cancelled is not None and cancelled():
                 break
@@ -148,6 +188,70 @@ class WorkerCore:
         return LeaseDone(lease_id=lease.lease_id, worker=self.name, round=lease.round,
                          kind=lease.kind, unit=lease.unit, section=lease.section,
                          version=version, results=results, fatal=fatal)
+
+    def _evaluate(self, lease: Lease, rendered: str, state, version: int,
+                  cancelled: Callable[[], bool] | None) -> tuple[list[RolloutResult], str | None]:
+        """An eval lease's calls, one by one on this thread while they are fast; once one
+        is slow (SLOW_CALL_S: a model behind a network), the rest up to
+        ``eval_concurrency`` at once on the core's pool, each thread with its own meter
+        and event loop. The results in the lease's task order; a call's ValueError (a
+        caller's mistake) is fatal, as when the calls run one by one, once every call
+        of the lease has ended."""
+        rest: list[Task] = []
+        for task_id in lease.task_ids:
+            task = self.tasks.get(task_id)
+            if task is None:
+                return [], (f"worker {self.name} has no task {task_id!r}: the worker was "
+                            "started with a different task list than the coordinator")
+            rest.append(task)
+        if self.scope is None:
+            def one(task: Task) -> RolloutResult:
+                return self._one(task, rendered, state, version, False)
+        else:
+            def one(task: Task) -> RolloutResult:
+                return self._scoped(lease.lease_id, task, rendered, state, version, False)
+        results: list[RolloutResult] = []
+        rest.reverse()
+        try:
+            while rest:
+                if cancelled is not None and cancelled():
+                    return results, None
+                began = time.perf_counter()
+                results.append(one(rest.pop()))
+                if time.perf_counter() - began >= SLOW_CALL_S:
+                    break
+        except ValueError as exc:
+            return results, str(exc)
+        if not rest:
+            return results, None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.eval_concurrency,
+                                            thread_name_prefix=f"evobus-{self.name}-call")
+        stop = cancelled or (lambda: False)
+        futures = [self._pool.submit(self._pooled, one, task, stop) for task in reversed(rest)]
+        wait(futures)   # no call of the lease goes on after its answer
+        fatal = None
+        for future in futures:
+            try:
+                result = future.result()
+            except ValueError as exc:
+                fatal = fatal or str(exc)
+                continue
+            if result is not None and fatal is None:
+                results.append(result)
+        return results, fatal
+
+    def _pooled(self, one: Callable[[Task], RolloutResult], task: Task,
+                cancelled: Callable[[], bool]) -> RolloutResult | None:
+        """One eval call on a pool thread, its usage metered on that thread."""
+        if cancelled():
+            return None
+        bind(self.meter)
+        try:
+            return one(task)
+        finally:
+            bind(None)
+            self.meter.clear()
 
     def _scoped(self, lease_id: str, task: Task, rendered: str, state, version: int,
                 may_propose: bool) -> RolloutResult:

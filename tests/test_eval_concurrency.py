@@ -1,0 +1,212 @@
+"""A worker makes an eval lease's slow calls several at once (``eval_concurrency``):
+held-out scoring is independent calls, and a gate waits for its slowest chunk. Fast
+calls (work on this machine's cores) stay one by one on the lease's thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from actors.errors import ConfigError
+from actors.artifacts import SingleSlot
+from actors.runtime.evolve import evolve
+from actors.usage import report
+from actors.workers.core import SLOW_CALL_S, WorkerCore
+from protocol import Lease, Task
+
+pytestmark = pytest.mark.timeout(60)
+
+#: A bounded wait: a call that needs others running beside it gives up after this.
+DEADLINE_S = 10.0
+
+
+def _tasks(n: int) -> dict[str, Task]:
+    return {f"t{i}": Task(f"t{i}", str(i)) for i in range(n)}
+
+
+def _eval(task_ids: list[str]) -> Lease:
+    return Lease(lease_id="e1.0", round=-1, kind="eval", task_ids=task_ids,
+                 state={"value": "x"})
+
+
+def _slow_first_then_together(n_together: int):
+    """A run whose first call is slow (a model behind a network) and whose next
+    ``n_together`` calls each wait at a barrier for the others: they can only answer if
+    they are in flight at once. Each reports its own tokens and its thread."""
+    barrier = threading.Barrier(n_together, timeout=DEADLINE_S)
+    threads: dict[str, str] = {}
+    first = threading.Lock()
+
+    def run(rendered: str, task: Task) -> str:
+        threads[task.id] = threading.current_thread().name
+        report(model="m", input_tokens=int(task.prompt), output_tokens=1)
+        if first.acquire(blocking=False):
+            time.sleep(SLOW_CALL_S * 5)   # the call's own latency: it makes it "slow"
+        else:
+            barrier.wait()   # BrokenBarrierError if the calls were not at once
+        return task.prompt
+
+    return run, threads
+
+
+def test_an_eval_lease_makes_its_slow_calls_at_once_results_in_task_order_each_metered():
+    run, threads = _slow_first_then_together(5)
+    core = WorkerCore("w0", _tasks(6), lambda task, out: float(out == "3"), run, None,
+                      SingleSlot(), eval_concurrency=8)
+    try:
+        done = core.run_lease(_eval([f"t{i}" for i in range(6)]))
+    finally:
+        core.close()
+    assert done.fatal is None
+    assert [r.task_id for r in done.results] == [f"t{i}" for i in range(6)]
+    assert [r.score for r in done.results] == [0.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    assert all(r.error is None for r in done.results)
+    # each result carries the tokens its own call reported, not a neighbour's
+    assert [r.usage[0].input_tokens for r in done.results] == list(range(6))
+    assert len({threads[f"t{i}"] for i in range(1, 6)}) == 5   # five threads at once
+    assert threads["t0"] == threading.current_thread().name     # the first on the lease's
+
+
+def test_fast_calls_stay_one_by_one_on_the_lease_thread():
+    threads: list[str] = []
+
+    def run(rendered: str, task: Task) -> str:
+        threads.append(threading.current_thread().name)
+        return task.prompt
+
+    core = WorkerCore("w0", _tasks(20), lambda task, out: 1.0, run, None, SingleSlot(),
+                      eval_concurrency=8)
+    done = core.run_lease(_eval([f"t{i}" for i in range(20)]))
+    core.close()
+    assert len(done.results) == 20
+    assert set(threads) == {threading.current_thread().name}
+    assert core._pool is None   # never made
+
+
+def test_one_at_a_time_when_asked():
+    seen: list[str] = []
+
+    def run(rendered: str, task: Task) -> str:
+        seen.append(threading.current_thread().name)
+        time.sleep(SLOW_CALL_S * 2)   # slow calls, but eval_concurrency=1
+        return task.prompt
+
+    core = WorkerCore("w0", _tasks(3), lambda task, out: 1.0, run, None, SingleSlot(),
+                      eval_concurrency=1)
+    done = core.run_lease(_eval(["t0", "t1", "t2"]))
+    core.close()
+    assert [r.task_id for r in done.results] == ["t0", "t1", "t2"]
+    assert set(seen) == {threading.current_thread().name}
+
+
+def test_a_reward_out_of_range_on_a_pooled_call_is_fatal_once_every_call_ended():
+    run, _ = _slow_first_then_together(3)
+    ended: list[str] = []
+
+    def reward(task: Task, out: str) -> float:
+        ended.append(task.id)
+        return 7.0 if task.id == "t2" else 1.0
+
+    core = WorkerCore("w0", _tasks(4), reward, run, None, SingleSlot(), eval_concurrency=4)
+    done = core.run_lease(_eval(["t0", "t1", "t2", "t3"]))
+    core.close()
+    assert "returned 7.0" in done.fatal
+    assert sorted(ended) == ["t0", "t1", "t2", "t3"]   # none left running after the answer
+
+
+def test_a_cancelled_lease_starts_no_pooled_call():
+    calls: list[str] = []
+
+    def run(rendered: str, task: Task) -> str:
+        calls.append(task.id)
+        time.sleep(SLOW_CALL_S * 2)
+        return task.prompt
+
+    core = WorkerCore("w0", _tasks(4), lambda task, out: 1.0, run, None, SingleSlot(),
+                      eval_concurrency=4)
+    cancelled = threading.Event()
+
+    def first_then_cancel() -> bool:
+        was = cancelled.is_set()
+        cancelled.set()   # cancelled once the lease has begun
+        return was
+
+    done = core.run_lease(_eval(["t0", "t1", "t2", "t3"]), cancelled=first_then_cancel)
+    core.close()
+    assert calls == ["t0"] and [r.task_id for r in done.results] == ["t0"]
+
+
+def test_async_calls_run_at_once_each_thread_on_its_own_event_loop():
+    barrier = threading.Barrier(3, timeout=DEADLINE_S)
+    loops: dict[str, int] = {}
+    together = {"t1", "t2", "t3"}
+
+    async def run(rendered: str, task: Task) -> str:
+        loops[task.id] = id(asyncio.get_running_loop())
+        if task.id in together:
+            await asyncio.to_thread(barrier.wait)
+        else:
+            await asyncio.sleep(SLOW_CALL_S * 5)
+        return task.prompt
+
+    core = WorkerCore("w0", _tasks(6), lambda task, out: 1.0, run, None, SingleSlot(),
+                      eval_concurrency=4)
+    try:
+        done = core.run_lease(_eval(["t0", "t1", "t2", "t3"]))
+        assert [r.error for r in done.results] == [None] * 4
+        assert len({loops[t] for t in ("t1", "t2", "t3")}) == 3
+        together.clear()
+        again = core.run_lease(_eval(["t0", "t4", "t5"]))   # the pool's threads again
+        assert [r.error for r in again.results] == [None] * 3
+    finally:
+        core.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, 257])
+def test_evolve_refuses_an_eval_concurrency_that_is_not_a_count(bad):
+    with pytest.raises(ConfigError, match="eval_concurrency"):
+        evolve([Task("a", "1"), Task("b", "2")], lambda t, o: 1.0, run=lambda r, t: r,
+               propose=lambda *a: None, eval_concurrency=bad, rounds=1)
+
+
+def test_a_run_scores_its_gates_on_more_threads_than_workers():
+    """Two workers, slow calls (a model's latency): the held-out scoring's calls are
+    made by the workers' eval pools too, the rollouts only by the workers' own threads."""
+    tasks = [Task(f"t{i}", str(i), meta={"k": i % 3}) for i in range(30)]
+    lock = threading.Lock()
+    threads: dict[str, set[str]] = {"run": set(), "propose": set()}
+
+    def run(rendered: str, task: Task) -> str:
+        with lock:
+            threads["run"].add(threading.current_thread().name)
+        time.sleep(SLOW_CALL_S * 2)   # the model's latency
+        return "ok" if task.prompt in rendered else "no"
+
+    def propose(rendered: str, task: Task, output: str, score: float) -> str:
+        with lock:
+            threads["propose"].add(threading.current_thread().name)
+        return f"{rendered} {task.prompt}"
+
+    result = evolve(tasks, lambda t, o: float(o == "ok"), run=run, propose=propose,
+                    strategy=SingleSlot(), n_workers=2, rounds=2, seed=1,
+                    eval_concurrency=6)
+    assert result.calls > 0
+    pooled = {t for t in threads["run"] if "-call" in t}
+    assert len(pooled) >= 2, threads
+    assert not any("-call" in t for t in threads["propose"])
+    assert len(threads["run"] - pooled) == 2   # and the two workers' own threads
+
+
+def test_a_scenario_names_it_under_workers_and_evolve_gets_it():
+    from pathlib import Path
+
+    from actors.runtime.launch import evolve_kwargs
+    from protocol.scenario import parse_scenario
+
+    text = Path(__file__).resolve().parents[1].joinpath("scenarios", "router.toml").read_text()
+    assert evolve_kwargs(parse_scenario(text, "router.toml"))["eval_concurrency"] == 8
+    text = text.replace("local = 4", "local = 4\neval_concurrency = 3")
+    assert evolve_kwargs(parse_scenario(text, "router.toml"))["eval_concurrency"] == 3
