@@ -356,3 +356,48 @@ def test_json_and_inspect_summary_carry_the_baselines_failed_calls(tmp_path, key
     assert (f"baseline: 2 of {baseline['calls']} held-out call(s) failed and scored 0, so "
             f"the starting reward is partly unscored; first error: "
             f"{baseline['first_error']}") in text.splitlines(), text
+
+
+def _in_flight_model(latency_s: float):
+    """router_model answering after ``latency_s`` (a model's latency), counting the
+    requests in flight at the server (now, most)."""
+    lock, counts, pause = threading.Lock(), {"now": 0, "most": 0}, threading.Event()
+
+    def model(body: dict):
+        with lock:
+            counts["now"] += 1
+            counts["most"] = max(counts["most"], counts["now"])
+        try:
+            pause.wait(latency_s)   # never set: the latency itself
+            return router_model(body)
+        finally:
+            with lock:
+                counts["now"] -= 1
+
+    return model, counts
+
+
+@pytest.mark.parametrize("limit", [None, 2])
+def test_a_gate_scored_over_http_fans_out_within_the_agents_max_concurrent(tmp_path, key,
+                                                                          capsys, limit):
+    """Two workers, calls of 10 ms over real HTTP: the held-out scoring has more than two
+    requests in flight at the server (eval_concurrency), and never more than the agent's
+    ``max_concurrent`` when it has one."""
+    from actors.cli.main import main
+
+    model, counts = _in_flight_model(0.010)
+    server = FakeServer(default=model)
+    try:
+        scenario = agent_scenario(
+            tmp_path, server.url, rounds=1,
+            kwargs="" if limit is None else f"max_concurrent = {limit}",
+            tail="[workers]\nlocal = 2\neval_concurrency = 8\n")
+        assert main(["run", str(scenario), "--log", str(tmp_path / "llm.evolog"),
+                     "--quiet"]) == 0
+    finally:
+        server.close()
+    capsys.readouterr()
+    if limit is None:
+        assert counts["most"] > 2
+    else:
+        assert counts["most"] <= limit
