@@ -12,7 +12,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Protocol
+from typing import Callable, NamedTuple, Protocol, Sequence
 
 from protocol import Message
 
@@ -143,6 +143,12 @@ class Bus(Protocol):
 
     def send(self, sender: str, receiver: str, msg: Message) -> None:
         """Send from any thread; delivery order is FIFO per (sender thread, receiver)."""
+
+    def send_in_order(self, messages: Sequence[tuple[str, str, Message]]) -> None:
+        """Send ``(sender, receiver, message)`` triples, each from its own sender, stamped
+        in this order with nothing another thread ``send``s between them (an actor's
+        answer to one of them comes after them all): a resume's re-sent messages, which
+        would race if each sender's thread sent its own."""
 
     def send_frame(self, sender: str, receiver: str, body: bytes) -> None:
         """Send raw bytes as a message body (tests and fuzzing: bad frames are counted)."""

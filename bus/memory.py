@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+from collections.abc import Sequence
 
 import msgspec
 
@@ -93,6 +94,21 @@ class InMemoryBus:
 
     def send_frame(self, sender: str, receiver: str, body: bytes) -> None:
         self._enqueue((sender, receiver, bytes(body), None))
+
+    def send_in_order(self, messages: Sequence[tuple[str, str, Message]]) -> None:
+        """``send`` each ``(sender, receiver, message)``, in this order, as one lot (see
+        ``Bus.send_in_order``): queued together under the lock, then delivered, so neither
+        another thread's send nor a handler's answer comes between them."""
+        if not messages:
+            return
+        *head, last = [(sender, receiver, encode(msg), None)
+                       for sender, receiver, msg in messages]
+        with self._lock:
+            if self._closed:
+                self.stats.after_close += len(messages)
+                return
+            self._queue.extend(head)
+            self._enqueue(last)   # drains the queue: these first, in order
 
     def _enqueue(self, entry: tuple) -> None:
         with self._lock:

@@ -23,7 +23,7 @@ import logging
 import struct
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import msgspec
 import zmq
@@ -689,6 +689,22 @@ class Endpoint:
         self._push(sock, _batch([_envelope(name, receiver.encode(), codec.encode(msg))
                                  for receiver, msg in out]))
 
+    def send_in_order(self, messages: Sequence[tuple[str, str, Message]]) -> None:
+        """Send ``(sender, receiver, message)`` triples, in order, as one frame: the
+        broker forwards all of them before it reads another (a broker in another process
+        reads one message a frame: they go one after another from this thread)."""
+        if self._stop.is_set():
+            self.stats.after_close += len(messages)
+            return
+        sock, codec = self._pusher()
+        envelopes = [_envelope(sender.encode(), receiver.encode(), codec.encode(msg))
+                     for sender, receiver, msg in messages]
+        if self.intake is None:
+            for frame in envelopes:
+                self._push(sock, frame)
+            return
+        self._push(sock, _batch(envelopes))
+
     def send_frame(self, sender: str, receiver: str, body: bytes) -> None:
         if self._stop.is_set():
             self.stats.after_close += 1
@@ -822,6 +838,20 @@ class ZmqBus:
                 self.send(sender, receiver, msg)
             return
         self.endpoint.send_many(sender, out)
+
+    def send_in_order(self, messages: Sequence[tuple[str, str, Message]]) -> None:
+        """Send each ``(sender, receiver, message)`` from its own sender, in this order,
+        as one frame (see ``Bus.send_in_order``): the broker forwards it whole before it
+        reads another, so no other thread's ``send`` comes between them (an inline send,
+        which only a parallel group's actors make, or a handler answering on the broker's
+        own thread, as no actor does, may)."""
+        if not messages:
+            return
+        if threading.get_ident() == self.broker.ident:  # posted: forwarded in order
+            for sender, receiver, msg in messages:
+                self.send(sender, receiver, msg)
+            return
+        self.endpoint.send_in_order(messages)
 
     def send_frame(self, sender: str, receiver: str, body: bytes) -> None:
         if threading.get_ident() == self.broker.ident:

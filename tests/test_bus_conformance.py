@@ -5,6 +5,7 @@ Also: the ZeroMQ broker reached over ipc:// and tcp:// from a second endpoint.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 
@@ -34,6 +35,13 @@ class Inbox:
         with self._cond:
             assert self._cond.wait_for(lambda: len(self.items) >= n, timeout=WAIT_S), \
                 f"only {len(self.items)} of {n} deliveries arrived within {WAIT_S} s"
+            return list(self.items)
+
+    def wait_for(self, done) -> list:
+        """Block (bounded) until ``done(items)`` holds."""
+        with self._cond:
+            assert self._cond.wait_for(lambda: done(self.items), timeout=WAIT_S), \
+                f"{len(self.items)} deliveries, not what was awaited, within {WAIT_S} s"
             return list(self.items)
 
 
@@ -121,6 +129,51 @@ def test_senders_on_many_threads_are_all_delivered_fifo_per_sender(make_bus):
         mine = [d.msg.elapsed for d in got if d.sender == f"s{k}"]
         assert mine == [float(i) for i in range(100)]
     assert sorted(d.seq for d in got) == list(range(1, 401))
+
+
+def test_a_lot_sent_in_order_is_stamped_whole_and_before_the_answers_to_it(make_bus):
+    # What resume sends again (several senders' messages, in the old run's order): an
+    # actor answering each on its own thread, and another thread sending all along,
+    # never get a message of theirs stamped between the lot's.
+    bus = make_bus()
+    seen = Inbox()   # every delivery, to "a" and to "b"
+    asked: queue.SimpleQueue = queue.SimpleQueue()
+    bus.attach("b", seen)
+
+    def to_a(delivery) -> None:
+        seen(delivery)
+        asked.put(delivery)
+
+    bus.attach("a", to_a)
+
+    def actor_a() -> None:  # answers on its own thread, as a pykka actor does
+        while (delivery := asked.get(timeout=WAIT_S)) is not None:
+            bus.send("a", "b", Tick(elapsed=float(delivery.msg.round)))
+
+    stop = threading.Event()
+
+    def chatter() -> None:
+        while not stop.is_set():
+            bus.send("z", "b", Tick(elapsed=-1.0))
+
+    threads = [threading.Thread(target=actor_a), threading.Thread(target=chatter)]
+    for t in threads:
+        t.start()
+    lot = [(f"s{i % 3}", "a" if i % 2 else "b", Barrier(round=i)) for i in range(20)]
+    try:
+        seen.wait(5)  # the chatter is under way
+        bus.send_in_order(lot)
+        got = seen.wait_for(lambda items: sum(d.sender == "a" for d in items) == 10)
+    finally:
+        stop.set()
+        asked.put(None)
+        for t in threads:
+            t.join(WAIT_S)
+    mine = sorted((d for d in got if isinstance(d.msg, Barrier)), key=lambda d: d.seq)
+    assert [(d.sender, d.receiver, d.msg) for d in mine] == lot
+    assert [d.seq for d in mine] == list(range(mine[0].seq, mine[0].seq + 20))
+    answers = [d for d in got if d.sender == "a"]
+    assert min(d.seq for d in answers) > mine[-1].seq
 
 
 def test_every_delivered_message_is_in_the_log_with_its_sequence_number(make_bus, tmp_path):

@@ -13,6 +13,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -29,7 +30,8 @@ from actors.replay.resume import resume as resume_in_process
 from actors.runtime.launch import evolve_kwargs, run_scenario
 from actors.testing import replay
 from bus.log import UNDELIVERED, LogWriter, TornTailWarning, read_header, read_log
-from protocol import EvalDone, Lease, LeaseDone, RunDone, Start, decode
+from protocol import (Commit, EvalDone, Lease, LeaseBatch, LeaseDone, RoundClosed, RunDone,
+                      Start, decode)
 from protocol.scenario import parse_scenario
 from scenarios import router
 
@@ -214,6 +216,66 @@ def test_a_message_a_stopping_actor_never_had_is_sent_again_by_resume(tmp_path, 
                    "final_reward": resumed.final_reward, "rollouts": resumed.rollouts,
                    "calls": resumed.calls, "outcomes": resumed.outcomes(),
                    "stop_reason": resumed.stop_reason}, whole)
+
+
+class _MergerThreadLast(ResumePoint):
+    """A resume whose rebuilt Merger's thread runs last: its first handle() call waits
+    (bounded) until the Scheduler has taken a LeaseBatch. A loaded machine may schedule
+    the actors' threads so; resume must not depend on the order they run in."""
+
+    def prepare(self, rt, machines) -> None:
+        super().prepare(rt, machines)
+        planned = threading.Event()
+        scheduler, merger = machines["scheduler"], machines["merger"]
+        scheduler_handle, merger_handle = scheduler.handle, merger.handle
+
+        def scheduler_takes(msg):
+            out = scheduler_handle(msg)
+            if isinstance(msg, LeaseBatch):
+                planned.set()
+            return out
+
+        def merger_takes(msg):
+            planned.wait(timeout=10)  # bounded: a resume that never plans goes on anyway
+            return merger_handle(msg)
+
+        scheduler.handle, merger.handle = scheduler_takes, merger_takes
+
+
+def test_messages_a_stop_left_undelivered_are_sent_again_in_the_logs_order(tmp_path, whole):
+    # What a SIGTERM can leave (seen once in CI: the resumed run ended at version 3, the
+    # uninterrupted one at 2, same state): the Scheduler stopped before the Merger's Commit
+    # of round 0 reached it (UNDELIVERED), while the Planner still took the RoundClosed
+    # the Merger sent next, so the Planner's LeaseBatch for round 1 is pending too. Each
+    # rebuilt actor re-sent its own on its own thread: the LeaseBatch could reach the
+    # Scheduler before the Commit it follows from, and round 1 went out on version 0.
+    src = read_log(whole.log_path)
+    commit = next(i for i, r in enumerate(src.records)
+                  if r.sender == "merger" and isinstance(decode(r.body), Commit))
+    closed = commit + 1
+    assert isinstance(decode(src.records[closed].body), RoundClosed)
+    log = tmp_path / "run.evolog"
+    writer = LogWriter(log, src.header, fsync="never")
+    for i, r in enumerate(src.records[:closed + 1]):
+        writer.append(r.seq, r.t, r.sender, r.receiver, r.body, peer=r.peer,
+                      status=UNDELIVERED if i == commit else r.status)
+    writer.close()
+    point = _MergerThreadLast(log)
+    kwargs = evolve_kwargs(parse_scenario(SCENARIO.format(log=log), "slow.toml"))
+    kwargs.pop("log", None)
+    resumed = resume_in_process(point, **kwargs)
+    kinds = [(s, r, type(m).__name__) for s, r, m in point.pending]
+    assert kinds.index(("merger", "scheduler", "Commit")) \
+        < kinds.index(("planner", "scheduler", "LeaseBatch")), kinds
+    # The new log opens with them, as the old run's order had them, before anything else.
+    first = [(r.sender, r.receiver, decode(r.body))
+             for r in read_log(resumed.log_path).records[:len(point.pending)]]
+    assert first == point.pending
+    same_as_whole({"state": resumed.state, "version": resumed.version,
+                   "final_reward": resumed.final_reward, "rollouts": resumed.rollouts,
+                   "calls": resumed.calls, "outcomes": resumed.outcomes(),
+                   "stop_reason": resumed.stop_reason}, whole)
+    assert replay(resumed.log_path).ok
 
 
 def test_a_second_run_refuses_the_log_path_and_never_changes_the_first_log(tmp_path):

@@ -239,7 +239,7 @@ class _Track:
     def __init__(self, name: str, machine: Any) -> None:
         self.name = name
         self.machine = machine
-        self.handle = machine.handle  # bound once per segment (resume may wrap it between)
+        self.handle = machine.handle  # bound again each segment (a caller may rewrap it)
         # Who may send what (Scheduler.admit): a message the run's shell refused is
         # refused here too, so it never reaches handle in replay either.
         self.admit = getattr(machine, "admit", None)

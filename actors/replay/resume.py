@@ -6,9 +6,12 @@ outputs; a log that does not replay is refused), then a new topology starts whos
 Planner, Scheduler and Merger *are* those rebuilt machines. At the junction:
 
 - messages the old run's control actors had produced but the log never recorded
-  (lost with the process: a ``Settled``, an ``EvalRequest``, a ``RoundClosed``...) are
-  sent again by the rebuilt actors themselves, before anything else they send, so
-  each actor's messages keep their order;
+  (lost with the process: a ``Settled``, an ``EvalRequest``, a ``RoundClosed``...), and
+  those it holds as UNDELIVERED because their receiver had stopped, are sent again, as
+  their senders, all at once and in the old run's order, before any worker joins and
+  before anything the rebuilt actors send: each actor's messages keep their order, and
+  so does every receiver's (a Merger's ``Commit`` still reaches the Scheduler before the
+  ``LeaseBatch`` the Planner planned on the ``RoundClosed`` that followed it);
 - leases the Scheduler had handed to a worker with no ``LeaseDone`` in the log (rollout
   and eval leases alike) go back to the front of its queue and are dispatched again,
   under their original ids, to the new workers (:func:`reopen`, which asks the
@@ -43,7 +46,6 @@ from actors.errors import ConfigError, RunFailed
 from actors.replay.chain import META_RESUMED_FROM, log_chain
 from actors.replay.engine import META_RESUMED_AFTER, META_SCENARIO_TOML, rebuild, reopen
 from actors.replay.report import ReplayReport
-from bus.base import Delivery
 from bus.log import read_log
 from protocol import BranchDone, BranchFailed, Interaction, Message, RunDone, Start, decode
 from actors.runtime.evolve import evolve
@@ -74,8 +76,9 @@ class ResumePoint:
     """A crashed run's logs, read and ready to be rebuilt into fresh machines.
 
     Passed to :func:`actors.evolve` as ``resume_from``: evolve() builds its machines as
-    usual and calls :meth:`prepare` (replay into them, no sending) before spawning them
-    and :meth:`begin` (re-send what was lost) instead of sending ``Start``."""
+    usual, spawns them, and calls :meth:`prepare` (replay into them, no sending) and
+    :meth:`begin` (re-send what was lost) before spawning the workers, instead of
+    sending ``Start``."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -133,30 +136,20 @@ class ResumePoint:
         self._rt = rt
         self.pending = list(engine.pending)
         self.reissued = reopen(machines)
-        for name, outs in _by_sender(self.pending).items():
-            # Instance attribute over the class's method: the actor shell calls
-            # machine.handle, and the first call sends these before anything else.
-            machines[name].handle = _SendsFirst(machines[name].handle, outs)
         logger.info("resuming %s after seq %d: %d message(s) to re-send, %d lease(s) to "
                     "re-issue %s", self.path, self.last_seq, len(self.pending),
                     len(self.reissued), self.reissued[:8])
 
     def begin(self) -> None:
         """Called by evolve() in place of sending ``Start`` (the log's Start was
-        replayed). Nudges each rebuilt actor that has undelivered messages,
-        so it sends them at once even if no new input comes (one may be waiting for the
-        answer to one of them)."""
-        senders = _by_sender(self.pending)
-        if not senders:
-            return
-        for ref in self._rt.refs:
-            if getattr(ref.actor_class, "__name__", "") != "ControlActor":
-                continue
-            name = ref.proxy().name.get(timeout=10.0)
-            if name in senders:
-                # In-process only: not a bus message, never logged; the actor's first
-                # handle() call (this nudge, or a real input before it) sends them.
-                ref.tell(Delivery(0, "resume", name, _NUDGE))
+        replayed), before any worker joins: sends again what the crashed run produced
+        and never delivered (``pending``), each message as its sender, in one lot in the
+        old run's order, ahead of anything the rebuilt actors send next. (Sent by each
+        actor on its own thread they raced: a Planner's ``LeaseBatch`` could reach the
+        Scheduler before the Merger's ``Commit`` that preceded the ``RoundClosed`` it was
+        planned on, and the round went out on the version before.)"""
+        if self.pending:
+            self._rt.bus.send_in_order(self.pending)
 
     # -- the new log --------------------------------------------------------------------
 
@@ -170,34 +163,6 @@ class ResumePoint:
         meta["seed"] = str(self.start.seed if self.start else 0)
         meta.setdefault("scenario", self.contents[0].header.scenario)
         return meta
-
-
-_NUDGE = object()
-
-
-class _SendsFirst:
-    """A rebuilt machine's ``handle`` for its first call after a resume: returns, before
-    that call's own outputs, the messages the crashed actor had produced and never
-    delivered. Sent by the actor's own thread, they keep their place in its per-sender
-    FIFO order: nothing it sends later (a ``Barrier`` after a forwarded ``LeaseDone``)
-    can overtake them."""
-
-    def __init__(self, handle, outputs: list[tuple[str, Message]]) -> None:
-        self.handle = handle
-        self.outputs: list[tuple[str, Message]] | None = outputs
-
-    def __call__(self, msg: Message) -> list[tuple[str, Message]]:
-        first, self.outputs = self.outputs or [], None
-        if msg is _NUDGE:
-            return first
-        return first + self.handle(msg)
-
-
-def _by_sender(pending: list[tuple[str, str, Message]]) -> dict[str, list[tuple[str, Message]]]:
-    out: dict[str, list[tuple[str, Message]]] = {}
-    for sender, receiver, msg in pending:
-        out.setdefault(sender, []).append((receiver, msg))
-    return out
 
 
 def _first(contents, kind: type, sender: str | None, receiver: str):
