@@ -31,7 +31,7 @@ from actors.runtime.launch import evolve_kwargs, run_scenario
 from actors.testing import replay
 from bus.log import UNDELIVERED, LogWriter, TornTailWarning, read_header, read_log
 from protocol import (Commit, EvalDone, Lease, LeaseBatch, LeaseDone, RoundClosed, RunDone,
-                      Start, decode)
+                      Start, Tick, decode, encode)
 from protocol.scenario import parse_scenario
 from scenarios import router
 
@@ -276,6 +276,90 @@ def test_messages_a_stop_left_undelivered_are_sent_again_in_the_logs_order(tmp_p
                    "calls": resumed.calls, "outcomes": resumed.outcomes(),
                    "stop_reason": resumed.stop_reason}, whole)
     assert replay(resumed.log_path).ok
+
+
+def cut_log(whole, log: Path, upto: int, undelivered: int | None = None,
+            then: tuple = ()) -> None:
+    """``log``: the whole run's header, with the scenario text as `evobus run` records it
+    (so `evobus resume` can rebuild it), its first ``upto`` records, the one at
+    ``undelivered`` marked UNDELIVERED, then ``then``'s (sender, receiver, message)."""
+    src = read_log(whole.log_path)
+    header = msgspec.structs.replace(src.header, meta={
+        **src.header.meta, "scenario_toml": SCENARIO.format(log=log)})
+    writer = LogWriter(log, header, fsync="never")
+    seq, t = 0, 0.0
+    for i, r in enumerate(src.records[:upto]):
+        writer.append(r.seq, r.t, r.sender, r.receiver, r.body, peer=r.peer,
+                      status=UNDELIVERED if i == undelivered else r.status)
+        seq, t = r.seq, r.t
+    for sender, receiver, msg in then:
+        seq += 1
+        writer.append(seq, t, sender, receiver, encode(msg))
+    writer.close()
+
+
+def start_index(whole) -> int:
+    return next(i for i, r in enumerate(read_log(whole.log_path).records)
+                if isinstance(decode(r.body), Start))
+
+
+def test_a_run_stopped_before_its_start_reached_the_planner_resumes_from_the_beginning(
+        tmp_path, whole):
+    # What a SIGTERM in a run's first moments can leave: the Planner stopped before the
+    # driver's Start reached it, so the log holds Start UNDELIVERED and nothing after it.
+    # Resume rebuilt a Planner that had received nothing, re-sent nothing (only control
+    # actors' messages were re-sent) and `evobus resume` waited forever. Start is now
+    # pending like them, sent first as the driver: the run begins, in the same chain.
+    at = start_index(whole)
+    log = tmp_path / "run.evolog"
+    cut_log(whole, log, at + 1, undelivered=at)
+    start = decode(read_log(log).records[at].body)
+    report, engine = rebuild([log], [read_log(log)], strict=False, machines=None, specs={})
+    assert report.ok, report.format()
+    assert engine.pending == [("driver", "planner", start)]
+    # End to end, bounded: before the fix this subprocess hung until its timeout.
+    resumed = resume(tmp_path, log)
+    same_as_whole(resumed, whole)
+    new_log = Path(resumed["log"])
+    header = read_header(new_log)
+    assert header.meta["resumed_from"] == log.name
+    assert header.run_id == read_header(log).run_id == start.run_id
+    first = read_log(new_log).records[0]
+    assert (first.sender, first.receiver, decode(first.body)) == ("driver", "planner", start)
+    assert first.seq == read_log(log).records[-1].seq + 1
+    assert replay(new_log).ok
+    # The in-process function takes the same path.
+    kwargs = evolve_kwargs(parse_scenario(SCENARIO.format(log=log), "slow.toml"))
+    kwargs.pop("log", None)
+    again = resume_in_process(log, log=tmp_path / "again.evolog", **kwargs)
+    assert (again.state, again.version, again.rollouts) == \
+        (whole.state, whole.version, whole.rollouts)
+
+
+@pytest.mark.parametrize("kept", ["header_only", "records_before_start"])
+def test_a_log_whose_start_was_never_written_is_run_again_from_scratch_by_evobus_resume(
+        tmp_path, whole, kept):
+    log = tmp_path / "run.evolog"
+    cut_log(whole, log, 0 if kept == "header_only" else start_index(whole))
+    resumed = resume(tmp_path, log)
+    same_as_whole(resumed, whole)
+    assert read_header(Path(resumed["log"])).meta["restarted_from"] == log.name
+
+
+def test_resume_refuses_at_once_a_log_whose_start_can_never_reach_the_planner(
+        tmp_path, whole):
+    # A Start UNDELIVERED with a message delivered to the Planner after it (no run writes
+    # this; a log edited by hand): it is not re-sent, nothing would begin the run, so
+    # `evobus resume` says so and what to do, instead of waiting.
+    at = start_index(whole)
+    log = tmp_path / "run.evolog"
+    cut_log(whole, log, at + 1, undelivered=at,
+            then=[("driver", "planner", Tick(elapsed=0.0))])
+    done = subprocess.run([sys.executable, "-m", "actors.cli", "resume", str(log)],
+                          cwd=tmp_path, env=env_for(), capture_output=True, timeout=60)
+    assert done.returncode != 0
+    assert "the run never started; run it again" in done.stderr.decode(), \
+        done.stderr.decode()[-2000:]
 
 
 def test_a_second_run_refuses_the_log_path_and_never_changes_the_first_log(tmp_path):

@@ -302,8 +302,10 @@ class _Replay:
         """At a resume junction: each actor's undelivered messages are produced again,
         first, so the next log's first messages from that actor must be these."""
         for u in lost:
-            t = self.tracks[u.actor]
-            if t.divergence is None:
+            t = self.tracks.get(u.actor)
+            # The driver is not replayed (its undelivered Start is an input of the next
+            # segment, where the log records it delivered).
+            if t is not None and t.divergence is None:
                 t.produced.append((u.input_seq, u.receiver, u.msg, encode(u.msg), None))
 
     # -- one segment (one log file) ---------------------------------------------------
@@ -595,15 +597,29 @@ def _undelivered_at_close(engine: "_Replay", c: LogContents) -> list[Unrecorded]
     Merger that has stopped). The replay never feeds them to their receiver, and they
     are not unrecorded either, so a resume must send them again or the receiver waits
     for them forever. Only those after which their receiver got nothing more: one it
-    missed while it was still running is part of the run as recorded."""
+    missed while it was still running is part of the run as recorded.
+
+    The driver's ``Start`` too, when the Planner stopped before it arrived (a SIGTERM in
+    the run's first moments): the run never began, and the Planner, rebuilt with
+    nothing, would wait for it forever. Re-sent, it begins the run as it would have,
+    under the same run id and seed (the driver's other messages, ``Tick``s, are sent
+    anew by the resumed driver)."""
     last_in: dict[str, int] = {}
     for rec in c.records:
         if not rec.status:
             last_in[rec.receiver] = rec.seq
-    return [Unrecorded(c.path, rec.sender, rec.seq, rec.receiver, decode(rec.body))
-            for rec in c.records
-            if rec.status and rec.sender in engine.tracks and _resend_to(rec.receiver)
-            and rec.seq > last_in.get(rec.receiver, -1)]
+    out: list[Unrecorded] = []
+    for rec in c.records:
+        if not rec.status or not _resend_to(rec.receiver) \
+                or rec.seq <= last_in.get(rec.receiver, -1):
+            continue
+        by_driver = rec.sender == DRIVER and rec.receiver == PLANNER
+        if rec.sender not in engine.tracks and not by_driver:
+            continue
+        msg = decode(rec.body)
+        if not by_driver or type(msg) is Start:
+            out.append(Unrecorded(c.path, rec.sender, rec.seq, rec.receiver, msg))
+    return out
 
 
 def _resend_to(receiver: str) -> bool:

@@ -11,7 +11,10 @@ Planner, Scheduler and Merger *are* those rebuilt machines. At the junction:
   their senders, all at once and in the old run's order, before any worker joins and
   before anything the rebuilt actors send: each actor's messages keep their order, and
   so does every receiver's (a Merger's ``Commit`` still reaches the Scheduler before the
-  ``LeaseBatch`` the Planner planned on the ``RoundClosed`` that followed it);
+  ``LeaseBatch`` the Planner planned on the ``RoundClosed`` that followed it); a
+  ``Start`` the log holds as UNDELIVERED (the Planner stopped before the run's first
+  message reached it) is one of them, sent as the driver: the run begins from the
+  start, in the same chain, with the same run id and seed;
 - leases the Scheduler had handed to a worker with no ``LeaseDone`` in the log (rollout
   and eval leases alike) go back to the front of its queue and are dispatched again,
   under their original ids, to the new workers (:func:`reopen`, which asks the
@@ -41,7 +44,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from actors.addresses import DRIVER
+from actors.addresses import DRIVER, PLANNER
 from actors.errors import ConfigError, RunFailed
 from actors.replay.chain import META_RESUMED_FROM, log_chain
 from actors.replay.engine import META_RESUMED_AFTER, META_SCENARIO_TOML, rebuild, reopen
@@ -133,6 +136,13 @@ class ResumePoint:
                             f"{report.format()}")
         if engine is None:
             raise RunFailed(f"cannot resume {self.path}: it holds no Start message")
+        if getattr(machines.get(PLANNER), "start", True) is None \
+                and not any(isinstance(m, Start) for _, _, m in engine.pending):
+            # Nothing would ever set the run going: refused, not a resume that waits.
+            raise RunFailed(f"cannot resume {self.path}: the run's Start never reached "
+                            "the Planner and is not the last message it was sent, so "
+                            "nothing can begin it: the run never started; run it again "
+                            "(`evobus run SCENARIO --overwrite`, or with another log path)")
         self._rt = rt
         self.pending = list(engine.pending)
         self.reissued = reopen(machines)
@@ -142,9 +152,10 @@ class ResumePoint:
 
     def begin(self) -> None:
         """Called by evolve() in place of sending ``Start`` (the log's Start was
-        replayed), before any worker joins: sends again what the crashed run produced
-        and never delivered (``pending``), each message as its sender, in one lot in the
-        old run's order, ahead of anything the rebuilt actors send next. (Sent by each
+        replayed, or is pending itself when the log holds it undelivered), before any
+        worker joins: sends again what the crashed run produced and never delivered
+        (``pending``), each message as its sender, in one lot in the old run's order,
+        ahead of anything the rebuilt actors send next. (Sent by each
         actor on its own thread they raced: a Planner's ``LeaseBatch`` could reach the
         Scheduler before the Merger's ``Commit`` that preceded the ``RoundClosed`` it was
         planned on, and the round went out on the version before.)"""
