@@ -210,3 +210,30 @@ def test_a_scenario_names_it_under_workers_and_evolve_gets_it():
     assert evolve_kwargs(parse_scenario(text, "router.toml"))["eval_concurrency"] == 8
     text = text.replace("local = 4", "local = 4\neval_concurrency = 3")
     assert evolve_kwargs(parse_scenario(text, "router.toml"))["eval_concurrency"] == 3
+
+
+@pytest.mark.parametrize("asked,got", [(5, 5), (100_000, 256)])
+def test_a_worker_in_another_process_takes_it_from_the_runs_spec_capped(monkeypatch,
+                                                                       asked, got):
+    """Each slot's core gets the run's eval_concurrency (Spec), at most 256 threads."""
+    from actors.workers import remote
+    from protocol import Spec
+
+    made: list[int] = []
+    real = remote.WorkerCore
+
+    def spy(*args, **kwargs):
+        made.append(kwargs["eval_concurrency"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(remote, "WorkerCore", spy)
+    w = remote.RemoteWorker("tcp://127.0.0.1:1", worker_id="r0", slots=2)
+    w.resolved = remote.Resolved(tasks=_tasks(1), reward=lambda t, o: 1.0,
+                                 run=lambda r, t: r, propose=None, strategy=SingleSlot(),
+                                 fingerprint="")
+    w.spec = Spec(run_id="x", eval_concurrency=asked)
+    w._start_threads()
+    try:
+        assert made == [got, got]
+    finally:
+        w._release_slots()
