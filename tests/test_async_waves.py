@@ -12,7 +12,7 @@ from actors.machines.scheduler import Scheduler
 from actors.machines.staleness import KeyHistory, merge_ready
 from actors.policies.parallelism import (DataParallel, async_pacing, default_parallel,
                                          round_per_worker)
-from protocol import (Baseline, Commit, Diff, EvalDone, EvalRequest, Hello, Lease,
+from protocol import (Baseline, Commit, Diff, EvalDone, EvalRequest, Flush, Hello, Lease,
                       LeaseBatch, LeaseDone, NeedWork, Open, RolloutResult, RoundClosed,
                       Settled, Start, WaveSettled)
 
@@ -151,6 +151,31 @@ def test_a_wave_settled_during_a_merge_is_merged_when_it_closes():
     assert [type(msg).__name__ for _, msg in out].count("RoundClosed") == 1
     assert any(isinstance(msg, EvalRequest) and msg.state == {"a": "1", "b": "1"}
                for _, msg in out)                          # wave 1, on the new head
+
+
+
+def test_a_wave_settled_after_the_final_round_closed_starts_no_merge():
+    """The Planner's WaveSettled for the last wave and the Scheduler's Flush come from two
+    senders, in either order. Once the Merger has sent its final RoundClosed the Planner
+    stops the run on it (Shutdown), so a merge started after it asks for scores no
+    Scheduler will count: a process worker made the calls, the endpoint served them, and
+    the run's own calls total missed them (test_budgets's max_calls test, 2 runs in 30
+    under load: the retire probe's control, 2 calls on the head after the final close)."""
+    m = Merger(asynchronous=True, waves=True, backlog=10, retire=True)
+    (_, ask), = m.handle(Open(heldout_ids=["h"], initial_state={"a": "0"}))
+    m.handle(EvalDone(eval_id=ask.eval_id, score=0.0))
+    # A proposal, and two train tasks failed at the head with no edit: stuck, so a merge
+    # that commits nothing probes the head's keys on them (a control eval first).
+    assert m.handle(LeaseDone(lease_id="l0", worker="w", round=0, version=0, results=[
+        RolloutResult("t0", 0.0, diff(0, a="1")), RolloutResult("t1", 0.0),
+        RolloutResult("t2", 0.0)])) == []
+    gate, = [msg for _, msg in m.handle(Flush()) if isinstance(msg, EvalRequest)]
+    out = m.handle(EvalDone(eval_id=gate.eval_id, score=0.0, unscored="max_calls"))
+    (to, closed), = out
+    assert to == PLANNER and closed.final and closed.outcomes == {"unscored-at-budget": 1}
+    assert m.handle(WaveSettled(wave=0)) == []     # no merge, no eval, no second close
+    assert m.handle(LeaseDone(lease_id="l1", worker="w", round=1, version=0, results=[
+        RolloutResult("t3", 0.0, diff(0, a="2"))])) == []
 
 
 # -- the Planner ---------------------------------------------------------------------------

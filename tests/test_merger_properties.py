@@ -136,6 +136,8 @@ def test_asynchronous_waves_close_once_each_and_count_every_proposal(waves, seed
     out = drive(m, m.handle(Flush()), solves)
     closed_all += [msg for _, msg in out if isinstance(msg, RoundClosed)]
     assert closed_all and closed_all[-1].final
+    # The last wave's WaveSettled may come after the final close: it starts nothing.
+    assert m.handle(WaveSettled(wave=len(waves))) == []
     assert sum(msg.proposals for msg in closed_all) == proposed
     counted = sum(n for msg in closed_all for k, n in msg.outcomes.items() if k != "retired")
     assert counted == proposed, closed_all

@@ -239,6 +239,9 @@ class Merger(ScoreTables, Screening, Probing, Interference, Duel):
         self.merges = 0
         self.without_commit = 0
         self.flushing = False
+        # The final RoundClosed is sent (async): the Planner stops the run on it, so no
+        # merge starts after it (see _start_async).
+        self.closed_final = False
         self.stats: dict[str, float] = {"reverified": 0, "stall_refreshes": 0,
                                         "max_eta_kept": 0}
         self.version = 0
@@ -433,7 +436,13 @@ class Merger(ScoreTables, Screening, Probing, Interference, Duel):
                            backlog=self.backlog)
 
     def _start_async(self) -> list[Out]:
-        """Take every proposal held (in arrival order: the log's order) and merge it."""
+        """Take every proposal held (in arrival order: the log's order) and merge it;
+        nothing once the final RoundClosed is out. The Planner's WaveSettled for the last
+        wave may arrive after it (the Scheduler's Flush comes from another sender): the
+        Planner stops the run on that close, so an eval asked for now would run on the
+        workers after the Scheduler stopped, its calls made and never counted."""
+        if self.closed_final:
+            return []
         self._due = False
         outcomes = self.early.pop(_ASYNC, {})
         held = self.pending.pop(_ASYNC, [])
@@ -743,6 +752,7 @@ class Merger(ScoreTables, Screening, Probing, Interference, Duel):
             self.without_commit = 0
         more = bool(self.pending.get(_ASYNC) or self.early.get(_ASYNC))
         final = self.flushing and not more
+        self.closed_final = self.closed_final or final
         out.append((PLANNER, RoundClosed(round=m.round, version=self.version, committed=committed,
                                          heldout_reward=self.score, proposals=m.proposals,
                                          outcomes=m.outcomes, final=final, bases=bases,
