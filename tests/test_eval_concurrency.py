@@ -5,6 +5,8 @@ calls (work on this machine's cores) stay one by one on the lease's thread."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 
@@ -84,6 +86,36 @@ def test_fast_calls_stay_one_by_one_on_the_lease_thread():
     assert len(done.results) == 20
     assert set(threads) == {threading.current_thread().name}
     assert core._pool is None   # never made
+
+
+def _spin(seconds: float) -> None:
+    """Keep this thread's core busy for ``seconds`` (a local evaluator's work)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+@pytest.mark.parametrize("where", ["thread", "child process"])
+def test_slow_calls_that_keep_a_core_busy_stay_one_by_one(where):
+    """A local evaluator (CPU work here, or in a child process it waits for) is slow but
+    not waiting: more of it at once would only contend for the machine's cores."""
+    threads: list[str] = []
+
+    def run(rendered: str, task: Task) -> str:
+        threads.append(threading.current_thread().name)
+        if where == "thread":
+            _spin(SLOW_CALL_S * 5)
+        else:
+            subprocess.run([sys.executable, "-c", "sum(range(3_000_000))"], check=True,
+                           timeout=DEADLINE_S)
+        return task.prompt
+
+    core = WorkerCore("w0", _tasks(3), lambda task, out: 1.0, run, None, SingleSlot(),
+                      eval_concurrency=8)
+    done = core.run_lease(_eval(["t0", "t1", "t2"]))
+    core.close()
+    assert [r.error for r in done.results] == [None] * 3
+    assert set(threads) == {threading.current_thread().name} and core._pool is None
 
 
 def test_one_at_a_time_when_asked():

@@ -226,8 +226,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     tasks (and a few of the committed diffs'); a diff that breaks another's evidence
     there is left out (``harmful``; actors/machines/interference.py, docs/concepts.md).
     ``eval_concurrency`` (default 8): held-out scoring is independent calls, so a worker
-    whose eval lease's calls are slow (2 ms or more: a model behind a network) makes up to
-    this many of them at once; fast calls (work on this machine's cores) run one by one.
+    whose eval lease's calls are slow and waiting (2 ms or more, under half of it on a
+    core: a model behind a network, not a local evaluator) makes up to
+    this many of them at once; other calls run one by one.
     A limit of the endpoint's own (``OpenAIAgent``'s ``max_concurrent``) still holds.
 
     ``parallel`` (default ``DataParallel(per_worker=4)`` with up to 4 workers, a round

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -33,9 +34,11 @@ log = logging.getLogger(__name__)
 
 #: A rollout scoring at least this is solved: no proposal is asked for it.
 SOLVED = 0.999
-#: An eval lease's first call taking at least this long is a model behind a network (or
-#: a process): the lease's other calls are made up to ``eval_concurrency`` at once. A
-#: faster call is work on this machine's cores, where more threads only contend for them.
+#: An eval lease's call taking at least this long, most of it waiting (a model behind a
+#: network), has the lease's other calls made up to ``eval_concurrency`` at once. A
+#: faster call, or one that kept a core busy for half its time or more (in this thread
+#: or in a child process it waited for: a local evaluator), is work on this machine's
+#: cores, where more of them at once only contend.
 SLOW_CALL_S = 0.002
 
 
@@ -87,6 +90,18 @@ def check_reward(value: Any, task: Task) -> float:
             f"reward(task={task.id!r}, ...) returned {value!r}: a reward must be a float in "
             "[0, 1]; rescale or clamp it inside your reward function")
     return float(value)
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this thread and of the child processes this process has waited for."""
+    t = os.times()
+    return time.thread_time() + t.children_user + t.children_system
+
+
+def _waited(wall: float, cpu: float) -> bool:
+    """Whether a call of ``wall`` seconds that used ``cpu`` seconds of CPU (this thread's
+    and its children's) was slow and mostly waiting: a model behind a network."""
+    return wall >= SLOW_CALL_S and cpu < wall / 2
 
 
 class WorkerCore:
@@ -191,8 +206,9 @@ class WorkerCore:
 
     def _evaluate(self, lease: Lease, rendered: str, state, version: int,
                   cancelled: Callable[[], bool] | None) -> tuple[list[RolloutResult], str | None]:
-        """An eval lease's calls, one by one on this thread while they are fast; once one
-        is slow (SLOW_CALL_S: a model behind a network), the rest up to
+        """An eval lease's calls, one by one on this thread while they are fast or keep a
+        core busy; once one is slow and mostly waiting (:func:`_waited`: a model behind a
+        network), the rest up to
         ``eval_concurrency`` at once on the core's pool, each thread with its own meter
         and event loop. The results in the lease's task order; a call's ValueError (a
         caller's mistake) is fatal, as when the calls run one by one, once every call
@@ -216,9 +232,9 @@ class WorkerCore:
             while rest:
                 if cancelled is not None and cancelled():
                     return results, None
-                began = time.perf_counter()
+                began, busy = time.perf_counter(), _cpu_seconds()
                 results.append(one(rest.pop()))
-                if time.perf_counter() - began >= SLOW_CALL_S:
+                if _waited(time.perf_counter() - began, _cpu_seconds() - busy):
                     break
         except ValueError as exc:
             return results, str(exc)
