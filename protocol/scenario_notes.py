@@ -96,7 +96,7 @@ NOTES = {
     "Workers.max_concurrency": "At most this many leases out at once (default: one per "
                                "worker).",
     "Workers.eval_concurrency": "Held-out scoring calls a worker makes at once when its "
-                                "calls are slow and waiting (2 ms or more, under half of it "
+                                "calls are slow and waiting (2 ms or more, under a quarter of it "
                                 "on a core: a model behind a network); "
                                 "fast calls and a local evaluator's run one by one.",
     "Workers.allow": "Module prefixes a worker may resolve references from.",

@@ -16,7 +16,7 @@ from actors.errors import ConfigError
 from actors.artifacts import SingleSlot
 from actors.runtime.evolve import evolve
 from actors.usage import report
-from actors.workers.core import SLOW_CALL_S, WorkerCore
+from actors.workers.core import SLOW_CALL_S, WorkerCore, _cpu_seconds, _waited
 from protocol import Lease, Task
 
 pytestmark = pytest.mark.timeout(60)
@@ -40,10 +40,12 @@ def _slow_first_then_together(n_together: int):
     they are in flight at once. Each reports its own tokens and its thread."""
     barrier = threading.Barrier(n_together, timeout=DEADLINE_S)
     threads: dict[str, str] = {}
+    daemons: dict[str, bool] = {}
     first = threading.Lock()
 
     def run(rendered: str, task: Task) -> str:
         threads[task.id] = threading.current_thread().name
+        daemons[task.id] = threading.current_thread().daemon
         report(model="m", input_tokens=int(task.prompt), output_tokens=1)
         if first.acquire(blocking=False):
             time.sleep(SLOW_CALL_S * 5)   # the call's own latency: it makes it "slow"
@@ -51,6 +53,7 @@ def _slow_first_then_together(n_together: int):
             barrier.wait()   # BrokenBarrierError if the calls were not at once
         return task.prompt
 
+    run.daemons = daemons
     return run, threads
 
 
@@ -69,6 +72,7 @@ def test_an_eval_lease_makes_its_slow_calls_at_once_results_in_task_order_each_m
     # each result carries the tokens its own call reported, not a neighbour's
     assert [r.usage[0].input_tokens for r in done.results] == list(range(6))
     assert len({threads[f"t{i}"] for i in range(1, 6)}) == 5   # five threads at once
+    assert all(run.daemons[f"t{i}"] for i in range(1, 6))   # a stuck call holds no exit
     assert threads["t0"] == threading.current_thread().name     # the first on the lease's
 
 
@@ -89,25 +93,43 @@ def test_fast_calls_stay_one_by_one_on_the_lease_thread():
 
 
 def _spin(seconds: float) -> None:
-    """Keep this thread's core busy for ``seconds`` (a local evaluator's work)."""
+    """Keep this thread's core busy for ``seconds`` of its CPU time (local work)."""
     end = time.thread_time() + seconds
     while time.thread_time() < end:
         pass
 
 
+def test_what_fans_out_is_a_slow_call_that_mostly_waited():
+    assert _waited(0.5, 0.01)                 # a model behind a network
+    assert _waited(SLOW_CALL_S, 0.0)
+    assert not _waited(SLOW_CALL_S / 2, 0.0)  # fast
+    assert not _waited(0.5, 0.5)              # local work on a core
+    assert not _waited(0.5, 0.2)              # the same, the machine twice oversubscribed
+
+
 @pytest.mark.parametrize("where", ["thread", "child process"])
-def test_slow_calls_that_keep_a_core_busy_stay_one_by_one(where):
-    """A local evaluator (CPU work here, or in a child process it waits for) is slow but
-    not waiting: more of it at once would only contend for the machine's cores."""
+def test_the_cpu_a_call_used_counts_its_thread_and_the_children_it_waited_for(where):
+    """What _waited is given: CPU seconds, not wall clock, so a loaded machine does not
+    change them. A child process's count once it has been waited for."""
+    before = _cpu_seconds()
+    if where == "thread":
+        _spin(0.05)
+    else:
+        subprocess.run([sys.executable, "-c", "import time\nend = time.process_time() + 0.05\n"
+                        "while time.process_time() < end: pass"], check=True,
+                       timeout=DEADLINE_S)
+    assert _cpu_seconds() - before >= 0.05
+
+
+def test_a_call_judged_local_keeps_the_lease_one_by_one(monkeypatch):
+    import actors.workers.core as core_module
+
+    monkeypatch.setattr(core_module, "_waited", lambda wall, cpu: False)
     threads: list[str] = []
 
     def run(rendered: str, task: Task) -> str:
         threads.append(threading.current_thread().name)
-        if where == "thread":
-            _spin(SLOW_CALL_S * 5)
-        else:
-            subprocess.run([sys.executable, "-c", "sum(range(3_000_000))"], check=True,
-                           timeout=DEADLINE_S)
+        time.sleep(SLOW_CALL_S * 2)
         return task.prompt
 
     core = WorkerCore("w0", _tasks(3), lambda task, out: 1.0, run, None, SingleSlot(),
@@ -147,6 +169,8 @@ def test_a_reward_out_of_range_on_a_pooled_call_is_fatal_once_every_call_ended()
     core.close()
     assert "returned 7.0" in done.fatal
     assert sorted(ended) == ["t0", "t1", "t2", "t3"]   # none left running after the answer
+    # the calls that were made are reported (their calls count), the failed one is not
+    assert [r.task_id for r in done.results] == ["t0", "t1", "t3"]
 
 
 def test_a_cancelled_lease_starts_no_pooled_call():

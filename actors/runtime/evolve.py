@@ -226,7 +226,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     tasks (and a few of the committed diffs'); a diff that breaks another's evidence
     there is left out (``harmful``; actors/machines/interference.py, docs/concepts.md).
     ``eval_concurrency`` (default 8): held-out scoring is independent calls, so a worker
-    whose eval lease's calls are slow and waiting (2 ms or more, under half of it on a
+    whose eval lease's calls are slow and waiting (2 ms or more, under a quarter of it on a
     core: a model behind a network, not a local evaluator) makes up to
     this many of them at once; other calls run one by one.
     A limit of the endpoint's own (``OpenAIAgent``'s ``max_concurrent``) still holds.

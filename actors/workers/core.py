@@ -17,7 +17,8 @@ import math
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+import queue
+from concurrent.futures import Future, wait
 from typing import Any, Callable
 
 import msgspec
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 SOLVED = 0.999
 #: An eval lease's call taking at least this long, most of it waiting (a model behind a
 #: network), has the lease's other calls made up to ``eval_concurrency`` at once. A
-#: faster call, or one that kept a core busy for half its time or more (in this thread
+#: faster call, or one that kept a core busy for a quarter of its time or more (in this thread
 #: or in a child process it waited for: a local evaluator), is work on this machine's
 #: cores, where more of them at once only contend.
 SLOW_CALL_S = 0.002
@@ -100,8 +101,51 @@ def _cpu_seconds() -> float:
 
 def _waited(wall: float, cpu: float) -> bool:
     """Whether a call of ``wall`` seconds that used ``cpu`` seconds of CPU (this thread's
-    and its children's) was slow and mostly waiting: a model behind a network."""
-    return wall >= SLOW_CALL_S and cpu < wall / 2
+    and its children's) was slow and mostly waiting: a model behind a network spends a
+    few percent of its time on a core; local work spends all of it, or a share of it
+    when more threads are runnable than cores (a quarter: four times oversubscribed)."""
+    return wall >= SLOW_CALL_S and cpu < wall / 4
+
+
+class _CallPool:
+    """Threads that make an eval lease's calls at once. Daemon threads, as a worker's own:
+    a call stuck in user code (a stalled endpoint) must not keep the process alive once
+    the run has stopped. Made as needed, up to ``size``."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self.size = size
+        self.name = name
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+
+    def submit(self, fn: Callable, *args) -> Future:
+        future: Future = Future()
+        self._queue.put((future, fn, args))
+        if len(self._threads) < self.size:   # one thread per call waiting, at most size
+            t = threading.Thread(target=self._serve, daemon=True,
+                                 name=f"{self.name}_{len(self._threads)}")
+            self._threads.append(t)
+            t.start()
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            future, fn, args = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:   # handed to the lease's thread, which decides
+                future.set_exception(exc)
+
+    def shutdown(self) -> None:
+        """Idle threads end (the leases wait for their calls, so none is in one)."""
+        for _ in self._threads:
+            self._queue.put(None)
+        self._threads = []
 
 
 class WorkerCore:
@@ -130,7 +174,7 @@ class WorkerCore:
         #: How many of an eval lease's calls run at once when they are slow (SLOW_CALL_S):
         #: held-out scoring is independent calls, and a gate waits for its slowest chunk.
         self.eval_concurrency = eval_concurrency
-        self._pool: ThreadPoolExecutor | None = None   # made at the first slow eval lease
+        self._pool: _CallPool | None = None   # made at the first slow eval lease
 
     @property
     def meter(self) -> dict[str, list]:
@@ -145,7 +189,7 @@ class WorkerCore:
     def close(self) -> None:
         """The worker is done: close the event loops async code ran on, if any."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)   # idle: leases wait for theirs
+            self._pool.shutdown()
             self._pool = None
         self.settle.close()
 
@@ -241,19 +285,18 @@ class WorkerCore:
         if not rest:
             return results, None
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.eval_concurrency,
-                                            thread_name_prefix=f"evobus-{self.name}-call")
+            self._pool = _CallPool(self.eval_concurrency, f"evobus-{self.name}-call")
         stop = cancelled or (lambda: False)
         futures = [self._pool.submit(self._pooled, one, task, stop) for task in reversed(rest)]
         wait(futures)   # no call of the lease goes on after its answer
         fatal = None
-        for future in futures:
+        for future in futures:   # every call made is reported (its calls are counted)
             try:
                 result = future.result()
             except ValueError as exc:
                 fatal = fatal or str(exc)
                 continue
-            if result is not None and fatal is None:
+            if result is not None:
                 results.append(result)
         return results, fatal
 
