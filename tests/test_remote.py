@@ -534,6 +534,65 @@ def test_thread_workers_are_never_presumed_lost():
     assert s.handle(Tick(elapsed=100.0)) == [] and s.lost_workers == 0
 
 
+
+def test_a_worker_leaving_mid_eval_lease_starts_none_of_the_calls_its_pool_had_queued():
+    """An eval lease's slow calls run two at once on the slot's pool; the worker leaves
+    (Stop, a lost broker) while two are in flight and seven wait in the pool's queue.
+    Those seven never start: left queued, they ran after the worker left (the process
+    waits for its pool's queue at exit), calls no one counts."""
+    import queue
+
+    from actors.artifacts import SingleSlot
+    from actors.workers import remote
+    from actors.workers.core import SLOW_CALL_S
+    from protocol import Spec, Task
+
+    started: list[str] = []
+    lock = threading.Lock()
+    in_flight = threading.Barrier(3, timeout=10)   # the two pooled calls and this test
+    release = threading.Event()
+
+    def run(rendered: str, task: Task) -> str:
+        with lock:
+            started.append(task.id)
+            n = len(started)
+        if n == 1:
+            time.sleep(SLOW_CALL_S * 5)   # the call's own latency: the rest fan out
+        elif n <= 3:
+            in_flight.wait()
+            assert release.wait(10), "the test never released the calls in flight"
+        return task.prompt
+
+    class Endpoint:   # what the slot answers through
+        def __init__(self) -> None:
+            self.sent: queue.SimpleQueue = queue.SimpleQueue()
+
+        def send(self, sender, receiver, msg) -> None:
+            self.sent.put(msg)
+
+    tasks = [Task(f"t{i}", str(i)) for i in range(10)]
+    w = remote.RemoteWorker("tcp://127.0.0.1:1", worker_id="r0", slots=1)
+    w.ep = Endpoint()
+    w.resolved = remote.Resolved(tasks={t.id: t for t in tasks}, reward=lambda t, o: 1.0,
+                                 run=run, propose=None, strategy=SingleSlot(),
+                                 fingerprint="")
+    w.spec = Spec(run_id="x", eval_concurrency=2)
+    w._start_threads()
+    try:
+        w._to_slot(Lease(lease_id="e1.0", round=-1, kind="eval",
+                         task_ids=[t.id for t in tasks], state={"value": "x"}))
+        in_flight.wait()          # t0 done on the slot thread, t1 and t2 in flight
+        w._leave()
+    finally:
+        release.set()
+        w._drain_slots()
+    assert sorted(started) == ["t0", "t1", "t2"]
+    assert not any(t.is_alive() for t in w.threads)
+    done = w.ep.sent.get(timeout=10)   # the calls it made are answered
+    assert isinstance(done, LeaseDone) and [r.task_id for r in done.results] == [
+        "t0", "t1", "t2"]
+
+
 # -- the broker's peer port: keys, policy, fuzz, reconnect ------------------------------------------
 
 

@@ -221,8 +221,7 @@ class RemoteWorker:
             self._join()
             return self._serve()
         finally:
-            self.done.set()
-            self._release_slots()
+            self._leave()
             self._drain_slots()
             # Last answers get a second to leave; to a broker never reached nothing can.
             self.ep.close(flush=1.0 if self.reached else 0.0)
@@ -323,6 +322,17 @@ class RemoteWorker:
             self.threads.append(t)
 
     # -- the slot threads ------------------------------------------------------------------------
+
+    def _leave(self) -> None:
+        """The worker's end: nothing more starts. Queued work is dropped, and so is what
+        the leases held have not begun: each is cancelled, so a lease stops before its
+        next task and an eval lease's calls still queued on its pool never start (they
+        would run after the worker left, keeping the process alive to make calls no one
+        counts). The calls in the middle of being made end on their own (_drain_slots)."""
+        self.done.set()
+        with self.lock:
+            self.cancelled.update(self.held)
+        self._release_slots()
 
     def _release_slots(self) -> None:
         """Idle slot threads wait on their queue (no polling): the worker's end wakes them."""
