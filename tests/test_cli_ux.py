@@ -19,7 +19,7 @@ import pytest
 
 from actors.cli.progress import RunProgress, interrupt_guard, outcome_text
 from bus.log import TornTailWarning, read_log
-from protocol import RoundClosed, RoundRecord, RunDone, decode
+from protocol import Progress, RoundClosed, RoundRecord, RunDone, decode
 from protocol.scenario import parse_scenario
 from scenarios.router import RouterAgent
 
@@ -486,10 +486,14 @@ def messages_on_disk(log: Path) -> list[tuple[str, object]]:
 
 
 def closed_rounds_on_disk(log: Path) -> list[int]:
-    """The rounds whose RoundClosed to the planner the log on disk holds (the rounds
-    `evobus resume` goes on from)."""
-    return [m.round for receiver, m in messages_on_disk(log)
-            if receiver == "planner" and isinstance(m, RoundClosed)]
+    """The rounds whose RoundClosed to the planner, and the Progress that reported it to
+    the driver, the log on disk holds (the rounds `evobus resume` goes on from without
+    saying them again: a Progress the log never recorded is sent again on resume)."""
+    messages = messages_on_disk(log)
+    reported = {m.record.round for receiver, m in messages
+                if receiver == "driver" and isinstance(m, Progress)}
+    return [m.round for receiver, m in messages
+            if receiver == "planner" and isinstance(m, RoundClosed) and m.round in reported]
 
 
 def wait_for_closed_round(log: Path, proc: subprocess.Popen, deadline_s: float) -> None:
