@@ -293,3 +293,33 @@ def test_a_worker_in_another_process_takes_it_from_the_runs_spec_capped(monkeypa
         assert made == [got, got]
     finally:
         w._release_slots()
+
+
+def test_a_pooled_call_told_to_retry_later_is_retried_and_its_attempts_reported():
+    """A 429 on one of the calls made at once: that call is retried with backoff on its
+    pool thread, the others go on; its attempts travel with its own result."""
+    from actors.errors import RetryLater
+    from actors.throttle import Backoff
+
+    run, threads = _slow_first_then_together(1)   # t1..t3 need no company here
+    refused = {"t2": 2}   # t2 answers 429 twice, then answers
+    lock = threading.Lock()
+
+    def flaky(rendered: str, task: Task) -> str:
+        with lock:
+            left = refused.get(task.id, 0)
+            refused[task.id] = left - 1
+        if left > 0:
+            raise RetryLater("429", retry_after=0.0)
+        return run(rendered, task)
+
+    core = WorkerCore("w0", _tasks(4), lambda task, out: 1.0, flaky, None, SingleSlot(),
+                      eval_concurrency=4)
+    core.backoff = Backoff(initial=0.001, maximum=0.002, deadline=DEADLINE_S)
+    done = core.run_lease(_eval(["t0", "t1", "t2", "t3"]))
+    core.close()
+    assert [r.task_id for r in done.results] == ["t0", "t1", "t2", "t3"]
+    assert [r.error for r in done.results] == [None] * 4
+    attempts = {r.task_id: sum(u.attempts for u in r.usage) for r in done.results}
+    assert attempts["t2"] == 3 and attempts["t1"] == attempts["t3"] == 0
+    assert "-call" in threads["t2"]   # retried on its pool thread
