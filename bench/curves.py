@@ -216,6 +216,8 @@ def evobus_variant(spec: str):
             kw["chain"] = value != "off"
         elif name == "gate":   # held-out tasks a gate scores (full: the whole split)
             kw["gate_tasks"] = WHOLE_SPLIT if value == "full" else int(value)
+        elif value.lower() in ("off", "false", "on", "true"):   # a rule switched off or on
+            kw[name] = value.lower() in ("on", "true")
         else:   # a rule switched on, or given a number (noise_z=1)
             kw[name] = (int(value) if value.isdigit() else float(value)) if value else True
 

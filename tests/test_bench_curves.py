@@ -69,3 +69,12 @@ def test_tensor_parallel_on_the_router_files_rules_under_the_category_they_route
     assert strategy.render(strategy.to_diff({}, right, "w", 0).ops) == plain.render(
         plain.to_diff({}, right, "w", 0).ops)
     assert curves.one("evobus[tp=auto]", "router", 300, seed=1, repeatable=True)["calls"] > 0
+
+
+def test_a_variant_switches_a_rule_off_or_on_by_name(monkeypatch):
+    seen: list[dict] = []
+    monkeypatch.setattr(curves, "run_evobus",
+                        lambda domain, calls, seed, **kw: seen.append(kw) or "")
+    for spec in ("evobus[hold=off]", "evobus[hold=False,cross=on]", "evobus[noise_z=1.5]"):
+        curves.system(spec)(None, None, 0)
+    assert seen == [{"hold": False}, {"hold": False, "cross": True}, {"noise_z": 1.5}]
