@@ -94,7 +94,7 @@ def test_a_log_written_now_records_the_round_and_every_rule_on_or_off(tmp_path):
     assert {k: merger[k] for k in ("screen", "attribute", "retire", "recheck", "sequential",
                                    "conflicts", "noise_z", "hold")} == {
         "screen": True, "attribute": False, "retire": True, "recheck": False,
-        "sequential": True, "conflicts": "first", "noise_z": 0.0, "hold": True}
+        "sequential": True, "conflicts": "first", "noise_z": 0.0, "hold": False}
     assert replay_log(log).divergence is None
 
 

@@ -143,6 +143,11 @@ def prepare_parallel(parallel, strategy, task_ids: list[str], n_workers: int):
     return parallel, None
 
 
+#: ``hold`` is on by default below this many workers (rounds of fewer than 16 rollouts,
+#: the default round): measured on the noisy domains, docs/performance.md (eighth pass).
+HOLD_BELOW_WORKERS = 4
+
+
 def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent=None,
            run: Callable | None = None, propose: Callable | None = None, strategy=None,
            parallel=None, task_sampler=None, rounds: int | None = None, n_workers: int = 4,
@@ -164,7 +169,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            conflicts: str = "first", chain: bool = True,
            deterministic: bool = False, noise_z: float = 0.0,
            gate_tasks: int | None = None,
-           branches: bool | None = None, hold: bool = True,
+           branches: bool | None = None, hold: bool | None = None,
            rescore: int = 3, level: bool = False, vouch: int = 2,
            cross: bool = True, eval_concurrency: int = 8) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
@@ -208,10 +213,13 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     by default sized to ``max_calls`` (a tenth of it, at least 48: a small budget makes
     more decisions on fewer tasks each; actors/machines/gatesize.py), the whole split
     without a call budget or from ten times the split's size on.
-    ``hold`` (default on; synchronous runs and asynchronous waves): a merge left with fewer
-    than two diffs after the screen pays no held-out gate, its diffs join the next merge's
-    (one merge at most; not the last merge of an asynchronous run;
-    off for a strategy of one declared key, whose diffs all conflict).
+    ``hold`` (synchronous runs and asynchronous waves): a merge left with fewer than two
+    diffs after the screen pays no held-out gate, its diffs join the next merge's (one
+    merge at most; not the last merge of an asynchronous run; off for a strategy of one
+    declared key, whose diffs all conflict). By default on with fewer than
+    :data:`HOLD_BELOW_WORKERS` workers, whose rounds are small (a lone diff is most
+    merges, and a gate for it is dear), off from there on (a round of 16 rollouts leaves
+    a held diff's round-mates proposing it again on the old head); docs/performance.md.
     ``rescore`` (default 3): a head that commits nothing for two merges in a row, on a
     model seen to be noisy, is scored afresh on the held-out split, until its score is the mean of this
     many samples (1: never; docs/concepts.md). ``level`` (default off): a gate candidate
@@ -249,6 +257,8 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     modes = _check_modes(asynchronous, rounds, async_ratio, staleness, stall_merges,
                          (max_rollouts, max_calls, max_seconds, target_reward, patience,
                           max_tokens, max_cost))
+    if hold is None:
+        hold = isinstance(n_workers, int) and n_workers < HOLD_BELOW_WORKERS
     modes = dataclasses.replace(modes, gate=_gate(screen, attribute, retire, recheck,
                                                       sequential, conflicts, noise_z,
                                                       hold))
