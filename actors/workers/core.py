@@ -208,17 +208,25 @@ class WorkerCore:
             if lease.state is not None:
                 state, rendered = lease.state, self.strategy.render(lease.state)
             may_propose = self.propose is not None
-        results: list[RolloutResult] = []
-        fatal = None
-        chain = Chain(self.strategy, state, rendered) if lease.chain and may_propose else None
         bind(self.meter)  # on the thread that runs the lease: the calls report into it
         if lease.kind == "eval" and self.eval_concurrency > 1 and len(lease.task_ids) > 1:
             results, fatal = self._evaluate(lease, rendered, state, version, cancelled)
-            bind(None)
-            self.meter.clear()
-            return LeaseDone(lease_id=lease.lease_id, worker=self.name, round=lease.round,
-                             kind=lease.kind, unit=lease.unit, section=lease.section,
-                             version=version, results=results, fatal=fatal)
+        else:
+            results, fatal = self._roll_out(lease, rendered, state, version, may_propose,
+                                            cancelled)
+        bind(None)  # what this thread runs next (a group's branch, say) is not this lease's
+        self.meter.clear()
+        return LeaseDone(lease_id=lease.lease_id, worker=self.name, round=lease.round,
+                         kind=lease.kind, unit=lease.unit, section=lease.section,
+                         version=version, results=results, fatal=fatal)
+
+    def _roll_out(self, lease: Lease, rendered: str, state, version: int, may_propose: bool,
+                  cancelled: Callable[[], bool] | None
+                  ) -> tuple[list[RolloutResult], str | None]:
+        """A lease's tasks one after another (chained: each on the edits before it)."""
+        results: list[RolloutResult] = []
+        fatal = None
+        chain = Chain(self.strategy, state, rendered) if lease.chain and may_propose else None
         for task_id in lease.task_ids:
             if cancelled is not None and cancelled():
                 break
@@ -226,14 +234,11 @@ class WorkerCore:
                 rendered, state = chain.rendered, chain.state
             task = self.tasks.get(task_id)
             if task is None:
-                fatal = (f"worker {self.name} has no task {task_id!r}: the worker was started "
-                         "with a different task list than the coordinator")
+                fatal = self._no_task(task_id)
                 break
             try:
-                result = (self._one(task, rendered, state, version, may_propose)
-                          if self.scope is None else
-                          self._scoped(lease.lease_id, task, rendered, state, version,
-                                       may_propose))
+                result = self._call(lease.lease_id, task, rendered, state, version,
+                                    may_propose)
             except ValueError as exc:  # a caller's mistake (reward range): fatal for the run
                 fatal = str(exc)
                 break
@@ -242,34 +247,37 @@ class WorkerCore:
             results.append(result)
         if chain is not None:
             results = chain.report(results)
-        bind(None)  # what this thread runs next (a group's branch, say) is not this lease's
-        self.meter.clear()
-        return LeaseDone(lease_id=lease.lease_id, worker=self.name, round=lease.round,
-                         kind=lease.kind, unit=lease.unit, section=lease.section,
-                         version=version, results=results, fatal=fatal)
+        return results, fatal
+
+    def _no_task(self, task_id: str) -> str:
+        return (f"worker {self.name} has no task {task_id!r}: the worker was started with a "
+                "different task list than the coordinator")
+
+    def _call(self, lease_id: str, task: Task, rendered: str, state, version: int,
+              may_propose: bool) -> RolloutResult:
+        """One rollout (and its proposal), as a call of the run when it has a scope."""
+        if self.scope is None:
+            return self._one(task, rendered, state, version, may_propose)
+        return self._scoped(lease_id, task, rendered, state, version, may_propose)
 
     def _evaluate(self, lease: Lease, rendered: str, state, version: int,
                   cancelled: Callable[[], bool] | None) -> tuple[list[RolloutResult], str | None]:
         """An eval lease's calls, one by one on this thread while they are fast or keep a
         core busy; once one is slow and mostly waiting (:func:`_waited`: a model behind a
-        network), the rest up to
-        ``eval_concurrency`` at once on the core's pool, each thread with its own meter
-        and event loop. The results in the lease's task order; a call's ValueError (a
-        caller's mistake) is fatal, as when the calls run one by one, once every call
-        of the lease has ended."""
+        network), the rest up to ``eval_concurrency`` at once on the core's pool, each
+        thread with its own meter and event loop. The results in the lease's task order;
+        a call's ValueError (a caller's mistake) is fatal, as when the calls run one by
+        one, once every call of the lease has ended."""
         rest: list[Task] = []
         for task_id in lease.task_ids:
             task = self.tasks.get(task_id)
             if task is None:
-                return [], (f"worker {self.name} has no task {task_id!r}: the worker was "
-                            "started with a different task list than the coordinator")
+                return [], self._no_task(task_id)
             rest.append(task)
-        if self.scope is None:
-            def one(task: Task) -> RolloutResult:
-                return self._one(task, rendered, state, version, False)
-        else:
-            def one(task: Task) -> RolloutResult:
-                return self._scoped(lease.lease_id, task, rendered, state, version, False)
+
+        def one(task: Task) -> RolloutResult:
+            return self._call(lease.lease_id, task, rendered, state, version, False)
+
         results: list[RolloutResult] = []
         rest.reverse()
         try:
