@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -197,16 +198,15 @@ def test_a_run_refused_at_its_first_call_leaves_no_log(router_kwargs, tmp_path):
 
 def test_a_caller_mistake_found_after_rounds_keeps_the_log_and_says_so(router_kwargs,
                                                                          tmp_path):
-    calls = [0]
+    closed = threading.Event()
 
-    def late_bad_reward(task, output):   # right for the baseline and the first round
-        calls[0] += 1
-        return 1.5 if calls[0] > 60 else router.reward(task, output)
+    def late_bad_reward(task, output):   # right until the first round has closed
+        return 1.5 if closed.is_set() else router.reward(task, output)
 
     log = tmp_path / "late.evolog"
     with pytest.raises(ConfigError, match=r"returned 1.5") as info:
         evolve(**{**router_kwargs, "reward": late_bad_reward}, rounds=6, log=str(log),
-               n_workers=1)
+               n_workers=1, on_progress=lambda record: closed.set())
     assert log.exists() and f"the log {log} keeps the " in str(info.value)
     assert "another log path or with --overwrite" in str(info.value)
 

@@ -579,12 +579,14 @@ class Fleet:
         release = getattr(self.bus, "release_thread", None)
         until = time.monotonic() + ORDER_WAIT_S
         try:
-            turn = order.wait(j, lambda: host.cancelled or host.holding
-                              or time.monotonic() > until)
+            try:
+                turn = order.wait(j, lambda: host.cancelled or host.holding
+                                  or time.monotonic() > until)
+            finally:   # no longer waiting: counted out before the worker hears the answer
+                with self.lock:
+                    self.turns -= 1
             self.bus.send(RELAY, msg.worker, HostReply(call_id=msg.call_id, value=turn))
         finally:
-            with self.lock:
-                self.turns -= 1
             if release is not None:
                 release()
 
