@@ -1,6 +1,8 @@
-"""A worker makes an eval lease's slow calls several at once (``eval_concurrency``):
-held-out scoring is independent calls, and a gate waits for its slowest chunk. Fast
-calls (work on this machine's cores) stay one by one on the lease's thread."""
+"""A worker makes a lease's slow independent calls several at once (``eval_concurrency``):
+held-out scoring, and an unchained rollout lease's rollouts with their proposals; a gate
+waits for its slowest chunk, a round for its slowest lease. Fast calls (work on this
+machine's cores) and a chain's (each on the edits before it) stay one by one on the
+lease's thread."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ import time
 import pytest
 
 from actors.errors import ConfigError
-from actors.artifacts import SingleSlot
+from actors.artifacts import AppendRules, KeyedRules, SingleSlot
+from actors.policies.parallelism import ClusterParallel, DataParallel, TensorParallel
+from actors.policies.parallelism import uses_chain
 from actors.runtime.evolve import evolve
 from actors.usage import report
 from actors.workers.core import SLOW_CALL_S, WorkerCore, _cpu_seconds, _waited
@@ -323,3 +327,126 @@ def test_a_pooled_call_told_to_retry_later_is_retried_and_its_attempts_reported(
     attempts = {r.task_id: sum(u.attempts for u in r.usage) for r in done.results}
     assert attempts["t2"] == 3 and attempts["t1"] == attempts["t3"] == 0
     assert "-call" in threads["t2"]   # retried on its pool thread
+
+
+def _rollout(task_ids: list[str], chain: bool) -> Lease:
+    return Lease(lease_id="r0.u0", round=0, kind="rollout", task_ids=task_ids, chain=chain)
+
+
+def test_an_unchained_rollout_lease_makes_its_rollouts_and_proposals_at_once():
+    """Without a chain a lease's tasks are independent: once a call is slow, the others
+    (each rollout with its proposal) go at once; every proposal is made on the lease's
+    state, the results in task order."""
+    run, threads = _slow_first_then_together(4)
+    proposed: dict[str, str] = {}
+
+    def propose(rendered: str, task: Task, output: str, score: float) -> str:
+        proposed[task.id] = rendered
+        return f"{task.id}: fix"
+
+    core = WorkerCore("w0", _tasks(5), lambda task, out: 0.0, run, propose,
+                      KeyedRules([f"t{i}" for i in range(5)]), eval_concurrency=8)
+    try:
+        done = core.run_lease(_rollout([f"t{i}" for i in range(5)], chain=False))
+    finally:
+        core.close()
+    assert done.fatal is None
+    assert [r.task_id for r in done.results] == [f"t{i}" for i in range(5)]
+    assert [sorted(r.diff.ops) for r in done.results] == [[f"t{i}"] for i in range(5)]
+    assert all(r.calls == 2 for r in done.results)
+    assert set(proposed.values()) == {core.rendered}   # none on another's edit
+    assert len({threads[f"t{i}"] for i in range(1, 5)}) == 4
+
+
+def test_a_chained_lease_stays_one_by_one_when_calls_are_slow():
+    """A chain's next task rolls out on the edits before it: its calls cannot overlap."""
+    threads: list[str] = []
+    seen: list[str] = []
+
+    def run(rendered: str, task: Task) -> str:
+        threads.append(threading.current_thread().name)
+        seen.append(rendered)
+        time.sleep(SLOW_CALL_S * 2)   # the model's latency
+        return "no"
+
+    core = WorkerCore("w0", _tasks(3), lambda task, out: 0.0, run,
+                      lambda r, task, o, s: f"{task.id}: fix", KeyedRules(["t0", "t1", "t2"]),
+                      eval_concurrency=8)
+    done = core.run_lease(_rollout(["t0", "t1", "t2"], chain=True))
+    core.close()
+    assert set(threads) == {threading.current_thread().name} and core._pool is None
+    assert "fix" not in seen[0] and "fix" in seen[1] and seen[2].count("fix") == 2
+    assert [r.task_id for r in done.results] == ["t0", "t1", "t2"]
+
+
+def test_a_worker_seen_waiting_starts_its_next_lease_at_once_until_calls_are_fast():
+    """The first slow call of a worker's first lease is made alone (is it a model behind a
+    network?); its next lease's calls all go at once; once they come back fast, the
+    lease after that is one by one on the lease's thread again."""
+    threads: dict[str, str] = {}
+
+    def slow(rendered: str, task: Task) -> str:
+        threads[task.id] = threading.current_thread().name
+        time.sleep(SLOW_CALL_S * 2)   # the model's latency
+        return task.prompt
+
+    core = WorkerCore("w0", _tasks(8), lambda task, out: 1.0, slow, None, SingleSlot(),
+                      eval_concurrency=4)
+    try:
+        core.run_lease(_eval(["t0", "t1", "t2"]))   # t0 alone, then t1 and t2 pooled
+        assert threads["t0"] == threading.current_thread().name
+        gate = threading.Barrier(3, timeout=DEADLINE_S)
+
+        def together(rendered: str, task: Task) -> str:
+            threads[task.id] = threading.current_thread().name
+            gate.wait()   # all three in flight at once, or BrokenBarrierError
+            time.sleep(SLOW_CALL_S * 2)
+            return task.prompt
+
+        core.run = together
+        done = core.run_lease(_eval(["t3", "t4", "t5"]))
+        assert [r.error for r in done.results] == [None] * 3
+        assert all("-call" in threads[t] for t in ("t3", "t4", "t5"))
+
+        def fast(rendered: str, task: Task) -> str:
+            threads[task.id] = threading.current_thread().name
+            return task.prompt
+
+        core.run = fast
+        core.run_lease(_eval(["t6", "t7"]))    # pooled (still judged slow), seen fast
+        core.run_lease(_eval(["t0", "t1"]))
+        assert threads["t0"] == threads["t1"] == threading.current_thread().name
+    finally:
+        core.close()
+
+
+@pytest.mark.parametrize("strategy,parallel,asked,chained", [
+    (SingleSlot(), DataParallel(), None, True),
+    (KeyedRules(["a", "b"]), DataParallel(), None, False),
+    (AppendRules(), DataParallel(per_worker=4), None, False),
+    (KeyedRules(["a", "b"]), TensorParallel(2), None, True),
+    (KeyedRules(["a", "b"]), ClusterParallel(len), None, True),
+    (AppendRules(), object(), None, True),   # a plan() of the user's own
+    (KeyedRules(["a", "b"]), DataParallel(), True, True),
+    (SingleSlot(), ClusterParallel(len), False, False)])
+def test_leases_chain_by_default_but_for_a_data_parallel_shard(strategy, parallel, asked,
+                                                               chained):
+    """One declared key: every diff conflicts, only a chain puts several edits in one
+    candidate. A lease of alike tasks (a section, a cluster) chains: they fail for the
+    same reasons. A DataParallel lease is a mixed shard: unchained, its calls can go at
+    once. What the caller asks for wins."""
+    assert uses_chain(asked, strategy, parallel) is chained
+
+
+def test_evolve_records_the_chain_it_chose_in_the_runs_start(tmp_path):
+    from bus.log import read_log
+    from protocol import Start, decode
+
+    tasks = [Task(f"t{i}", str(i)) for i in range(12)]
+    for parallel, chained in ((None, False), (ClusterParallel(lambda t: int(t[1:]) % 2), True)):
+        log = tmp_path / f"{chained}.evolog"
+        evolve(tasks, lambda t, o: 1.0, run=lambda r, t: "x", propose=lambda *a: None,
+               strategy=KeyedRules(["a", "b"]), parallel=parallel, rounds=1, log=str(log))
+        starts = [m for m in (decode(r.body) for r in read_log(log).records)
+                  if isinstance(m, Start)]
+        assert [s.chain for s in starts] == [chained]

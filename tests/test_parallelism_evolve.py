@@ -142,8 +142,9 @@ def test_a_minibatch_round_rolls_out_per_worker_tasks_and_learns_from_each(tmp_p
     # One task per worker per round (agentdescent's round): the router reaches held-out
     # 1.0 after its 43 train tasks are seen once (and one round more: a merge of one diff
     # holds it for the next, ``hold``), where the whole-split round needs 3
-    # when each proposal is made on the head (its keyword lists conflict) and 1 when
-    # the lease's proposals chain (each builds on the list the last one wrote).
+    # when each proposal is made on the head (its keyword lists conflict; the default for
+    # a strategy of several keys) and 1 when the lease's proposals chain (each builds on
+    # the list the last one wrote).
     log = tmp_path / "mini.evolog"
     result = run_router(DataParallel(per_worker=1), n_workers=1, rounds=300,
                         held_out_frac=0.4, target_reward=1.0, log=str(log))
@@ -153,7 +154,7 @@ def test_a_minibatch_round_rolls_out_per_worker_tasks_and_learns_from_each(tmp_p
                        target_reward=1.0, chain=False)
     assert whole.rollouts == 3 * 43
     chained = run_router(DataParallel(), n_workers=1, rounds=300, held_out_frac=0.4,
-                         target_reward=1.0)
+                         target_reward=1.0, chain=True)
     assert chained.rollouts == 43 and chained.version == 1
 
 

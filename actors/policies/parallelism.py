@@ -211,6 +211,9 @@ class DataParallel:
     leases of one that chain nothing (:func:`default_parallel`)."""
 
     name = "DP"
+    #: A lease is a mixed shard: chaining its tasks pays little, unchained they go at
+    #: once when calls are slow (:func:`uses_chain`; a single slot chains all the same).
+    chain_leases: ClassVar[bool] = False
 
     def __init__(self, per_worker: int | None = None, busy: int | None = None) -> None:
         _check_per_worker("DataParallel", per_worker,
@@ -298,6 +301,25 @@ def default_parallel(n_workers: int = 4, strategy: object = None) -> DataParalle
     per_worker = DEFAULT_PER_WORKER if total is None \
         else -(-total // max(1, min(n_workers, busy)))
     return DataParallel(per_worker=per_worker, busy=busy if n_workers > busy else None)
+
+
+def uses_chain(chain: bool | None, strategy: object, parallel: object = None) -> bool:
+    """Whether a worker chains a rollout lease's proposals (``Lease.chain``,
+    actors/workers/chain.py): as asked; else (``None``) always for a strategy of one
+    declared key (a single slot: every diff writes the one key, so only a chain puts
+    several edits in one candidate), and otherwise as the parallelism's ``chain_leases``
+    says (on when it says nothing). A lease of alike tasks (a cluster, a section) chains:
+    its tasks fail for the same reasons, and each rolled out on the edits before it
+    proposes the fix once, not once a task. A :class:`DataParallel` lease is a mixed
+    shard: unchained, its tasks are independent calls a worker makes at once when they
+    are slow (actors/workers/core.py), at the same quality per call on the noisy domains
+    of bench/curves.py (docs/performance.md, ninth pass)."""
+    if chain is not None:
+        return bool(chain)
+    keys = declared_keys(strategy)
+    if keys is not None and len(keys) == 1:
+        return True
+    return bool(getattr(parallel, "chain_leases", True))
 
 
 def uses_branches(branches: bool | None, strategy: object, *, chain: bool,

@@ -26,7 +26,8 @@ from actors.version import PACKAGE_VERSION
 from actors.errors import BackendFailing, ConfigError
 from actors.machines.gatesize import gate_size
 from actors.machines.merger import CONFLICTS, STALENESS, Merger
-from actors.policies.parallelism import async_pacing, default_parallel, uses_branches
+from actors.policies.parallelism import (async_pacing, default_parallel, uses_branches,
+                                         uses_chain)
 from actors.policies.pipeline import PipelineParallel
 from actors.machines.planner import Planner, split_tasks
 from actors.machines.scheduler import Scheduler
@@ -166,7 +167,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            insecure: bool = False, tracking: Any = None, screen: bool = True,
            attribute: bool = True, retire: bool = True,
            recheck: bool = False, sequential: bool = True,
-           conflicts: str = "first", chain: bool = True,
+           conflicts: str = "first", chain: bool | None = None,
            deterministic: bool = False, noise_z: float = 0.0,
            gate_tasks: int | None = None,
            branches: bool | None = None, hold: bool | None = None,
@@ -193,11 +194,14 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     default: of the diffs that write one key differently, the first proposer's goes on
     to the fused candidate unscored, so a merge pays one held-out gate) or "score"
     (each scored on the held-out split, the best kept; a log header without
-    ``conflicts`` replays so). ``chain`` (default on): a worker applies each proposal of
-    a lease to its own copy and rolls the lease's next tasks out on the edited state,
-    proposing on top, so one candidate can hold several edits that need each other
-    (docs/concepts.md, actors/workers/chain.py); off, every proposal of a lease is made
-    on the head. ``branches`` (with ``conflicts="first"`` and ``chain``; by default on
+    ``conflicts`` replays so). ``chain``: a worker applies each proposal of a lease to its
+    own copy and rolls the lease's next tasks out on the edited state, proposing on top,
+    so one candidate can hold several edits that need each other (docs/concepts.md,
+    actors/workers/chain.py); off, every proposal of a lease is made on the head, and a
+    lease's calls are independent: made up to ``eval_concurrency`` at once when slow.
+    By default on for a strategy of one declared key (a single slot) and for leases of
+    alike tasks (TensorParallel, ClusterParallel, a ``plan()`` of your own), off for
+    DataParallel's mixed shards (actors/policies/parallelism.py ``uses_chain``). ``branches`` (with ``conflicts="first"`` and ``chain``; by default on
     for a strategy of one declared key, a single slot, where every diff conflicts): a
     chained lease whose edits lost a conflict is carried on as its plan unit's branch
     (the unit's next lease rolls out on it and chains on top), and of conflicting
@@ -295,6 +299,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     _warn_if_inside_a_loop("evolve", "evolve_async")
     # The default is the scenario files' default (protocol.scenario.Scenario.strategy).
     strategy = strategy if strategy is not None else AppendRules()
+    task_ids = [t.id for t in tasks]
+    plan_with, sections = prepare_parallel(parallel, strategy, task_ids, n_workers)
+    chain = uses_chain(chain, strategy, plan_with)
     if uses_branches(branches, strategy, chain=chain, conflicts=conflicts):
         modes.gate["branches"] = True   # recorded only when on: older headers replay without
         if round_tasks(strategy) is not None:   # one gate per the strategy's round (at
@@ -303,8 +310,6 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     if modes.gate["hold"] and len(declared_keys(strategy) or "several") == 1:
         # One key: every two diffs conflict, so a held diff never shares a gate.
         modes = dataclasses.replace(modes, gate={**modes.gate, "hold": False})
-    task_ids = [t.id for t in tasks]
-    plan_with, sections = prepare_parallel(parallel, strategy, task_ids, n_workers)
     if asynchronous:   # waves paced by merges, rebasing (actors/machines/staleness.py)
         paced = async_pacing(n_workers, modes.async_ratio, lag=async_ratio)
         modes = dataclasses.replace(modes, gate={**modes.gate, **paced["merger"]},

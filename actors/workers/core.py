@@ -174,7 +174,8 @@ class WorkerCore:
         #: How many of an eval lease's calls run at once when they are slow (SLOW_CALL_S):
         #: held-out scoring is independent calls, and a gate waits for its slowest chunk.
         self.eval_concurrency = eval_concurrency
-        self._pool: _CallPool | None = None   # made at the first slow eval lease
+        self._pool: _CallPool | None = None   # made at the first slow lease
+        self._slow = False   # the last calls made were slow and waiting: start pooled
 
     @property
     def meter(self) -> dict[str, list]:
@@ -209,8 +210,10 @@ class WorkerCore:
                 state, rendered = lease.state, self.strategy.render(lease.state)
             may_propose = self.propose is not None
         bind(self.meter)  # on the thread that runs the lease: the calls report into it
-        if lease.kind == "eval" and self.eval_concurrency > 1 and len(lease.task_ids) > 1:
-            results, fatal = self._evaluate(lease, rendered, state, version, cancelled)
+        chained = lease.chain and may_propose
+        if self.eval_concurrency > 1 and len(lease.task_ids) > 1 and not chained:
+            results, fatal = self._at_once(lease, rendered, state, version, may_propose,
+                                           cancelled)
         else:
             results, fatal = self._roll_out(lease, rendered, state, version, may_propose,
                                             cancelled)
@@ -260,14 +263,17 @@ class WorkerCore:
             return self._one(task, rendered, state, version, may_propose)
         return self._scoped(lease_id, task, rendered, state, version, may_propose)
 
-    def _evaluate(self, lease: Lease, rendered: str, state, version: int,
-                  cancelled: Callable[[], bool] | None) -> tuple[list[RolloutResult], str | None]:
-        """An eval lease's calls, one by one on this thread while they are fast or keep a
-        core busy; once one is slow and mostly waiting (:func:`_waited`: a model behind a
-        network), the rest up to ``eval_concurrency`` at once on the core's pool, each
-        thread with its own meter and event loop. The results in the lease's task order;
-        a call's ValueError (a caller's mistake) is fatal, as when the calls run one by
-        one, once every call of the lease has ended."""
+    def _at_once(self, lease: Lease, rendered: str, state, version: int, may_propose: bool,
+                 cancelled: Callable[[], bool] | None) -> tuple[list[RolloutResult], str | None]:
+        """A lease's independent calls (an eval lease's, or an unchained rollout lease's:
+        each task's rollout and its proposal), one by one on this thread while they are
+        fast or keep a core busy; once one is slow and mostly waiting (:func:`_waited`: a
+        model behind a network), the rest up to ``eval_concurrency`` at once on the
+        core's pool, each thread with its own meter and event loop. A worker whose calls
+        were seen waiting starts its next lease on the pool at once, until a pooled call
+        is fast or busy again. The results in the lease's task order; a call's ValueError
+        (a caller's mistake) is fatal, as when the calls run one by one, once every call
+        of the lease has ended."""
         rest: list[Task] = []
         for task_id in lease.task_ids:
             task = self.tasks.get(task_id)
@@ -276,18 +282,17 @@ class WorkerCore:
             rest.append(task)
 
         def one(task: Task) -> RolloutResult:
-            return self._call(lease.lease_id, task, rendered, state, version, False)
+            return self._call(lease.lease_id, task, rendered, state, version, may_propose)
 
         results: list[RolloutResult] = []
         rest.reverse()
         try:
-            while rest:
+            while rest and not self._slow:
                 if cancelled is not None and cancelled():
                     return results, None
                 began, busy = time.perf_counter(), _cpu_seconds()
                 results.append(one(rest.pop()))
-                if _waited(time.perf_counter() - began, _cpu_seconds() - busy):
-                    break
+                self._slow = _waited(time.perf_counter() - began, _cpu_seconds() - busy)
         except ValueError as exc:
             return results, str(exc)
         if not rest:
@@ -298,24 +303,30 @@ class WorkerCore:
         futures = [self._pool.submit(self._pooled, one, task, stop) for task in reversed(rest)]
         wait(futures)   # no call of the lease goes on after its answer
         fatal = None
+        waited = 0
         for future in futures:   # every call made is reported (its calls are counted)
             try:
-                result = future.result()
+                result, slow = future.result()
             except ValueError as exc:
                 fatal = fatal or str(exc)
                 continue
+            waited += slow
             if result is not None:
                 results.append(result)
+        # Still slow and waiting while most calls at once were: stay on the pool.
+        self._slow = 2 * waited > len(futures)
         return results, fatal
 
     def _pooled(self, one: Callable[[Task], RolloutResult], task: Task,
-                cancelled: Callable[[], bool]) -> RolloutResult | None:
-        """One eval call on a pool thread, its usage metered on that thread."""
+                cancelled: Callable[[], bool]) -> tuple[RolloutResult | None, bool]:
+        """One call on a pool thread, its usage metered on that thread; and whether it was
+        slow and mostly waiting."""
         if cancelled():
-            return None
+            return None, False
         bind(self.meter)
+        began, busy = time.perf_counter(), _cpu_seconds()
         try:
-            return one(task)
+            return one(task), _waited(time.perf_counter() - began, _cpu_seconds() - busy)
         finally:
             bind(None)
             self.meter.clear()
