@@ -716,9 +716,9 @@ class Spec(Msg, frozen=True):
     #: The run has a calls, tokens or cost budget: a group started inside a call asks
     #: the Scheduler (``CallsAsk``) before each branch starts.
     ask_budget: bool = False
-    #: How many of an eval lease's slow calls a worker slot makes at once
-    #: (``evolve(eval_concurrency=)``).
-    eval_concurrency: int = 1
+    #: How many of a lease's slow independent calls (held-out scoring, an unchained
+    #: lease's rollouts) a worker slot makes at once (``evolve(call_concurrency=)``).
+    call_concurrency: int = 1
 
 
 class Refused(Msg, frozen=True):

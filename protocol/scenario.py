@@ -94,7 +94,7 @@ class Workers(_Section, frozen=True):
     bind: str | None = None
     wait_seconds: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     max_concurrency: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    eval_concurrency: Annotated[int, msgspec.Meta(ge=1, le=256)] = 8
+    call_concurrency: Annotated[int, msgspec.Meta(ge=1, le=256)] = 8
     allow: list[str] = []
     # Liveness of workers (docs/remote.md) in other processes, CURVE keys (a
     # directory made by `evobus keys DIR`), and environment variable *names* workers need.

@@ -95,10 +95,12 @@ NOTES = {
     "Workers.wait_seconds": "How long to wait for remote workers to join.",
     "Workers.max_concurrency": "At most this many leases out at once (default: one per "
                                "worker).",
-    "Workers.eval_concurrency": "Held-out scoring calls a worker makes at once when its "
-                                "calls are slow and waiting (2 ms or more, under a quarter of it "
-                                "on a core: a model behind a network); "
-                                "fast calls and a local evaluator's run one by one.",
+    "Workers.call_concurrency": "How many of a lease's independent calls (held-out "
+                                "scoring, an unchained lease's rollouts) a worker makes at "
+                                "once when its calls are slow and waiting (2 ms or more, "
+                                "under a quarter of it on a core: a model behind a "
+                                "network); fast calls and a local evaluator's run one by "
+                                "one.",
     "Workers.allow": "Module prefixes a worker may resolve references from.",
     "Workers.heartbeat": "Seconds between heartbeats of a worker in another process.",
     "Workers.deadline": "A worker silent this long is presumed lost and its leases are "

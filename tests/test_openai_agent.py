@@ -381,7 +381,7 @@ def _in_flight_model(latency_s: float):
 def test_a_gate_scored_over_http_fans_out_within_the_agents_max_concurrent(tmp_path, key,
                                                                           capsys, limit):
     """Two workers, calls of 10 ms over real HTTP: the held-out scoring has more than two
-    requests in flight at the server (eval_concurrency), and never more than the agent's
+    requests in flight at the server (call_concurrency), and never more than the agent's
     ``max_concurrent`` when it has one."""
     from actors.cli.main import main
 
@@ -391,7 +391,7 @@ def test_a_gate_scored_over_http_fans_out_within_the_agents_max_concurrent(tmp_p
         scenario = agent_scenario(
             tmp_path, server.url, rounds=1,
             kwargs="" if limit is None else f"max_concurrent = {limit}",
-            tail="[workers]\nlocal = 2\neval_concurrency = 8\n")
+            tail="[workers]\nlocal = 2\ncall_concurrency = 8\n")
         assert main(["run", str(scenario), "--log", str(tmp_path / "llm.evolog"),
                      "--quiet"]) == 0
     finally:

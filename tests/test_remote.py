@@ -576,7 +576,7 @@ def test_a_worker_leaving_mid_eval_lease_starts_none_of_the_calls_its_pool_had_q
     w.resolved = remote.Resolved(tasks={t.id: t for t in tasks}, reward=lambda t, o: 1.0,
                                  run=run, propose=None, strategy=SingleSlot(),
                                  fingerprint="")
-    w.spec = Spec(run_id="x", eval_concurrency=2)
+    w.spec = Spec(run_id="x", call_concurrency=2)
     w._start_threads()
     try:
         w._to_slot(Lease(lease_id="e1.0", round=-1, kind="eval",

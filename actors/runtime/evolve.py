@@ -172,7 +172,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
            gate_tasks: int | None = None,
            branches: bool | None = None, hold: bool | None = None,
            rescore: int = 3, level: bool = False, vouch: int = 2,
-           cross: bool = True, eval_concurrency: int = 8) -> EvolveResult:
+           cross: bool = True, call_concurrency: int = 8) -> EvolveResult:
     """Evolve an artifact: workers roll it out on ``tasks`` and propose edits, the merger
     folds them in behind a held-out gate. See docs/concepts.md and docs/async.md.
 
@@ -198,7 +198,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     own copy and rolls the lease's next tasks out on the edited state, proposing on top,
     so one candidate can hold several edits that need each other (docs/concepts.md,
     actors/workers/chain.py); off, every proposal of a lease is made on the head, and a
-    lease's calls are independent: made up to ``eval_concurrency`` at once when slow.
+    lease's calls are independent: made up to ``call_concurrency`` at once when slow.
     By default on for a strategy of one declared key (a single slot) and for leases of
     alike tasks (TensorParallel, ClusterParallel, a ``plan()`` of your own), off for
     DataParallel's mixed shards (actors/policies/parallelism.py ``uses_chain``). ``branches`` (with ``conflicts="first"`` and ``chain``; by default on
@@ -237,10 +237,11 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     the held-out gate, a fused candidate of several diffs is scored on their evidence
     tasks (and a few of the committed diffs'); a diff that breaks another's evidence
     there is left out (``harmful``; actors/machines/interference.py, docs/concepts.md).
-    ``eval_concurrency`` (default 8): held-out scoring is independent calls, so a worker
-    whose eval lease's calls are slow and waiting (2 ms or more, under a quarter of it on a
-    core: a model behind a network, not a local evaluator) makes up to
-    this many of them at once; other calls run one by one.
+    ``call_concurrency`` (default 8): how many of a lease's independent calls (an eval
+    lease's held-out scoring, an unchained rollout lease's rollouts, each with its
+    proposal) a worker makes at once when they are slow and waiting (2 ms or more, under
+    a quarter of it on a core: a model behind a network, not a local evaluator); fast
+    calls, and a chained lease's, run one by one (1: always one by one).
     A limit of the endpoint's own (``OpenAIAgent``'s ``max_concurrent``) still holds.
 
     ``parallel`` (default ``DataParallel(per_worker=4)`` with up to 4 workers, a round
@@ -285,11 +286,12 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     if modes.gate["sequential"] and retire:   # likewise: a retirement's confirmation
         modes.gate["sequential_retire"] = True
     _check_numbers(solved_threshold, lease_size)
-    if isinstance(eval_concurrency, bool) or not isinstance(eval_concurrency, int) \
-            or not 1 <= eval_concurrency <= 256:
-        raise ConfigError(f"evolve(eval_concurrency={eval_concurrency!r}): give how many "
-                          "held-out scoring calls a worker makes at once when calls are "
-                          "slow, an integer from 1 (one at a time) to 256, e.g. 8")
+    if isinstance(call_concurrency, bool) or not isinstance(call_concurrency, int) \
+            or not 1 <= call_concurrency <= 256:
+        raise ConfigError(f"evolve(call_concurrency={call_concurrency!r}): give how many "
+                          "of a lease's independent calls (held-out scoring, an unchained "
+                          "lease's rollouts) a worker makes at once when calls are slow, "
+                          "an integer from 1 (one at a time) to 256, e.g. 8")
     tasks = _validate(tasks, reward, agent, run, propose, n_workers, modes.rounds,
                       held_out_frac, max_concurrency)
     n_heldout = len(split_tasks([t.id for t in tasks], held_out_frac, seed)[1])
@@ -329,7 +331,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
         # Their groups' branch starts ask the Scheduler's budget first (workers.scope).
         remote.spec = msgspec.structs.replace(remote.spec, ask_budget=True)
     if remote is not None:
-        remote.spec = msgspec.structs.replace(remote.spec, eval_concurrency=eval_concurrency)
+        remote.spec = msgspec.structs.replace(remote.spec, call_concurrency=call_concurrency)
     meta = _log_meta(seed, run_id, log_meta, plan_with, task_sampler, modes, remote,
                      strategy)
     groups = task_groups(tasks, plan_with)   # how report/inspect group failing tasks
@@ -352,7 +354,7 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     topology = _Topology(tasks=tasks, reward=reward, run=run, propose=propose,
                          strategy=strategy, solved=solved_threshold, state0=state0,
                          n_workers=n_workers, remote=remote, modes=modes,
-                         eval_concurrency=eval_concurrency,
+                         call_concurrency=call_concurrency,
                          run_id=str(meta["run_id"]))
     # A run refused for its configuration leaves no log (docs/replay.md): a new run's, or
     # the segment a resume began; never a segment of the chain it resumes.
@@ -429,7 +431,7 @@ class _Topology:
     n_workers: int
     remote: Any
     modes: "_Modes"
-    eval_concurrency: int
+    call_concurrency: int
     #: The run's id as its log says (a resumed run keeps its chain's): group ids derive
     #: from it, so a resumed run's groups find the branches they had finished.
     run_id: str
@@ -495,7 +497,7 @@ def _spawn_workers(rt: Runtime, top: _Topology, start: Start, resume_from) -> No
         rt.spawn_worker(WorkerCore(name, by_id, top.reward, top.run, top.propose,
                                    top.strategy, solved=top.solved,
                                    initial_state=top.state0, scope=scope,
-                                   eval_concurrency=top.eval_concurrency))
+                                   call_concurrency=top.call_concurrency))
 
 
 def _on_round(tracker, agent) -> Callable | None:

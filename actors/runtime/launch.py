@@ -23,7 +23,7 @@ def evolve_kwargs(scenario: sc.Scenario, source: str = "") -> dict[str, Any]:
         strategy=strategy, parallel=build_parallel(scenario.parallel, n_workers, strategy),
         n_workers=n_workers,
         max_concurrency=scenario.workers.max_concurrency,
-        eval_concurrency=scenario.workers.eval_concurrency, held_out_frac=scenario.held_out_frac,
+        call_concurrency=scenario.workers.call_concurrency, held_out_frac=scenario.held_out_frac,
         seed=scenario.seed, log=scenario.log, deterministic=d.deterministic,
         log_meta={"scenario": source or scenario.name},
     )

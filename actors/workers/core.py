@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 
 #: A rollout scoring at least this is solved: no proposal is asked for it.
 SOLVED = 0.999
-#: An eval lease's call taking at least this long, most of it waiting (a model behind a
-#: network), has the lease's other calls made up to ``eval_concurrency`` at once. A
+#: A call of a lease of independent calls (an eval lease, an unchained rollout lease)
+#: taking at least this long, most of it waiting (a model behind a network), has the
+#: lease's other calls made up to ``call_concurrency`` at once. A
 #: faster call, or one that kept a core busy for a quarter of its time or more (in this thread
 #: or in a child process it waited for: a local evaluator), is work on this machine's
 #: cores, where more of them at once only contend.
@@ -152,7 +153,7 @@ class WorkerCore:
     def __init__(self, name: str, tasks: dict[str, Task], reward: Callable, run: Callable,
                  propose: Callable | None, strategy, solved: float = SOLVED,
                  initial_state: dict[str, str] | None = None,
-                 scope: RunScope | None = None, eval_concurrency: int = 1) -> None:
+                 scope: RunScope | None = None, call_concurrency: int = 1) -> None:
         self.name = name
         self.tasks = tasks
         self.reward = reward
@@ -171,9 +172,10 @@ class WorkerCore:
         # 30 s, jittered, for 2 minutes at most; then it fails as Throttled.
         self.backoff = Backoff(initial=1.0, maximum=30.0, deadline=120.0)
         self._local = threading.local()   # what each thread's calls report (actors.usage)
-        #: How many of an eval lease's calls run at once when they are slow (SLOW_CALL_S):
-        #: held-out scoring is independent calls, and a gate waits for its slowest chunk.
-        self.eval_concurrency = eval_concurrency
+        #: How many of a lease's independent calls run at once when they are slow
+        #: (SLOW_CALL_S): an eval lease's held-out scoring (a gate waits for its slowest
+        #: chunk) and an unchained rollout lease's rollouts, each with its proposal.
+        self.call_concurrency = call_concurrency
         self._pool: _CallPool | None = None   # made at the first slow lease
         self._slow = False   # the last calls made were slow and waiting: start pooled
 
@@ -211,7 +213,7 @@ class WorkerCore:
             may_propose = self.propose is not None
         bind(self.meter)  # on the thread that runs the lease: the calls report into it
         chained = lease.chain and may_propose
-        if self.eval_concurrency > 1 and len(lease.task_ids) > 1 and not chained:
+        if self.call_concurrency > 1 and len(lease.task_ids) > 1 and not chained:
             results, fatal = self._at_once(lease, rendered, state, version, may_propose,
                                            cancelled)
         else:
@@ -268,7 +270,7 @@ class WorkerCore:
         """A lease's independent calls (an eval lease's, or an unchained rollout lease's:
         each task's rollout and its proposal), one by one on this thread while they are
         fast or keep a core busy; once one is slow and mostly waiting (:func:`_waited`: a
-        model behind a network), the rest up to ``eval_concurrency`` at once on the
+        model behind a network), the rest up to ``call_concurrency`` at once on the
         core's pool, each thread with its own meter and event loop. A worker whose calls
         were seen waiting starts its next lease on the pool at once, until a pooled call
         is fast or busy again. The results in the lease's task order; a call's ValueError
@@ -298,7 +300,7 @@ class WorkerCore:
         if not rest:
             return results, None
         if self._pool is None:
-            self._pool = _CallPool(self.eval_concurrency, f"evobus-{self.name}-call")
+            self._pool = _CallPool(self.call_concurrency, f"evobus-{self.name}-call")
         stop = cancelled or (lambda: False)
         futures = [self._pool.submit(self._pooled, one, task, stop) for task in reversed(rest)]
         wait(futures)   # no call of the lease goes on after its answer

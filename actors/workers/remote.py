@@ -67,9 +67,9 @@ JOIN_RETRY_S = 1.0
 PING_S = 1.0
 #: A connection made after this long says how long it took (seconds).
 WAIT_WORTH_SAYING_S = 1.0
-#: The most calls of an eval lease a slot makes at once, whatever the run asks: each is
-#: a thread of this process.
-MAX_EVAL_CONCURRENCY = 256
+#: The most of a lease's calls a slot makes at once, whatever the run asks
+#: (``Spec.call_concurrency``): each is a thread of this process.
+MAX_CALL_CONCURRENCY = 256
 #: How long a leaving worker waits for the calls its slots are in the middle of: a request
 #: cut off mid-flight may still be billed, and its usage would never be reported. What is
 #: queued behind them is dropped (the coordinator re-dispatches or no longer needs it).
@@ -310,8 +310,8 @@ class RemoteWorker:
             core = WorkerCore(self.name, r.tasks, r.reward, r.run, r.propose, r.strategy,
                               solved=spec.solved, initial_state=dict(spec.initial_state),
                               scope=AskedRun(spec.run_id, self.asks),
-                              eval_concurrency=max(1, min(spec.eval_concurrency,
-                                                          MAX_EVAL_CONCURRENCY))) \
+                              call_concurrency=max(1, min(spec.call_concurrency,
+                                                          MAX_CALL_CONCURRENCY))) \
                 if r.strategy is not None else None   # a session of groups: no rollouts
             q: queue.SimpleQueue = queue.SimpleQueue()
             self.slot_queues.append(q)

@@ -1,4 +1,4 @@
-"""A worker makes a lease's slow independent calls several at once (``eval_concurrency``):
+"""A worker makes a lease's slow independent calls several at once (``call_concurrency``):
 held-out scoring, and an unchained rollout lease's rollouts with their proposals; a gate
 waits for its slowest chunk, a round for its slowest lease. Fast calls (work on this
 machine's cores) and a chain's (each on the edits before it) stay one by one on the
@@ -64,7 +64,7 @@ def _slow_first_then_together(n_together: int):
 def test_an_eval_lease_makes_its_slow_calls_at_once_results_in_task_order_each_metered():
     run, threads = _slow_first_then_together(5)
     core = WorkerCore("w0", _tasks(6), lambda task, out: float(out == "3"), run, None,
-                      SingleSlot(), eval_concurrency=8)
+                      SingleSlot(), call_concurrency=8)
     try:
         done = core.run_lease(_eval([f"t{i}" for i in range(6)]))
     finally:
@@ -88,7 +88,7 @@ def test_fast_calls_stay_one_by_one_on_the_lease_thread():
         return task.prompt
 
     core = WorkerCore("w0", _tasks(20), lambda task, out: 1.0, run, None, SingleSlot(),
-                      eval_concurrency=8)
+                      call_concurrency=8)
     done = core.run_lease(_eval([f"t{i}" for i in range(20)]))
     core.close()
     assert len(done.results) == 20
@@ -137,7 +137,7 @@ def test_a_call_judged_local_keeps_the_lease_one_by_one(monkeypatch):
         return task.prompt
 
     core = WorkerCore("w0", _tasks(3), lambda task, out: 1.0, run, None, SingleSlot(),
-                      eval_concurrency=8)
+                      call_concurrency=8)
     done = core.run_lease(_eval(["t0", "t1", "t2"]))
     core.close()
     assert [r.error for r in done.results] == [None] * 3
@@ -149,11 +149,11 @@ def test_one_at_a_time_when_asked():
 
     def run(rendered: str, task: Task) -> str:
         seen.append(threading.current_thread().name)
-        time.sleep(SLOW_CALL_S * 2)   # slow calls, but eval_concurrency=1
+        time.sleep(SLOW_CALL_S * 2)   # slow calls, but call_concurrency=1
         return task.prompt
 
     core = WorkerCore("w0", _tasks(3), lambda task, out: 1.0, run, None, SingleSlot(),
-                      eval_concurrency=1)
+                      call_concurrency=1)
     done = core.run_lease(_eval(["t0", "t1", "t2"]))
     core.close()
     assert [r.task_id for r in done.results] == ["t0", "t1", "t2"]
@@ -168,7 +168,7 @@ def test_a_reward_out_of_range_on_a_pooled_call_is_fatal_once_every_call_ended()
         ended.append(task.id)
         return 7.0 if task.id == "t2" else 1.0
 
-    core = WorkerCore("w0", _tasks(4), reward, run, None, SingleSlot(), eval_concurrency=4)
+    core = WorkerCore("w0", _tasks(4), reward, run, None, SingleSlot(), call_concurrency=4)
     done = core.run_lease(_eval(["t0", "t1", "t2", "t3"]))
     core.close()
     assert "returned 7.0" in done.fatal
@@ -186,7 +186,7 @@ def test_a_cancelled_lease_starts_no_pooled_call():
         return task.prompt
 
     core = WorkerCore("w0", _tasks(4), lambda task, out: 1.0, run, None, SingleSlot(),
-                      eval_concurrency=4)
+                      call_concurrency=4)
     cancelled = threading.Event()
 
     def first_then_cancel() -> bool:
@@ -213,7 +213,7 @@ def test_async_calls_run_at_once_each_thread_on_its_own_event_loop():
         return task.prompt
 
     core = WorkerCore("w0", _tasks(6), lambda task, out: 1.0, run, None, SingleSlot(),
-                      eval_concurrency=4)
+                      call_concurrency=4)
     try:
         done = core.run_lease(_eval(["t0", "t1", "t2", "t3"]))
         assert [r.error for r in done.results] == [None] * 4
@@ -226,10 +226,10 @@ def test_async_calls_run_at_once_each_thread_on_its_own_event_loop():
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5, 257])
-def test_evolve_refuses_an_eval_concurrency_that_is_not_a_count(bad):
-    with pytest.raises(ConfigError, match="eval_concurrency"):
+def test_evolve_refuses_a_call_concurrency_that_is_not_a_count(bad):
+    with pytest.raises(ConfigError, match="call_concurrency"):
         evolve([Task("a", "1"), Task("b", "2")], lambda t, o: 1.0, run=lambda r, t: r,
-               propose=lambda *a: None, eval_concurrency=bad, rounds=1)
+               propose=lambda *a: None, call_concurrency=bad, rounds=1)
 
 
 def test_a_run_scores_its_gates_on_more_threads_than_workers():
@@ -252,7 +252,7 @@ def test_a_run_scores_its_gates_on_more_threads_than_workers():
 
     result = evolve(tasks, lambda t, o: float(o == "ok"), run=run, propose=propose,
                     strategy=SingleSlot(), n_workers=2, rounds=2, seed=1,
-                    eval_concurrency=6)
+                    call_concurrency=6)
     assert result.calls > 0
     pooled = {t for t in threads["run"] if "-call" in t}
     assert len(pooled) >= 2, threads
@@ -267,15 +267,15 @@ def test_a_scenario_names_it_under_workers_and_evolve_gets_it():
     from protocol.scenario import parse_scenario
 
     text = Path(__file__).resolve().parents[1].joinpath("scenarios", "router.toml").read_text()
-    assert evolve_kwargs(parse_scenario(text, "router.toml"))["eval_concurrency"] == 8
-    text = text.replace("local = 4", "local = 4\neval_concurrency = 3")
-    assert evolve_kwargs(parse_scenario(text, "router.toml"))["eval_concurrency"] == 3
+    assert evolve_kwargs(parse_scenario(text, "router.toml"))["call_concurrency"] == 8
+    text = text.replace("local = 4", "local = 4\ncall_concurrency = 3")
+    assert evolve_kwargs(parse_scenario(text, "router.toml"))["call_concurrency"] == 3
 
 
 @pytest.mark.parametrize("asked,got", [(5, 5), (100_000, 256)])
 def test_a_worker_in_another_process_takes_it_from_the_runs_spec_capped(monkeypatch,
                                                                        asked, got):
-    """Each slot's core gets the run's eval_concurrency (Spec), at most 256 threads."""
+    """Each slot's core gets the run's call_concurrency (Spec), at most 256 threads."""
     from actors.workers import remote
     from protocol import Spec
 
@@ -283,7 +283,7 @@ def test_a_worker_in_another_process_takes_it_from_the_runs_spec_capped(monkeypa
     real = remote.WorkerCore
 
     def spy(*args, **kwargs):
-        made.append(kwargs["eval_concurrency"])
+        made.append(kwargs["call_concurrency"])
         return real(*args, **kwargs)
 
     monkeypatch.setattr(remote, "WorkerCore", spy)
@@ -291,7 +291,7 @@ def test_a_worker_in_another_process_takes_it_from_the_runs_spec_capped(monkeypa
     w.resolved = remote.Resolved(tasks=_tasks(1), reward=lambda t, o: 1.0,
                                  run=lambda r, t: r, propose=None, strategy=SingleSlot(),
                                  fingerprint="")
-    w.spec = Spec(run_id="x", eval_concurrency=asked)
+    w.spec = Spec(run_id="x", call_concurrency=asked)
     w._start_threads()
     try:
         assert made == [got, got]
@@ -318,7 +318,7 @@ def test_a_pooled_call_told_to_retry_later_is_retried_and_its_attempts_reported(
         return run(rendered, task)
 
     core = WorkerCore("w0", _tasks(4), lambda task, out: 1.0, flaky, None, SingleSlot(),
-                      eval_concurrency=4)
+                      call_concurrency=4)
     core.backoff = Backoff(initial=0.001, maximum=0.002, deadline=DEADLINE_S)
     done = core.run_lease(_eval(["t0", "t1", "t2", "t3"]))
     core.close()
@@ -345,7 +345,7 @@ def test_an_unchained_rollout_lease_makes_its_rollouts_and_proposals_at_once():
         return f"{task.id}: fix"
 
     core = WorkerCore("w0", _tasks(5), lambda task, out: 0.0, run, propose,
-                      KeyedRules([f"t{i}" for i in range(5)]), eval_concurrency=8)
+                      KeyedRules([f"t{i}" for i in range(5)]), call_concurrency=8)
     try:
         done = core.run_lease(_rollout([f"t{i}" for i in range(5)], chain=False))
     finally:
@@ -371,7 +371,7 @@ def test_a_chained_lease_stays_one_by_one_when_calls_are_slow():
 
     core = WorkerCore("w0", _tasks(3), lambda task, out: 0.0, run,
                       lambda r, task, o, s: f"{task.id}: fix", KeyedRules(["t0", "t1", "t2"]),
-                      eval_concurrency=8)
+                      call_concurrency=8)
     done = core.run_lease(_rollout(["t0", "t1", "t2"], chain=True))
     core.close()
     assert set(threads) == {threading.current_thread().name} and core._pool is None
@@ -391,7 +391,7 @@ def test_a_worker_seen_waiting_starts_its_next_lease_at_once_until_calls_are_fas
         return task.prompt
 
     core = WorkerCore("w0", _tasks(8), lambda task, out: 1.0, slow, None, SingleSlot(),
-                      eval_concurrency=4)
+                      call_concurrency=4)
     try:
         core.run_lease(_eval(["t0", "t1", "t2"]))   # t0 alone, then t1 and t2 pooled
         assert threads["t0"] == threading.current_thread().name
