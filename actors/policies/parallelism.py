@@ -61,7 +61,9 @@ class ParallelStrategy(Protocol):
     every scored rollout, when the strategy defines it, so a strategy can learn
     from the work it dispatched (:class:`ClusterParallel` does). It is left out of
     this protocol on purpose, so that a strategy with ``plan`` alone still passes
-    ``isinstance(s, ParallelStrategy)``.
+    ``isinstance(s, ParallelStrategy)``. Likewise ``chain_leases`` (a bool; True when
+    absent): whether a unit's tasks are alike enough that its lease chains by default
+    (:func:`uses_chain`).
     """
 
     name: str
