@@ -66,7 +66,21 @@ def test_the_recorded_logs_cover_the_strategies_named_in_docs_replay_md():
             "cluster_parallel.evolog", "resumed_after_kill.evolog",
             "resumed_after_kill.r1.evolog", "async_router.evolog",
             "group_suspended_resumed.evolog", "redispatched_lease.evolog",
-            "sync_default_round.evolog"} <= names
+            "sync_default_round.evolog", "sync_unchained_default.evolog"} <= names
+
+
+def test_todays_default_log_leases_unchained_and_holds_nothing_at_four_workers():
+    """The default configuration as it runs today (re-record it when a default changes
+    its decisions, tests/logs/record.py): DataParallel's leases unchained, no held diff;
+    the log of the default of its day keeps its chained leases."""
+    today = [m for _, m in records_of(LOGS / "sync_unchained_default.evolog")]
+    leases = [m for m in today if isinstance(m, Lease) and m.kind == "rollout"]
+    assert leases and not any(m.chain for m in leases)
+    done = next(m for m in today if type(m).__name__ == "RunDone")
+    assert "held" not in done.outcomes and done.final_reward == 1.0
+    then = [m for _, m in records_of(LOGS / "sync_default_round.evolog")
+            if isinstance(m, Lease) and m.kind == "rollout"]
+    assert then and all(m.chain for m in then)
 
 
 def test_a_log_from_before_the_default_round_replays_with_the_round_and_rules_it_ran():

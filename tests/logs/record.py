@@ -48,9 +48,18 @@ SCENARIOS: dict[str, str] = {
 kind = "DataParallel"
 per_worker = "shard"
 """,
-    # The default configuration, synchronous: no [parallel], so a round is one task
-    # per worker; to held-out 1.0.
+    # The default configuration of its day, synchronous: no [parallel], which then
+    # planned one task per worker, with held diffs and chained leases (its header says
+    # so, and it replays as it ran); to held-out 1.0.
     "sync_default_round": 'name = "sync_default_round"\nrounds = 15\n' + _COMMON + """
+[budgets]
+target_reward = 1.0
+""",
+    # Today's default configuration, synchronous, to held-out 1.0: no [parallel], so
+    # DataParallel's round of four tasks a worker, its leases unchained (each failed
+    # task proposes on the head: the duplicates a chain avoided), no held diffs at four
+    # workers.
+    "sync_unchained_default": 'name = "sync_unchained_default"\nrounds = 15\n' + _COMMON + """
 [budgets]
 target_reward = 1.0
 """,
