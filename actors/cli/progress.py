@@ -698,7 +698,8 @@ def _usage_rows(b: Any, now: RoundSnapshot) -> list[tuple[Any, float, str, Any]]
 def budget_lines(budget: dict) -> list[str]:
     """What the run used against its budgets, by kind: ``calls 144 of 150 (rollout 60,
     proposal 26, scoring 58)``, the same for tokens and cost when anything was used or a
-    limit set, and the HTTP attempts and seconds throttled when reported."""
+    limit set, and the HTTP attempts and seconds throttled (each call's wait, summed)
+    when reported."""
     if not budget:
         return []
     parts = []
@@ -719,8 +720,11 @@ def budget_lines(budget: dict) -> list[str]:
                      f"call(s) in flight; {budget.get('refused_leases', 0)} lease(s) never "
                      "started")
     if budget.get("attempts"):
+        # Each call's own wait, added up: calls made at once (call_concurrency) each
+        # count theirs, so it can pass the run's time.
         extra.append(f"{budget['attempts']:,} HTTP attempts, "
-                     f"{budget.get('throttled_seconds', 0):.1f} s throttled")
+                     f"{budget.get('throttled_seconds', 0):.1f} s throttled (summed over "
+                     "calls)")
     if budget.get("unpriced_models"):
         extra.append(f"no price for {', '.join(budget['unpriced_models'])} (cost not counted)")
     if extra:
