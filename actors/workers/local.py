@@ -38,6 +38,13 @@ class Worker(_FastInbox, pykka.ThreadingActor):
     ``Stop``, and ``Branch`` leases when it has a branch lane (:meth:`_drain`, given by
     a subclass above this layer)."""
 
+    #: A daemon thread, as the eval pool's (actors/workers/core.py): a worker stuck in a
+    #: call (an endpoint that stalls, or keeps answering 429 until the call's retry
+    #: deadline) is left behind once the run has stopped (Runtime.close, after
+    #: STOP_DEADLINE_S), and must not then keep the process from exiting. pykka's actor
+    #: threads are not daemons by default.
+    use_daemon_thread = True
+
     def __init__(self, bus: Bus, core: WorkerCore | None, on_crash: Crash | None,
                  slots: int = 1, name: str = "") -> None:
         super().__init__()
