@@ -34,6 +34,7 @@ import collections
 import importlib
 import json
 import math
+import os
 import random
 import socket
 import threading
@@ -251,9 +252,14 @@ class EndpointProcess:
         import subprocess
         import sys
 
+        # The checkout's root on the child's path, whatever the caller's directory (a
+        # reply named "module:function" still imports from the caller's directory too).
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        path = os.environ.get("PYTHONPATH")
+        env = {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "bench.endpoint", json.dumps(self.options)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.url = self._proc.stdout.readline().strip()
         if not self.url.startswith("http://"):
             self._proc.kill()
@@ -273,7 +279,15 @@ def _serve(options: str) -> None:
     closes, then print what was received as one JSON line."""
     import sys
 
-    ep = SimulatedEndpoint(**json.loads(options)).start()
+    try:
+        given = json.loads(options)
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"bench.endpoint: the options must be one JSON object, e.g. "
+                         f"'{{\"latency\": 0.05, \"rps\": 40}}' ({exc})") from None
+    if not isinstance(given, dict):
+        raise SystemExit("bench.endpoint: the options must be one JSON object, e.g. "
+                         "'{\"latency\": 0.05, \"rps\": 40}'")
+    ep = SimulatedEndpoint(**given).start()
     t0 = time.monotonic()
     print(ep.url, flush=True)
     sys.stdin.read()
@@ -286,4 +300,10 @@ def _serve(options: str) -> None:
 if __name__ == "__main__":
     import sys
 
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print("usage: python -m bench.endpoint ['{\"latency\": 0.05, \"rps\": 40, ...}']\n"
+              "Serves a simulated chat-completions endpoint on 127.0.0.1: prints its URL,\n"
+              "serves until stdin closes, then prints what it received as one JSON line.\n"
+              "The options are SimulatedEndpoint's (see this module's docstring).")
+        raise SystemExit(0)
     _serve(sys.argv[1] if len(sys.argv) > 1 else "{}")

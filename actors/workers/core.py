@@ -37,10 +37,10 @@ log = logging.getLogger(__name__)
 SOLVED = 0.999
 #: A call of a lease of independent calls (an eval lease, an unchained rollout lease)
 #: taking at least this long, most of it waiting (a model behind a network), has the
-#: lease's other calls made up to ``call_concurrency`` at once. A
-#: faster call, or one that kept a core busy for a quarter of its time or more (in this thread
-#: or in a child process it waited for: a local evaluator), is work on this machine's
-#: cores, where more of them at once only contend.
+#: lease's other calls made up to ``call_concurrency`` at once. A faster call, or one
+#: that kept a core busy for a quarter of its time or more (in this thread or in a
+#: child process it waited for: a local evaluator), is work on this machine's cores,
+#: where more of them at once only contend.
 SLOW_CALL_S = 0.002
 
 
@@ -49,7 +49,7 @@ class Awaiter:
     propose, reward or agent method) runs to its end on the calling thread's own event
     loop, made at its first use and kept (a client the code opened on it stays usable
     on that thread); anything else is returned as it is. A loop runs on one thread, so
-    each thread that settles something (a worker's, its eval pool's) has its own."""
+    each thread that settles something (a worker's, its call pool's) has its own."""
 
     __slots__ = ("_local", "_loops", "_lock")
 
@@ -109,7 +109,7 @@ def _waited(wall: float, cpu: float) -> bool:
 
 
 class _CallPool:
-    """Threads that make an eval lease's calls at once. Daemon threads, as a worker's own:
+    """Threads that make a lease's independent calls at once. Daemon threads, as a worker's:
     a call stuck in user code (a stalled endpoint) must not keep the process alive once
     the run has stopped. Made as needed, up to ``size``."""
 
@@ -182,7 +182,7 @@ class WorkerCore:
     @property
     def meter(self) -> dict[str, list]:
         """What the calls made on this thread report (actors.usage), per call: the lease's
-        thread and each of the eval pool's threads has its own."""
+        thread and each of the call pool's threads has its own."""
         try:
             return self._local.meter
         except AttributeError:
