@@ -201,8 +201,9 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
     lease's calls are independent: made up to ``call_concurrency`` at once when slow.
     By default on for a strategy of one declared key (a single slot) and for leases of
     alike tasks (TensorParallel, ClusterParallel, a ``plan()`` of your own), off for
-    DataParallel's mixed shards (actors/policies/parallelism.py ``uses_chain``). ``branches`` (with ``conflicts="first"`` and ``chain``; by default on
-    for a strategy of one declared key, a single slot, where every diff conflicts): a
+    DataParallel's mixed shards (actors/policies/parallelism.py ``uses_chain``).
+    ``branches`` (with ``conflicts="first"`` and ``chain``; by default on for a strategy
+    of one declared key, a single slot, where every diff conflicts): a
     chained lease whose edits lost a conflict is carried on as its plan unit's branch
     (the unit's next lease rolls out on it and chains on top), and of conflicting
     chains the one with the best train evidence is gated (of more than four, the four

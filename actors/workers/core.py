@@ -273,9 +273,9 @@ class WorkerCore:
         model behind a network), the rest up to ``call_concurrency`` at once on the
         core's pool, each thread with its own meter and event loop. A worker whose calls
         were seen waiting starts its next lease on the pool at once, until most of a
-        lease's calls made there come back fast or busy on a core. The results in the lease's task order; a call's ValueError
-        (a caller's mistake) is fatal, as when the calls run one by one, once every call
-        of the lease has ended."""
+        lease's calls made there come back fast or busy on a core. The results in the
+        lease's task order; a call's ValueError (a caller's mistake) is fatal, as when
+        the calls run one by one, once every call of the lease has ended."""
         rest: list[Task] = []
         for task_id in lease.task_ids:
             task = self.tasks.get(task_id)

@@ -38,7 +38,7 @@ class Worker(_FastInbox, pykka.ThreadingActor):
     ``Stop``, and ``Branch`` leases when it has a branch lane (:meth:`_drain`, given by
     a subclass above this layer)."""
 
-    #: A daemon thread, as the eval pool's (actors/workers/core.py): a worker stuck in a
+    #: A daemon thread, as the call pool's (actors/workers/core.py): a worker stuck in a
     #: call (an endpoint that stalls, or keeps answering 429 until the call's retry
     #: deadline) is left behind once the run has stopped (Runtime.close, after
     #: STOP_DEADLINE_S), and must not then keep the process from exiting. pykka's actor
