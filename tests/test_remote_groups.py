@@ -538,3 +538,27 @@ def test_a_turn_elsewhere_is_given_when_it_comes_and_not_now_past_the_wait():
         assert reply.error_type == "ValueError" and "not one of the group's 6" in reply.error
     finally:
         fleet.runtime.close()
+
+
+def test_workers_joining_at_once_are_each_said_in_the_order_they_joined(caplog):
+    """Both Hellos already queued when the wait looks (the second worker joined while the
+    first was being said): each is said, counted 1 of 2 then 2 of 2, before the group
+    starts. The join count alone would end the wait with the second one unsaid."""
+    from protocol import Hello
+
+    port = free_port()
+    fleet = Fleet(Workers(local=0, remote=2, bind=f"tcp://127.0.0.1:{port}",
+                          wait_seconds=5), gid="g1")
+    try:
+        fleet._joined = lambda: 2   # both in, as the registry thread recorded them
+        for name in ("w0", "w1"):
+            fleet.events.put(Hello(worker=name))
+        with caplog.at_level(logging.INFO, logger="actors.groups.fleet"):
+            fleet.connect()
+    finally:
+        fleet.close()
+    said = [r.getMessage() for r in caplog.records if " joined" in r.getMessage()]
+    assert [line.split(" (")[0] for line in said[:2]] == ["worker w0 joined",
+                                                          "worker w1 joined"], said
+    assert [line.split(" (")[1][:6] for line in said[:2]] == ["1 of 2", "2 of 2"], said
+    assert said[-1].startswith("all 2 worker(s) joined after "), said

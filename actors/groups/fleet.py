@@ -290,18 +290,25 @@ class Fleet:
         end = begun + w.wait_seconds
         if w.remote:   # said as the wait begins, as a run's does, not only once it ran out
             log.warning(waiting_text(w.wait_seconds, w.remote, w.bind, self._start_command()))
-        while self._joined() < expected:
+        while True:
+            # Every Hello is said, in the order taken, counted as said: a worker that
+            # joined while the one before was being said is in _joined() already, and
+            # its Hello still waits in the queue once the count is reached.
+            waiting = self._joined() < expected
             left = end - time.monotonic()
-            if left <= 0 or (self.pool is not None and self.pool.exited()):
+            if waiting and (left <= 0 or (self.pool is not None and self.pool.exited())):
                 raise ConfigError(self._missing(expected))
             try:
-                event = self.events.get(timeout=min(left, 0.1))
+                event = (self.events.get(timeout=min(left, 0.1)) if waiting
+                         else self.events.get_nowait())
             except queue.Empty:
-                continue
+                if waiting:
+                    continue
+                break
             if isinstance(event, Hello) and w.remote and event.worker not in said:
                 said.add(event.worker)   # who joined, from where, as a run's wait says
                 log.info(joined_text(event, origin_of(self.ports, event.worker),
-                                     self._joined(), expected, end - time.monotonic()))
+                                     len(said), expected, left))
         if w.remote:
             log.info(all_in_text(expected, time.monotonic() - begun, "group"))
 
