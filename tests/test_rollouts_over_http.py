@@ -210,6 +210,15 @@ def _sigterm_when(seen: threading.Event, proc: subprocess.Popen) -> tuple[str, f
             proc.wait(10)
 
 
+def _run_in_a_subprocess(tmp_path: Path, server, log: Path) -> subprocess.Popen:
+    """`evobus run` of the agent scenario against ``server``, two workers, calls at once."""
+    scenario = agent_scenario(tmp_path, server.url, rounds=2,
+                              tail="[workers]\nlocal = 2\ncall_concurrency = 8\n")
+    return subprocess.Popen([sys.executable, "-m", "actors.cli", "run", str(scenario),
+                             "--log", str(log), "--quiet"], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 @pytest.mark.slow   # ~6 s: a run stopped mid-rollout in a subprocess, then resumed
 def test_sigterm_mid_rollout_over_http_exits_143_and_resume_finishes_the_run(tmp_path):
     """`evobus run` in a subprocess against a slow endpoint (200 ms a call) is sent
@@ -221,11 +230,7 @@ def test_sigterm_mid_rollout_over_http_exits_143_and_resume_finishes_the_run(tmp
     server = FakeServer(default=model)
     log = tmp_path / "llm.evolog"
     try:
-        scenario = agent_scenario(tmp_path, server.url, rounds=2,
-                                  tail="[workers]\nlocal = 2\ncall_concurrency = 8\n")
-        proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", str(scenario),
-                                 "--log", str(log), "--quiet"], cwd=tmp_path, env=_env(),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = _run_in_a_subprocess(tmp_path, server, log)
         err, took = _sigterm_when(model.rollouts_seen, proc)
         assert proc.returncode == 143, err[-2000:]
         assert took < 5, f"{took:.1f} s from SIGTERM to exit with 200 ms calls"
@@ -266,11 +271,7 @@ def test_sigterm_while_rollouts_are_throttled_exits_once_the_run_has_stopped(tmp
     server = FakeServer(default=model)
     log = tmp_path / "llm.evolog"
     try:
-        scenario = agent_scenario(tmp_path, server.url, rounds=2,
-                                  tail="[workers]\nlocal = 2\ncall_concurrency = 8\n")
-        proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", str(scenario),
-                                 "--log", str(log), "--quiet"], cwd=tmp_path, env=_env(),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = _run_in_a_subprocess(tmp_path, server, log)
         err, took = _sigterm_when(seen, proc)
     finally:
         server.close()
