@@ -32,7 +32,7 @@ from actors.policies.pipeline import PipelineParallel
 from actors.machines.planner import Planner, split_tasks
 from actors.machines.scheduler import Scheduler
 from actors.usage import reports_usage
-from actors.workers.core import SOLVED, WorkerCore
+from actors.workers.core import MAX_CALL_CONCURRENCY, SOLVED, WorkerCore
 from actors.workers.scope import AskedRun, BudgetAsks, RunScope
 from protocol import (Halted, Hello, Progress, Refused, RoundRecord, RunDone, Start, Task,
                       Tick, Unhalt)
@@ -288,11 +288,12 @@ def evolve(tasks: Sequence[Task], reward: Callable[[Task, str], float], *, agent
         modes.gate["sequential_retire"] = True
     _check_numbers(solved_threshold, lease_size)
     if isinstance(call_concurrency, bool) or not isinstance(call_concurrency, int) \
-            or not 1 <= call_concurrency <= 256:
+            or not 1 <= call_concurrency <= MAX_CALL_CONCURRENCY:
         raise ConfigError(f"evolve(call_concurrency={call_concurrency!r}): give how many "
                           "of a lease's independent calls (held-out scoring, an unchained "
                           "lease's rollouts) a worker makes at once when calls are slow, "
-                          "an integer from 1 (one at a time) to 256, e.g. 8")
+                          f"an integer from 1 (one at a time) to {MAX_CALL_CONCURRENCY}, "
+                          "e.g. 8")
     tasks = _validate(tasks, reward, agent, run, propose, n_workers, modes.rounds,
                       held_out_frac, max_concurrency)
     n_heldout = len(split_tasks([t.id for t in tasks], held_out_frac, seed)[1])

@@ -42,6 +42,9 @@ SOLVED = 0.999
 #: child process it waited for: a local evaluator), is work on this machine's cores,
 #: where more of them at once only contend.
 SLOW_CALL_S = 0.002
+#: The most of a lease's calls a worker makes at once, whatever is asked
+#: (``call_concurrency``; ``[workers] call_concurrency`` says the same): each is a thread.
+MAX_CALL_CONCURRENCY = 256
 
 
 class Awaiter:

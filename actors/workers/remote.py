@@ -47,7 +47,7 @@ from actors.workers.code import BUILTIN_ALLOW, combined_fingerprint, module_of, 
 from actors.addresses import REGISTRY
 from actors.workers.code import spec_refs, task_digest
 from actors.errors import ConfigError
-from actors.workers.core import Awaiter, Serve, WorkerCore, crashed
+from actors.workers.core import MAX_CALL_CONCURRENCY, Awaiter, Serve, WorkerCore, crashed
 from actors.workers.scope import AskedRun, BudgetAsks
 from bus.base import Delivery
 from bus.remote import RemoteEndpoint
@@ -67,9 +67,6 @@ JOIN_RETRY_S = 1.0
 PING_S = 1.0
 #: A connection made after this long says how long it took (seconds).
 WAIT_WORTH_SAYING_S = 1.0
-#: The most of a lease's calls a slot makes at once, whatever the run asks
-#: (``Spec.call_concurrency``): each is a thread of this process.
-MAX_CALL_CONCURRENCY = 256
 #: How long a leaving worker waits for the calls its slots are in the middle of: a request
 #: cut off mid-flight may still be billed, and its usage would never be reported. What is
 #: queued behind them is dropped (the coordinator re-dispatches or no longer needs it).
@@ -326,7 +323,7 @@ class RemoteWorker:
     def _leave(self) -> None:
         """The worker's end: nothing more starts. Queued work is dropped, and so is what
         the leases held have not begun: each is cancelled, so a lease stops before its
-        next task and an eval lease's calls still queued on its pool never start (they
+        next task and a lease's calls still queued on its call pool never start (they
         would run after the worker left, keeping the process alive to make calls no one
         counts). The calls in the middle of being made end on their own (_drain_slots)."""
         self.done.set()
